@@ -1,0 +1,23 @@
+"""ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
+
+from ppojax.config import PRESETS, PPOConfig
+from ppojax.envs import list_envs, make_env
+from ppojax.gae import compute_gae
+from ppojax.train import init_state, train
+from ppojax.types import METRIC_NAMES, Transition, TrainOutput, TrainState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "METRIC_NAMES",
+    "PPOConfig",
+    "PRESETS",
+    "TrainOutput",
+    "TrainState",
+    "Transition",
+    "compute_gae",
+    "init_state",
+    "list_envs",
+    "make_env",
+    "train",
+]

@@ -1,0 +1,132 @@
+"""One wrapper around a gymnax environment for PPO.
+
+It flattens observations to float32 vectors, clips continuous actions to the action-space
+bounds (the policy's unclipped action is what the loss sees), keeps ``terminated`` apart
+from ``truncated``, exposes the true final observation of an episode that ended, and records
+the return and length of each finished episode.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import spaces
+
+from ppojax.config import check_env_id
+
+
+class EnvSpec(NamedTuple):
+    """Static description of an environment's observation and action spaces."""
+
+    obs_dim: int
+    discrete: bool
+    action_dim: int  # number of actions when discrete, action vector size when continuous
+    action_low: tuple[float, ...] | None
+    action_high: tuple[float, ...] | None
+
+
+@struct.dataclass
+class EpisodeState:
+    env_state: Any
+    episode_return: jax.Array  # running return of the current episode
+    episode_length: jax.Array
+
+
+class StepResult(NamedTuple):
+    """What one step of one env gives back (batch dims added by vmap)."""
+
+    obs: jax.Array  # first observation of the next episode where the episode ended
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    next_obs: jax.Array  # true next observation: the final one where the episode ended
+    episode_return: jax.Array  # return of the episode that ended at this step, else 0
+    episode_length: jax.Array
+
+
+def list_envs() -> list[str]:
+    """Every environment id ppojax can train on (gymnax's registry)."""
+    return list(gymnax.registered_envs)
+
+
+def _space_spec(obs_space: Any, action_space: Any) -> EnvSpec:
+    obs_dim = int(math.prod(obs_space.shape))
+    if isinstance(action_space, spaces.Discrete):
+        return EnvSpec(obs_dim, True, int(action_space.n), None, None)
+    if isinstance(action_space, spaces.Box):
+        shape = tuple(action_space.shape) or (1,)
+        size = int(math.prod(shape))
+        low = np.broadcast_to(np.asarray(action_space.low, np.float32), (size,))
+        high = np.broadcast_to(np.asarray(action_space.high, np.float32), (size,))
+        return EnvSpec(obs_dim, False, size, tuple(map(float, low)), tuple(map(float, high)))
+    raise ValueError(
+        f"action space {type(action_space).__name__} is not supported; ppojax trains on "
+        "Discrete and Box action spaces."
+    )
+
+
+class PPOEnv:
+    """A single gymnax env with PPO's bookkeeping; vmap its methods over environments."""
+
+    def __init__(self, env: Any, env_params: Any):
+        self.env = env
+        self.env_params = env_params
+        self.spec = _space_spec(
+            env.observation_space(env_params), env.action_space(env_params)
+        )
+        self._action_shape = tuple(env.action_space(env_params).shape)
+
+    def reset(self, key: jax.Array) -> tuple[jax.Array, EpisodeState]:
+        obs, env_state = self.env.reset(key, self.env_params)
+        state = EpisodeState(env_state, jnp.float32(0.0), jnp.int32(0))
+        return self._flatten(obs), state
+
+    def step(
+        self, key: jax.Array, state: EpisodeState, action: jax.Array
+    ) -> tuple[StepResult, EpisodeState]:
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state.env_state, self._env_action(action), self.env_params
+        )
+        reward = jnp.asarray(reward, jnp.float32)
+        done = jnp.logical_or(terminated, truncated)
+        episode_return = state.episode_return + reward
+        episode_length = state.episode_length + 1
+        result = StepResult(
+            obs=self._flatten(obs),
+            reward=reward,
+            terminated=jnp.asarray(terminated, jnp.bool_),
+            truncated=jnp.asarray(truncated, jnp.bool_),
+            next_obs=self._flatten(info["final_observation"]),
+            episode_return=jnp.where(done, episode_return, 0.0),
+            episode_length=jnp.where(done, episode_length, 0),
+        )
+        new_state = EpisodeState(
+            env_state,
+            jnp.where(done, 0.0, episode_return),
+            jnp.where(done, 0, episode_length),
+        )
+        return result, new_state
+
+    def _env_action(self, action: jax.Array) -> jax.Array:
+        if self.spec.discrete:
+            return action
+        low = jnp.asarray(self.spec.action_low, jnp.float32)
+        high = jnp.asarray(self.spec.action_high, jnp.float32)
+        return jnp.clip(action, low, high).reshape(self._action_shape)
+
+    @staticmethod
+    def _flatten(obs: jax.Array) -> jax.Array:
+        return jnp.asarray(obs, jnp.float32).reshape(-1)
+
+
+def make_env(env_id: str, **env_kwargs: Any) -> PPOEnv:
+    """The gymnax environment ``env_id`` with default parameters, wrapped for PPO."""
+    check_env_id(env_id)
+    env, env_params = gymnax.make(env_id, **env_kwargs)
+    return PPOEnv(env, env_params)

@@ -1,0 +1,116 @@
+"""``train(config, key)``: the whole PPO loop as one pure, jittable, vmappable function."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ppojax.config import PPOConfig
+from ppojax.envs import make_env
+from ppojax.gae import compute_gae
+from ppojax.losses import explained_variance
+from ppojax.networks import build_networks, init_params
+from ppojax.rollout import Agent, RolloutCarry, collect_rollout, episode_metrics, reset_envs
+from ppojax.types import Batch, Metrics, Transition, TrainOutput, TrainState
+from ppojax.update import OptimizerCarry, learning_rate_at, make_optimizer, update_epochs
+
+
+def make_agent(config: PPOConfig) -> Agent:
+    """The env and network modules that ``config`` describes."""
+    env = make_env(config.env_id)
+    actor, critic = build_networks(env.spec, config.hidden_sizes, config.activation)
+    return Agent(env, actor, critic)
+
+
+def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
+    """Fresh parameters, optimizer state and reset environments."""
+    agent = make_agent(config)
+    key, params_key, env_key = jax.random.split(key, 3)
+    params = init_params(params_key, agent.env.spec, config.hidden_sizes, config.activation)
+    obs, env_state = reset_envs(agent, env_key, config.num_envs)
+    return TrainState(
+        params=params,
+        opt_state=make_optimizer(config).init(params),
+        env_state=env_state,
+        obs=obs,
+        key=key,
+        update_step=jnp.int32(0),
+        env_steps=jnp.int32(0),
+    )
+
+
+def make_batch(
+    agent: Agent, config: PPOConfig, params: dict, transitions: Transition
+) -> Batch:
+    """GAE over the rollout [T, B], flattened to [T * B] samples."""
+    next_values = agent.critic.apply(params["critic"], transitions.next_obs)
+    advantages, targets = compute_gae(
+        transitions.reward,
+        transitions.value,
+        next_values,
+        transitions.terminated,
+        transitions.truncated,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+    )
+    batch = Batch(
+        obs=transitions.obs,
+        action=transitions.action,
+        log_prob=transitions.log_prob,
+        value=transitions.value,
+        advantage=advantages,
+        target=targets,
+    )
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
+
+
+def update_step(
+    agent: Agent, optimizer: optax.GradientTransformation, config: PPOConfig, state: TrainState
+) -> tuple[TrainState, Metrics]:
+    """One rollout, GAE, and ``update_epochs`` epochs of minibatch updates."""
+    key, rollout_key, update_key = jax.random.split(state.key, 3)
+    carry, transitions = collect_rollout(
+        agent, state.params, RolloutCarry(state.env_state, state.obs, rollout_key),
+        config.num_steps,
+    )
+    batch = make_batch(agent, config, state.params, transitions)
+    first_step = state.update_step * config.update_epochs * config.num_minibatches
+    optimized, loss_metrics = update_epochs(
+        agent, config, optimizer, OptimizerCarry(state.params, state.opt_state), batch, update_key
+    )
+    env_steps = state.env_steps + config.batch_size
+    metrics = {
+        **episode_metrics(transitions),
+        **loss_metrics,
+        "explained_variance": explained_variance(batch.value, batch.target),
+        "learning_rate": learning_rate_at(config, first_step),
+        "env_steps": env_steps,
+    }
+    new_state = TrainState(
+        params=optimized.params,
+        opt_state=optimized.opt_state,
+        env_state=carry.env_state,
+        obs=carry.obs,
+        key=key,
+        update_step=state.update_step + 1,
+        env_steps=env_steps,
+    )
+    return new_state, metrics
+
+
+def train(config: PPOConfig, key: jax.Array) -> TrainOutput:
+    """Train a PPO agent: ``config.num_updates`` cycles of rollout, GAE and update.
+
+    Pure in ``(config, key)``: ``jax.jit(train)(config, key)`` compiles once per program
+    structure, and ``jax.vmap(train, in_axes=(None, 0))(config, keys)`` runs several seeds.
+    Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``).
+    """
+    agent = make_agent(config)
+    optimizer = make_optimizer(config)
+    state = init_state(config, key)
+    step = functools.partial(update_step, agent, optimizer, config)
+    state, metrics = jax.lax.scan(lambda s, _: step(s), state, None, config.num_updates)
+    return TrainOutput(state, metrics)
