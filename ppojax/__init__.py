@@ -4,7 +4,7 @@ from ppojax.config import PRESETS, PPOConfig
 from ppojax.envs import list_envs, make_env
 from ppojax.gae import compute_gae
 from ppojax.train import init_state, train
-from ppojax.types import METRIC_NAMES, Transition, TrainOutput, TrainState
+from ppojax.types import METRIC_NAMES, TrainOutput, TrainState, Transition
 
 __version__ = "0.1.0"
 

@@ -74,13 +74,6 @@ class PPOConfig:
     def num_gradient_steps(self) -> int:
         return self.num_updates * self.update_epochs * self.num_minibatches
 
-    def replace(self, **changes: Any) -> PPOConfig:
-        """A copy with ``changes`` applied, validated again."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise ValueError(unknown_field_message(unknown[0]))
-        return dataclasses.replace(self, **changes)
-
     @classmethod
     def preset(cls, env_id: str, **overrides: Any) -> PPOConfig:
         """The tuned configuration for ``env_id`` (see ``PRESETS``), with overrides."""
@@ -89,6 +82,18 @@ class PPOConfig:
         if unknown:
             raise ValueError(unknown_field_message(unknown[0]))
         return cls(**settings)
+
+
+def _replace(self: PPOConfig, **changes: Any) -> PPOConfig:
+    """A copy with ``changes`` applied, validated again; unknown names get close matches."""
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+    if unknown:
+        raise ValueError(unknown_field_message(unknown[0]))
+    return dataclasses.replace(self, **changes)
+
+
+# flax.struct.dataclass installs its own ``replace``; this one also names unknown fields.
+PPOConfig.replace = _replace  # type: ignore[method-assign]
 
 
 PRESETS: dict[str, dict[str, Any]] = {

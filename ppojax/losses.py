@@ -66,6 +66,4 @@ def clip_fraction(log_ratio: jax.Array, clip_eps: float | jax.Array) -> jax.Arra
 def explained_variance(predictions: jax.Array, targets: jax.Array) -> jax.Array:
     """1 - Var(targets - predictions) / Var(targets); NaN when the targets are constant."""
     target_var = targets.var()
-    return jnp.where(
-        target_var > 0, 1.0 - (targets - predictions).var() / target_var, jnp.nan
-    )
+    return jnp.where(target_var > 0, 1.0 - (targets - predictions).var() / target_var, jnp.nan)

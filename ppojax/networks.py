@@ -114,9 +114,9 @@ class Critic(nn.Module):
         return nn.Dense(1, kernel_init=orthogonal(1.0))(x)[..., 0]
 
 
-def build_networks(spec: EnvSpec, hidden_sizes: Sequence[int], activation: str) -> tuple[
-    Actor, Critic
-]:
+def build_networks(
+    spec: EnvSpec, hidden_sizes: Sequence[int], activation: str
+) -> tuple[Actor, Critic]:
     return (
         Actor(spec, tuple(hidden_sizes), activation),
         Critic(tuple(hidden_sizes), activation),

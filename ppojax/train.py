@@ -14,7 +14,7 @@ from ppojax.gae import compute_gae
 from ppojax.losses import explained_variance
 from ppojax.networks import build_networks, init_params
 from ppojax.rollout import Agent, RolloutCarry, collect_rollout, episode_metrics, reset_envs
-from ppojax.types import Batch, Metrics, Transition, TrainOutput, TrainState
+from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition
 from ppojax.update import OptimizerCarry, learning_rate_at, make_optimizer, update_epochs
 
 
@@ -42,9 +42,7 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
     )
 
 
-def make_batch(
-    agent: Agent, config: PPOConfig, params: dict, transitions: Transition
-) -> Batch:
+def make_batch(agent: Agent, config: PPOConfig, params: dict, transitions: Transition) -> Batch:
     """GAE over the rollout [T, B], flattened to [T * B] samples."""
     next_values = agent.critic.apply(params["critic"], transitions.next_obs)
     advantages, targets = compute_gae(
@@ -73,7 +71,9 @@ def update_step(
     """One rollout, GAE, and ``update_epochs`` epochs of minibatch updates."""
     key, rollout_key, update_key = jax.random.split(state.key, 3)
     carry, transitions = collect_rollout(
-        agent, state.params, RolloutCarry(state.env_state, state.obs, rollout_key),
+        agent,
+        state.params,
+        RolloutCarry(state.env_state, state.obs, rollout_key),
         config.num_steps,
     )
     batch = make_batch(agent, config, state.params, transitions)

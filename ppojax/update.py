@@ -78,7 +78,7 @@ def sgd_step(
     grads, parts = grad_fn(carry.params, minibatch)
     updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
     params = optax.apply_updates(carry.params, updates)
-    return OptimizerCarry(params, opt_state), {**parts, "grad_norm": optax.global_norm(grads)}
+    return OptimizerCarry(params, opt_state), {**parts, "grad_norm": optax.tree.norm(grads)}
 
 
 def shuffle_into_minibatches(key: jax.Array, batch: Batch, num_minibatches: int) -> Batch:

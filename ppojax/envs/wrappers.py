@@ -77,9 +77,7 @@ class PPOEnv:
     def __init__(self, env: Any, env_params: Any):
         self.env = env
         self.env_params = env_params
-        self.spec = _space_spec(
-            env.observation_space(env_params), env.action_space(env_params)
-        )
+        self.spec = _space_spec(env.observation_space(env_params), env.action_space(env_params))
         self._action_shape = tuple(env.action_space(env_params).shape)
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, EpisodeState]:

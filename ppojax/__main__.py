@@ -1,0 +1,5 @@
+import sys
+
+from ppojax.cli import main
+
+sys.exit(main())

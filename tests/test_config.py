@@ -1,0 +1,76 @@
+import jax
+import pytest
+
+import ppojax
+from ppojax.config import PRESETS
+
+
+def test_defaults_are_the_classic_cartpole_config():
+    config = ppojax.PPOConfig()
+    assert (config.env_id, config.num_envs, config.num_steps) == ("CartPole-v1", 4, 128)
+    assert (config.update_epochs, config.num_minibatches) == (4, 4)
+    assert config.learning_rate == 2.5e-4 and config.anneal_lr
+    assert config.batch_size == 512 and config.minibatch_size == 128
+    assert config.num_updates == 500_000 // 512
+
+
+def test_hyperparameters_are_leaves_and_shapes_are_static():
+    leaves = jax.tree.leaves(ppojax.PPOConfig())
+    assert len(leaves) == 8  # learning_rate ... vf_clip_eps
+    assert all(isinstance(leaf, float) for leaf in leaves)
+    no_value_clip = ppojax.PPOConfig(vf_clip_eps=None)
+    assert len(jax.tree.leaves(no_value_clip)) == 7
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        ({"num_minibatches": 3}, "num_minibatches"),
+        ({"learning_rate": -1e-3}, "learning_rate"),
+        ({"learning_rate": float("nan")}, "learning_rate"),
+        ({"clip_eps": 0.0}, "clip_eps"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"gamma": -0.1}, "gamma"),
+        ({"gae_lambda": 2.0}, "gae_lambda"),
+        ({"num_envs": 0}, "num_envs"),
+        ({"num_steps": 2.5}, "num_steps"),
+        ({"total_timesteps": 100}, "total_timesteps"),
+        ({"hidden_sizes": ()}, "hidden_sizes"),
+        ({"activation": "sigmoidish"}, "activation"),
+        ({"max_grad_norm": 0.0}, "max_grad_norm"),
+        ({"vf_clip_eps": -0.2}, "vf_clip_eps"),
+        ({"ent_coef": -0.01}, "ent_coef"),
+    ],
+)
+def test_invalid_values_name_the_field(changes, field):
+    with pytest.raises(ValueError, match=f"PPOConfig.{field}"):
+        ppojax.PPOConfig(**changes)
+
+
+def test_unknown_env_id_lists_close_matches():
+    with pytest.raises(ValueError, match="PPOConfig.env_id") as error:
+        ppojax.PPOConfig(env_id="Cartpole-v1")
+    assert "CartPole-v1" in str(error.value)
+
+
+def test_replace_validates_and_rejects_unknown_fields():
+    config = ppojax.PPOConfig()
+    assert config.replace(num_envs=8).num_envs == 8
+    with pytest.raises(ValueError, match="num_minibatches"):
+        config.replace(num_minibatches=7)
+    with pytest.raises(ValueError, match="Did you mean learning_rate"):
+        config.replace(learning_rat=1e-3)
+
+
+def test_presets_build_and_accept_overrides():
+    for env_id in PRESETS:
+        assert ppojax.PPOConfig.preset(env_id).env_id == env_id
+    pendulum = ppojax.PPOConfig.preset("Pendulum-v1", learning_rate=3e-4)
+    assert (
+        pendulum.learning_rate == 3e-4 and pendulum.num_envs == PRESETS["Pendulum-v1"]["num_envs"]
+    )
+    assert ppojax.PPOConfig.preset("Acrobot-v1").num_envs == 4  # no preset: the defaults
+
+
+def test_hidden_sizes_list_becomes_a_tuple():
+    assert ppojax.PPOConfig(hidden_sizes=[32, 32]).hidden_sizes == (32, 32)

@@ -1,0 +1,82 @@
+import numpy as np
+import pytest
+
+import ppojax
+
+
+def gae_reference(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
+    """Plain reverse loop over time, written straight from the definition."""
+    steps, envs = rewards.shape
+    advantages = np.zeros((steps, envs))
+    running = np.zeros(envs)
+    for t in reversed(range(steps)):
+        done = np.logical_or(terminated[t], truncated[t])
+        delta = rewards[t] + gamma * (1 - terminated[t]) * next_values[t] - values[t]
+        running = delta + gamma * gae_lambda * (1 - done) * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("gamma,gae_lambda", [(0.99, 0.95), (0.9, 0.0), (1.0, 1.0), (0.5, 0.7)])
+def test_gae_matches_numpy_loop_with_terminations_and_truncations(gamma, gae_lambda):
+    rng = np.random.default_rng(0)
+    shape = (37, 6)
+    rewards = rng.normal(size=shape).astype(np.float32)
+    values = rng.normal(size=shape).astype(np.float32)
+    next_values = rng.normal(size=shape).astype(np.float32)
+    terminated = rng.random(shape) < 0.1
+    truncated = (rng.random(shape) < 0.1) & ~terminated
+    assert terminated.any() and truncated.any()
+    advantages, returns = ppojax.compute_gae(
+        rewards, values, next_values, terminated, truncated, gamma=gamma, gae_lambda=gae_lambda
+    )
+    expected_adv, expected_ret = gae_reference(
+        rewards, values, next_values, terminated, truncated, gamma, gae_lambda
+    )
+    np.testing.assert_allclose(advantages, expected_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(returns, expected_ret, rtol=1e-5, atol=1e-5)
+
+
+def _column(*values):
+    return np.array(values, np.float32)[:, None]
+
+
+REWARDS = _column(1.0, 2.0, 3.0)
+VALUES = _column(0.5, 0.5, 0.5)
+NEXT_VALUES = _column(0.5, 0.7, 4.0)
+NONE = _column(0, 0, 0).astype(bool)
+AT_1 = _column(0, 1, 0).astype(bool)
+
+
+def test_lambda_zero_gives_td_errors():
+    # delta = r + 0.9 * V(next) - V
+    advantages, returns = ppojax.compute_gae(
+        REWARDS, VALUES, NEXT_VALUES, NONE, NONE, gamma=0.9, gae_lambda=0.0
+    )
+    np.testing.assert_allclose(advantages[:, 0], [0.95, 2.13, 6.1], rtol=1e-6)
+    np.testing.assert_allclose(returns[:, 0], [1.45, 2.63, 6.6], rtol=1e-6)
+
+
+def test_gamma_lambda_one_sums_rewards_to_the_bootstrap():
+    # deltas [1.0, 2.2, 6.5]: A_t is the sum of the deltas from t on.
+    advantages, returns = ppojax.compute_gae(
+        REWARDS, VALUES, NEXT_VALUES, NONE, NONE, gamma=1.0, gae_lambda=1.0
+    )
+    np.testing.assert_allclose(advantages[:, 0], [9.7, 8.7, 6.5], rtol=1e-6)
+    np.testing.assert_allclose(returns[:, 0], [10.2, 9.2, 7.0], rtol=1e-6)
+
+
+def test_termination_cuts_the_bootstrap_and_the_trace():
+    # t=1 terminated: delta_1 = 2 - 0.5 = 1.5 and A_1 does not see A_2.
+    advantages, _ = ppojax.compute_gae(
+        REWARDS, VALUES, NEXT_VALUES, AT_1, NONE, gamma=1.0, gae_lambda=1.0
+    )
+    np.testing.assert_allclose(advantages[:, 0], [2.5, 1.5, 6.5], rtol=1e-6)
+
+
+def test_truncation_bootstraps_from_the_final_observation_but_cuts_the_trace():
+    # t=1 truncated: delta_1 = 2 + V(final obs)=0.7 - 0.5 = 2.2, and A_1 does not see A_2.
+    advantages, _ = ppojax.compute_gae(
+        REWARDS, VALUES, NEXT_VALUES, NONE, AT_1, gamma=1.0, gae_lambda=1.0
+    )
+    np.testing.assert_allclose(advantages[:, 0], [3.2, 2.2, 6.5], rtol=1e-6)

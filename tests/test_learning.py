@@ -1,0 +1,42 @@
+"""End-to-end learning: the agents must actually solve their tasks (minutes on 2 CPU cores)."""
+
+import jax
+import numpy as np
+import pytest
+
+import ppojax
+
+pytestmark = pytest.mark.slow
+
+
+def final_returns(config: ppojax.PPOConfig, seeds: int, last: int = 10) -> np.ndarray:
+    keys = jax.random.split(jax.random.key(0), seeds)
+    out = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(config, keys)
+    returns = np.asarray(out.metrics["episode_return"])  # [seeds, num_updates]
+    assert not np.isnan(returns[:, -last:]).all(axis=1).any(), "no episode ended at the end"
+    return np.nanmean(returns[:, -last:], axis=1)
+
+
+def test_cartpole_is_solved_by_the_classic_config():
+    config = ppojax.PPOConfig(
+        env_id="CartPole-v1",
+        num_envs=4,
+        num_steps=128,
+        total_timesteps=500_000,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=2.5e-4,
+        anneal_lr=True,
+    )
+    returns = final_returns(config, seeds=4)
+    print("CartPole-v1 mean return over the last 10 updates, per seed:", returns)
+    assert returns.mean() >= 475, returns
+    assert returns.min() >= 425, returns
+
+
+def test_pendulum_is_solved_by_its_preset_within_one_million_steps():
+    config = ppojax.PPOConfig.preset("Pendulum-v1")
+    assert config.total_timesteps <= 1_000_000
+    returns = final_returns(config, seeds=4)
+    print("Pendulum-v1 mean return over the last 10 updates, per seed:", returns)
+    assert returns.mean() >= -300, returns

@@ -1,0 +1,75 @@
+import jax
+import numpy as np
+import pytest
+
+import ppojax
+from ppojax.rollout import RolloutCarry, collect_rollout, episode_metrics, reset_envs
+from ppojax.train import init_state, make_agent
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    config = ppojax.PPOConfig(num_envs=3, num_steps=64, total_timesteps=3 * 64)
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    run = jax.jit(lambda params, carry: collect_rollout(agent, params, carry, config.num_steps))
+    carry, transitions = run(state.params, RolloutCarry(state.env_state, state.obs, state.key))
+    return config, state, carry, jax.tree.map(np.asarray, transitions)
+
+
+def test_rollout_is_time_major_with_the_right_shapes(rollout):
+    config, _, carry, transitions = rollout
+    steps, envs = config.num_steps, config.num_envs
+    assert transitions.obs.shape == (steps, envs, 4)
+    assert transitions.next_obs.shape == (steps, envs, 4)
+    for name in ("action", "log_prob", "value", "reward", "terminated", "truncated"):
+        assert getattr(transitions, name).shape == (steps, envs), name
+    assert carry.obs.shape == (envs, 4)
+
+
+def test_auto_reset_boundaries(rollout):
+    _, state, carry, transitions = rollout
+    np.testing.assert_array_equal(transitions.obs[0], np.asarray(state.obs))
+    following = np.concatenate([transitions.obs[1:], np.asarray(carry.obs)[None]])
+    done = transitions.terminated | transitions.truncated
+    assert done.sum() >= 3  # a fresh CartPole policy drops the pole within 64 steps
+    # Within an episode the next observation is the next step's observation ...
+    np.testing.assert_array_equal(transitions.next_obs[~done], following[~done])
+    # ... and at an episode end the next step starts from a reset: small, new observation.
+    assert not np.isclose(transitions.next_obs[done], following[done]).all(axis=-1).any()
+    assert (np.abs(following[done]) <= 0.05).all()
+
+
+def test_episode_stats_match_the_steps_since_the_last_reset(rollout):
+    _, _, _, transitions = rollout
+    done = transitions.terminated | transitions.truncated
+    for env in range(done.shape[1]):
+        ends = np.flatnonzero(done[:, env])
+        starts = np.concatenate([[-1], ends[:-1]])
+        # the first episode may have started before the rollout: only check later ones
+        for start, end in list(zip(starts, ends, strict=True))[1:]:
+            assert transitions.episode_length[end, env] == end - start
+            np.testing.assert_allclose(
+                transitions.episode_return[end, env],
+                transitions.reward[start + 1 : end + 1, env].sum(),
+            )
+
+
+def test_episode_metrics_are_nan_when_no_episode_ended(rollout):
+    _, _, _, transitions = rollout
+    no_end = transitions._replace(
+        terminated=np.zeros_like(transitions.terminated),
+        truncated=np.zeros_like(transitions.truncated),
+    )
+    metrics = episode_metrics(no_end)
+    assert np.isnan(metrics["episode_return"]) and np.isnan(metrics["episode_length"])
+    assert metrics["episodes_finished"] == 0
+    done = transitions.terminated | transitions.truncated
+    full = episode_metrics(transitions)
+    np.testing.assert_allclose(full["episode_return"], transitions.episode_return[done].mean())
+
+
+def test_reset_envs_gives_distinct_starts():
+    config = ppojax.PPOConfig(num_envs=8)
+    obs, _ = reset_envs(make_agent(config), jax.random.key(0), 8)
+    assert obs.shape == (8, 4) and len(np.unique(np.asarray(obs)[:, 0])) == 8

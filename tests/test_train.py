@@ -1,0 +1,100 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppojax
+
+
+def assert_trees_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_metrics_have_every_name_and_one_row_per_update(tiny_config, tiny_train):
+    out = tiny_train(tiny_config, jax.random.key(0))
+    assert set(out.metrics) == set(ppojax.METRIC_NAMES)
+    for name, values in out.metrics.items():
+        chex.assert_shape(values, (tiny_config.num_updates,))
+        if name not in ("episode_return", "episode_length"):  # NaN where no episode ended
+            assert np.isfinite(values).all(), name
+    np.testing.assert_array_equal(
+        out.metrics["env_steps"], np.arange(1, 4) * tiny_config.batch_size
+    )
+    assert int(out.state.update_step) == tiny_config.num_updates
+    assert int(out.state.env_steps) == tiny_config.num_updates * tiny_config.batch_size
+
+
+def test_same_key_gives_identical_output(tiny_config, tiny_train):
+    first = tiny_train(tiny_config, jax.random.key(7))
+    second = tiny_train(tiny_config, jax.random.key(7))
+    assert_trees_equal(first, second)
+    other = tiny_train(tiny_config, jax.random.key(8))
+    assert not np.array_equal(first.metrics["policy_loss"], other.metrics["policy_loss"])
+
+
+def test_vmap_over_seeds_equals_separate_runs(tiny_config, tiny_train):
+    keys = jax.random.split(jax.random.key(0), 4)
+    batched = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(tiny_config, keys)
+    for i in range(4):
+        single = tiny_train(tiny_config, keys[i])
+        for name in ppojax.METRIC_NAMES:
+            np.testing.assert_allclose(
+                batched.metrics[name][i],
+                single.metrics[name],
+                rtol=2e-5,
+                atol=1e-6,
+                err_msg=name,
+            )
+        for x, y in zip(
+            jax.tree.leaves(batched.state.params), jax.tree.leaves(single.state.params), strict=True
+        ):
+            np.testing.assert_allclose(x[i], y, rtol=2e-5, atol=1e-6)
+
+
+def test_train_traces_once_for_new_keys_and_hyperparameter_values(tiny_config):
+    traced = jax.jit(chex.assert_max_traces(ppojax.train, n=1))
+    traced(tiny_config, jax.random.key(0))
+    traced(tiny_config, jax.random.key(1))
+    traced(tiny_config.replace(learning_rate=1e-3, clip_eps=0.1, gamma=0.9), jax.random.key(2))
+    chex.clear_trace_counter()
+
+
+def test_hyperparameters_are_traced_and_change_the_result(tiny_config, tiny_train):
+    base = tiny_train(tiny_config, jax.random.key(0))
+    faster = tiny_train(tiny_config.replace(learning_rate=1e-2), jax.random.key(0))
+    assert not np.allclose(base.metrics["policy_loss"][1:], faster.metrics["policy_loss"][1:])
+
+
+def test_old_style_uint32_keys_work(tiny_config, tiny_train):
+    out = tiny_train(tiny_config, jax.random.PRNGKey(0))
+    assert np.isfinite(out.metrics["value_loss"]).all()
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "Acrobot-v1", "Breakout-MinAtar"])
+def test_trains_on_other_action_and_observation_spaces(env_id):
+    config = ppojax.PPOConfig(
+        env_id=env_id,
+        num_envs=2,
+        num_steps=8,
+        total_timesteps=32,
+        update_epochs=1,
+        num_minibatches=2,
+        hidden_sizes=(16,),
+    )
+    out = jax.jit(ppojax.train)(config, jax.random.key(0))
+    assert np.isfinite(out.metrics["policy_loss"]).all()
+    assert np.isfinite(out.metrics["entropy"]).all()
+
+
+def test_learning_rate_metric_follows_the_annealing(tiny_config, tiny_train):
+    out = tiny_train(tiny_config, jax.random.key(0))
+    steps_per_update = tiny_config.update_epochs * tiny_config.num_minibatches
+    expected = [
+        tiny_config.learning_rate * (1 - u * steps_per_update / tiny_config.num_gradient_steps)
+        for u in range(tiny_config.num_updates)
+    ]
+    np.testing.assert_allclose(out.metrics["learning_rate"], expected, rtol=1e-6)
