@@ -1,4 +1,8 @@
-"""PPO loss terms, each a small function of arrays of any shape (mean over all elements)."""
+"""PPO loss terms, each a small function of arrays of any shape.
+
+Every term averages over all elements, or, given ``mask`` (1 = real sample, 0 = padding), over
+the masked elements only, so padded tokens or steps never change a loss.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,32 @@ import jax
 import jax.numpy as jnp
 
 
-def normalize(advantages: jax.Array, eps: float = 1e-8) -> jax.Array:
-    """(A - mean A) / (std A + eps)."""
-    return (advantages - advantages.mean()) / (advantages.std() + eps)
+def masked_mean(values: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """sum(values * mask) / sum(mask); the plain mean when ``mask`` is None."""
+    if mask is None:
+        return values.mean()
+    mask = mask.astype(values.dtype)
+    return (values * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def normalize(advantages: jax.Array, mask: jax.Array | None = None, eps: float = 1e-8) -> jax.Array:
+    """(A - mean A) / (std A + eps), with mean and std over the masked elements."""
+    mean = masked_mean(advantages, mask)
+    std = jnp.sqrt(masked_mean(jnp.square(advantages - mean), mask))
+    return (advantages - mean) / (std + eps)
 
 
 def clipped_surrogate_loss(
-    log_ratio: jax.Array, advantages: jax.Array, clip_eps: float | jax.Array
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    clip_eps: float | jax.Array,
+    mask: jax.Array | None = None,
 ) -> jax.Array:
     """-E[min(r A, clip(r, 1 - eps, 1 + eps) A)] with r = exp(log_ratio): PPO-Clip, minimized."""
     ratio = jnp.exp(log_ratio)
     unclipped = ratio * advantages
     clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    return -jnp.minimum(unclipped, clipped).mean()
+    return -masked_mean(jnp.minimum(unclipped, clipped), mask)
 
 
 def value_loss(
@@ -26,19 +43,20 @@ def value_loss(
     old_values: jax.Array,
     targets: jax.Array,
     vf_clip_eps: float | jax.Array | None,
+    mask: jax.Array | None = None,
 ) -> jax.Array:
     """0.5 E[(V - target)^2]; with vf_clip_eps, 0.5 E[max((V - t)^2, (V_clip - t)^2)] where
     V_clip = old_V + clip(V - old_V, -vf_clip_eps, vf_clip_eps)."""
     squared = jnp.square(values - targets)
-    if vf_clip_eps is None:
-        return 0.5 * squared.mean()
-    clipped_values = old_values + jnp.clip(values - old_values, -vf_clip_eps, vf_clip_eps)
-    return 0.5 * jnp.maximum(squared, jnp.square(clipped_values - targets)).mean()
+    if vf_clip_eps is not None:
+        clipped_values = old_values + jnp.clip(values - old_values, -vf_clip_eps, vf_clip_eps)
+        squared = jnp.maximum(squared, jnp.square(clipped_values - targets))
+    return 0.5 * masked_mean(squared, mask)
 
 
-def entropy_bonus(entropy: jax.Array) -> jax.Array:
+def entropy_bonus(entropy: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """H = E[entropy of the policy]."""
-    return entropy.mean()
+    return masked_mean(entropy, mask)
 
 
 def total_loss(
@@ -53,17 +71,27 @@ def total_loss(
     return policy_loss + vf_coef * value_loss_ - ent_coef * entropy
 
 
-def approx_kl(log_ratio: jax.Array) -> jax.Array:
+def approx_kl(log_ratio: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """E[(r - 1) - log r]: a low-variance, non-negative estimate of KL(pi_old || pi)."""
-    return (jnp.expm1(log_ratio) - log_ratio).mean()
+    return masked_mean(jnp.expm1(log_ratio) - log_ratio, mask)
 
 
-def clip_fraction(log_ratio: jax.Array, clip_eps: float | jax.Array) -> jax.Array:
+def clip_fraction(
+    log_ratio: jax.Array, clip_eps: float | jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
     """Fraction of samples whose ratio lies outside [1 - eps, 1 + eps]."""
-    return (jnp.abs(jnp.exp(log_ratio) - 1.0) > clip_eps).astype(jnp.float32).mean()
+    outside = (jnp.abs(jnp.exp(log_ratio) - 1.0) > clip_eps).astype(jnp.float32)
+    return masked_mean(outside, mask)
 
 
-def explained_variance(predictions: jax.Array, targets: jax.Array) -> jax.Array:
+def explained_variance(
+    predictions: jax.Array, targets: jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
     """1 - Var(targets - predictions) / Var(targets); NaN when the targets are constant."""
-    target_var = targets.var()
-    return jnp.where(target_var > 0, 1.0 - (targets - predictions).var() / target_var, jnp.nan)
+
+    def variance(x: jax.Array) -> jax.Array:
+        return masked_mean(jnp.square(x - masked_mean(x, mask)), mask)
+
+    target_var = variance(targets)
+    safe = jnp.where(target_var > 0, target_var, 1.0)
+    return jnp.where(target_var > 0, 1.0 - variance(targets - predictions) / safe, jnp.nan)

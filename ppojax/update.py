@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -16,6 +17,9 @@ from ppojax.rollout import Agent
 from ppojax.types import Batch, Params
 
 LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+
+
+LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 class OptimizerCarry(NamedTuple):
@@ -66,28 +70,49 @@ def ppo_loss(
     return total, parts
 
 
-def sgd_step(
-    agent: Agent,
-    config: PPOConfig,
+def gradient_step(
+    loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     carry: OptimizerCarry,
-    minibatch: Batch,
+    minibatch: Any,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
-    """One gradient step on one minibatch."""
-    grad_fn = jax.grad(functools.partial(ppo_loss, agent, config), has_aux=True)
-    grads, parts = grad_fn(carry.params, minibatch)
+    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``."""
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(carry.params, minibatch)
     updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
     params = optax.apply_updates(carry.params, updates)
-    return OptimizerCarry(params, opt_state), {**parts, "grad_norm": optax.tree.norm(grads)}
+    return OptimizerCarry(params, opt_state), {**metrics, "grad_norm": optax.tree.norm(grads)}
 
 
-def shuffle_into_minibatches(key: jax.Array, batch: Batch, num_minibatches: int) -> Batch:
-    """A random permutation of the N samples, reshaped to [num_minibatches, N / num_mb, ...]."""
-    size = batch.obs.shape[0]
+def shuffle_into_minibatches(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
+    """A random permutation of the N samples of every leaf of ``batch`` (same permutation for
+    all), reshaped to [num_minibatches, N / num_minibatches, ...]."""
+    size = jax.tree.leaves(batch)[0].shape[0]
     permutation = jax.random.permutation(key, size)
     return jax.tree.map(
         lambda x: x[permutation].reshape((num_minibatches, -1) + x.shape[1:]), batch
     )
+
+
+def run_epochs(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    carry: OptimizerCarry,
+    batch: Any,
+    key: jax.Array,
+    *,
+    num_epochs: int,
+    num_minibatches: int,
+) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
+    """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves) in freshly shuffled
+    minibatches, one gradient step each; metrics are means over all gradient steps."""
+    step = functools.partial(gradient_step, loss_fn, optimizer)
+
+    def epoch(carry: OptimizerCarry, epoch_key: jax.Array):
+        minibatches = shuffle_into_minibatches(epoch_key, batch, num_minibatches)
+        return jax.lax.scan(step, carry, minibatches)
+
+    carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
+    return carry, jax.tree.map(jnp.mean, metrics)
 
 
 def update_epochs(
@@ -98,13 +123,13 @@ def update_epochs(
     batch: Batch,
     key: jax.Array,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
-    """``update_epochs`` passes over ``batch`` [N] in shuffled minibatches; metrics are means
-    over all gradient steps."""
-    step = functools.partial(sgd_step, agent, config, optimizer)
-
-    def epoch(carry: OptimizerCarry, epoch_key: jax.Array):
-        minibatches = shuffle_into_minibatches(epoch_key, batch, config.num_minibatches)
-        return jax.lax.scan(step, carry, minibatches)
-
-    carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, config.update_epochs))
-    return carry, jax.tree.map(jnp.mean, metrics)
+    """PPO's update: ``config.update_epochs`` epochs of ``config.num_minibatches`` steps."""
+    return run_epochs(
+        functools.partial(ppo_loss, agent, config),
+        optimizer,
+        carry,
+        batch,
+        key,
+        num_epochs=config.update_epochs,
+        num_minibatches=config.num_minibatches,
+    )

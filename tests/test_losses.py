@@ -88,3 +88,44 @@ def test_explained_variance():
     np.testing.assert_allclose(losses.explained_variance(targets, targets), 1.0)
     np.testing.assert_allclose(losses.explained_variance(jnp.zeros(4), targets), 0.0, atol=1e-6)
     assert jnp.isnan(losses.explained_variance(targets, jnp.ones(4)))
+
+
+def test_masked_terms_ignore_padding():
+    rng = np.random.default_rng(0)
+    log_ratio = jnp.asarray(rng.normal(0, 0.3, 6), jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=6), jnp.float32)
+    values = jnp.asarray(rng.normal(size=6), jnp.float32)
+    old = jnp.asarray(rng.normal(size=6), jnp.float32)
+    targets = jnp.asarray(rng.normal(size=6), jnp.float32)
+    mask = jnp.array([1, 1, 1, 1, 0, 0])
+    real = slice(0, 4)
+    padded_junk = dict(log_ratio=log_ratio.at[4:].set(50.0), targets=targets.at[4:].set(1e6))
+    pairs = [
+        (
+            losses.clipped_surrogate_loss(padded_junk["log_ratio"], advantages, 0.2, mask),
+            losses.clipped_surrogate_loss(log_ratio[real], advantages[real], 0.2),
+        ),
+        (
+            losses.value_loss(values, old, padded_junk["targets"], 0.2, mask),
+            losses.value_loss(values[real], old[real], targets[real], 0.2),
+        ),
+        (losses.entropy_bonus(values, mask), losses.entropy_bonus(values[real])),
+        (
+            losses.approx_kl(padded_junk["log_ratio"], mask),
+            losses.approx_kl(log_ratio[real]),
+        ),
+        (
+            losses.clip_fraction(padded_junk["log_ratio"], 0.2, mask),
+            losses.clip_fraction(log_ratio[real], 0.2),
+        ),
+        (
+            losses.normalize(advantages.at[4:].set(99.0), mask)[real],
+            losses.normalize(advantages[real]),
+        ),
+        (
+            losses.explained_variance(values, padded_junk["targets"], mask),
+            losses.explained_variance(values[real], targets[real]),
+        ),
+    ]
+    for masked, reference in pairs:
+        np.testing.assert_allclose(masked, reference, rtol=1e-5, atol=1e-6)
