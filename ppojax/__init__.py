@@ -3,7 +3,7 @@
 from ppojax.config import PRESETS, PPOConfig
 from ppojax.envs import list_envs, make_env
 from ppojax.gae import compute_gae
-from ppojax.train import init_state, train
+from ppojax.train import init_state, run_updates, train
 from ppojax.types import METRIC_NAMES, TrainOutput, TrainState, Transition
 
 __version__ = "0.1.0"
@@ -19,5 +19,6 @@ __all__ = [
     "init_state",
     "list_envs",
     "make_env",
+    "run_updates",
     "train",
 ]

@@ -101,6 +101,20 @@ def update_step(
     return new_state, metrics
 
 
+def run_updates(
+    config: PPOConfig, state: TrainState, num_updates: int
+) -> tuple[TrainState, Metrics]:
+    """Continue training from ``state`` for ``num_updates`` updates (``num_updates`` static).
+
+    Running the updates in chunks gives exactly the same result as one call, which is what
+    progress reporting and resuming from checkpoints rely on.
+    """
+    agent = make_agent(config)
+    optimizer = make_optimizer(config)
+    step = functools.partial(update_step, agent, optimizer, config)
+    return jax.lax.scan(lambda s, _: step(s), state, None, num_updates)
+
+
 def train(config: PPOConfig, key: jax.Array) -> TrainOutput:
     """Train a PPO agent: ``config.num_updates`` cycles of rollout, GAE and update.
 
@@ -108,9 +122,5 @@ def train(config: PPOConfig, key: jax.Array) -> TrainOutput:
     structure, and ``jax.vmap(train, in_axes=(None, 0))(config, keys)`` runs several seeds.
     Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``).
     """
-    agent = make_agent(config)
-    optimizer = make_optimizer(config)
-    state = init_state(config, key)
-    step = functools.partial(update_step, agent, optimizer, config)
-    state, metrics = jax.lax.scan(lambda s, _: step(s), state, None, config.num_updates)
+    state, metrics = run_updates(config, init_state(config, key), config.num_updates)
     return TrainOutput(state, metrics)

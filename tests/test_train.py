@@ -98,3 +98,22 @@ def test_learning_rate_metric_follows_the_annealing(tiny_config, tiny_train):
         for u in range(tiny_config.num_updates)
     ]
     np.testing.assert_allclose(out.metrics["learning_rate"], expected, rtol=1e-6)
+
+
+def test_training_in_chunks_equals_one_call(tiny_config, tiny_train):
+    whole = tiny_train(tiny_config, jax.random.key(3))
+    chunk = jax.jit(ppojax.run_updates, static_argnums=2)
+    state = ppojax.init_state(tiny_config, jax.random.key(3))
+    state, first = chunk(tiny_config, state, 1)
+    state, rest = chunk(tiny_config, state, 2)
+    for name in ppojax.METRIC_NAMES:
+        np.testing.assert_allclose(
+            np.concatenate([first[name], rest[name]]),
+            whole.metrics[name],
+            rtol=1e-6,
+            err_msg=name,
+        )
+    for x, y in zip(
+        jax.tree.leaves(state.params), jax.tree.leaves(whole.state.params), strict=True
+    ):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
