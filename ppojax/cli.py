@@ -1,17 +1,35 @@
-"""The command line: ``ppojax train [ENV_ID] [--seeds N] [--<any PPOConfig field> VALUE]``."""
+"""The command line: ``ppojax train | sweep | eval | envs``.
+
+``ppojax train`` (no arguments) trains CartPole-v1, shows a progress bar, writes a run folder
+(config, metrics, learning curve, checkpoints, summary; see ``ppojax.io``) and prints the
+result. ``ppojax sweep`` trains a grid of hyperparameters x seeds in one compiled program.
+``ppojax eval`` loads a run folder's policy and reports its mean return, optionally as a GIF.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import sys
-import time
-from collections.abc import Sequence
-from typing import Any
+import types
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 
 from ppojax.config import PRESETS, PPOConfig
+
+DEFAULT_OUT = "runs"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``ppojax train: error: ... (see ppojax train --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parse_bool(text: str) -> bool:
@@ -34,6 +52,13 @@ def _parse_int(text: str) -> int:
     return int(value)
 
 
+def _parse_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def _parse_sizes(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
@@ -41,105 +66,286 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected sizes like 64,64, got {text!r}") from None
 
 
-def _parse_optional_float(text: str) -> float | None:
-    if text.lower() in ("none", "off"):
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or none, got {text!r}") from None
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` that also reads ``none`` / ``off`` as None (the feature switched off)."""
+
+    def parse_optional(text: str) -> Any:
+        return None if text.lower() in ("none", "off") else parse(text)
+
+    return parse_optional
 
 
-def _field_parser(field: dataclasses.Field) -> Any:
-    if field.name == "hidden_sizes":
+SCALAR_PARSERS: dict[type, Callable[[str], Any]] = {
+    bool: _parse_bool,
+    int: _parse_int,
+    float: _parse_float,
+    str: str,
+}
+
+
+def annotation_parser(annotation: Any) -> Callable[[str], Any]:
+    """A command-line parser for a PPOConfig field's type: bool, int, float, str, tuples of
+    ints (``64,64``), and any of these ``| None`` (``none`` turns the feature off)."""
+    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType) and type(None) in arguments:
+        inner = [argument for argument in arguments if argument is not type(None)]
+        return _optional(annotation_parser(inner[0]))
+    if annotation is tuple or origin is tuple:
         return _parse_sizes
-    if field.name == "vf_clip_eps":
-        return _parse_optional_float
-    default = field.default
-    if isinstance(default, bool):
-        return _parse_bool
-    if isinstance(default, int):
-        return _parse_int
-    return type(default)
+    return SCALAR_PARSERS.get(annotation, str)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per PPOConfig field except env_id (the positional argument)."""
-    group = parser.add_argument_group("PPOConfig fields (defaults: the env's preset)")
+    group = parser.add_argument_group(
+        "PPOConfig fields (default: the env's preset, then PPOConfig's default shown here)"
+    )
+    hints = typing.get_type_hints(PPOConfig)
     for field in dataclasses.fields(PPOConfig):
         if field.name == "env_id":
             continue
+        default = field.default
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         group.add_argument(
             f"--{field.name.replace('_', '-')}",
             dest=field.name,
-            type=_field_parser(field),
+            type=annotation_parser(hints[field.name]),
             default=None,
-            metavar=field.name.upper(),
+            metavar="VALUE",
+            help=f"default {shown}",
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ppojax", description="Proximal Policy Optimization on gymnax environments."
+def _parse_grid(text: str) -> tuple[str, tuple[float, ...]]:
+    """``learning_rate=1e-4,3e-4`` -> ("learning_rate", (1e-4, 3e-4))."""
+    name, separator, values = text.partition("=")
+    try:
+        parsed = tuple(float(value) for value in values.split(","))
+    except ValueError:
+        parsed = ()
+    if not separator or not name or not parsed:
+        raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2,..., got {text!r}")
+    return name.strip().replace("-", "_"), parsed
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by train and sweep: seeds, config file, run folder, checkpoints, output."""
+    parser.add_argument(
+        "env_id", nargs="?", default=None, help="a gymnax env id (default CartPole-v1)"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train", help="train a PPO agent and print its learning curve")
-    train.add_argument("env_id", nargs="?", default="CartPole-v1", help="a gymnax env id")
-    train.add_argument("--seeds", type=int, default=1, help="seeds trained at once with vmap")
-    train.add_argument("--seed", type=int, default=0, help="base PRNG seed")
-    add_config_flags(train)
+    parser.add_argument("--seeds", type=_parse_int, default=1, help="seeds trained at once (vmap)")
+    parser.add_argument("--seed", type=_parse_int, default=0, help="base PRNG seed (default 0)")
+    parser.add_argument(
+        "--config", type=Path, help="JSON file of PPOConfig fields, e.g. a run's config.json"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(DEFAULT_OUT), help="folder for run folders (runs/)"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=_parse_int, metavar="N", help="checkpoint every N updates"
+    )
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=_parse_int,
+        default=3,
+        metavar="N",
+        help="newest checkpoints to keep, 0 for all (default 3)",
+    )
+    parser.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--tensorboard", action="store_true", help="also write TensorBoard event files"
+    )
+    add_config_flags(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="ppojax", description="Proximal Policy Optimization on gymnax envs.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train = commands.add_parser(
+        "train",
+        help="train PPO on one env (several seeds at once) into a run folder",
+        description="Train PPO: a progress bar while it runs, a run folder (config.json, "
+        "metrics.csv, learning_curve.png, checkpoints/, summary.json) and the result printed.",
+    )
+    add_run_flags(train)
+    sweep = commands.add_parser(
+        "sweep",
+        help="train a grid of hyperparameters x seeds in one compiled program",
+        description="Sweep traced PPOConfig fields (learning_rate, clip_eps, ...): every grid "
+        "point and seed runs in one vmapped program; the run folder plots one curve per point.",
+    )
+    sweep.add_argument(
+        "--grid",
+        type=_parse_grid,
+        action="append",
+        required=True,
+        metavar="FIELD=V1,V2",
+        help="values of one field; repeat for a cartesian product",
+    )
+    add_run_flags(sweep)
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a run folder's policy (mean/std return, optional GIF)",
+        description="Load the latest checkpoint of a run folder and run evaluation episodes.",
+    )
+    evaluate.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a ppojax run folder")
+    evaluate.add_argument("--episodes", type=_parse_int, default=10, help="episodes (10)")
+    evaluate.add_argument(
+        "--deterministic", action="store_true", help="act with the policy's mode, not samples"
+    )
+    evaluate.add_argument("--run", type=_parse_int, default=0, help="which run (seed) to load")
+    evaluate.add_argument("--seed", type=_parse_int, default=0, help="PRNG seed (default 0)")
+    evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
     commands.add_parser("envs", help="list the environment ids that can be trained")
     return parser
 
 
-def run_train(args: argparse.Namespace) -> int:
-    import jax
-
-    from ppojax.train import train
-
-    overrides = {
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The PPOConfig fields set on the command line."""
+    return {
         field.name: getattr(args, field.name)
         for field in dataclasses.fields(PPOConfig)
         if field.name != "env_id" and getattr(args, field.name) is not None
     }
-    config = PPOConfig.preset(args.env_id, **overrides)
-    if args.seeds < 1:
-        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
-    keys = jax.random.split(jax.random.key(args.seed), args.seeds)
-    train_seeds = jax.jit(jax.vmap(train, in_axes=(None, 0)))
-    start = time.perf_counter()
-    compiled = train_seeds.lower(config, keys).compile()
-    compile_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    out = jax.block_until_ready(compiled(config, keys))
-    run_seconds = time.perf_counter() - start
-    print_report(
-        config, args.seeds, np.asarray(out.metrics["episode_return"]), compile_seconds, run_seconds
+
+
+def build_config(args: argparse.Namespace) -> PPOConfig:
+    """Preset of the env, then the --config file, then the flags."""
+    from ppojax import io
+
+    settings = io.read_config_file(args.config) if args.config else {}
+    env_id = args.env_id or settings.get("env_id", "CartPole-v1")
+    return io.config_from_dict({**settings, "env_id": env_id, **config_overrides(args)})
+
+
+def run_options(args: argparse.Namespace, saved: Any = None) -> Any:
+    """RunOptions from the flags; on --resume, the run's saved options with the flags on top."""
+    from ppojax.experiment import RunOptions
+
+    if args.tensorboard and importlib.util.find_spec("tensorboardX") is None:
+        raise ValueError("--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    base = saved or RunOptions()
+    return dataclasses.replace(
+        base,
+        progress=not args.no_progress,
+        checkpoint_every=args.checkpoint_every or base.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints or None,
+        tensorboard=args.tensorboard or base.tensorboard,
     )
+
+
+def resume(args: argparse.Namespace) -> Any:
+    """Continue ``args.resume``; the run's own config and seeds, so no config flags."""
+    from ppojax.experiment import read_experiment, resume_experiment
+
+    given = [f"--{name.replace('_', '-')}" for name in config_overrides(args)]
+    given += ["ENV_ID"] * (args.env_id is not None) + ["--config"] * (args.config is not None)
+    if given or getattr(args, "grid", None):
+        raise ValueError(
+            f"--resume continues a run with its saved config and seeds; drop {', '.join(given)}"
+        )
+    _, saved = read_experiment(args.resume)
+    return resume_experiment(args.resume, run_options(args, saved))
+
+
+def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> int:
+    """``ppojax train`` and ``ppojax sweep``: train, fill the run folder, print the result."""
+    from ppojax import io
+    from ppojax.experiment import Experiment, run_experiment
+
+    if args.resume is not None:
+        result = resume(args)
+    else:
+        experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
+        options = run_options(args)
+        run_dir = io.new_run_dir(args.out, experiment.config.env_id)
+        print(f"run folder: {run_dir}", flush=True)
+        result = run_experiment(experiment, run_dir, options)
+    print_report(result)
     return 0
 
 
-def print_report(
-    config: PPOConfig, seeds: int, returns: np.ndarray, compile_s: float, run_s: float
-) -> None:
-    """Learning curve (mean over seeds at ten points) and final return per seed."""
-    steps = seeds * config.num_updates * config.batch_size
+def print_report(result: Any) -> None:
+    """What ran, timings, the learning curve, final returns and the run folder."""
+    experiment, config = result.experiment, result.experiment.config
     print(
-        f"ppojax PPO on {config.env_id}: {seeds} seed(s) x {config.num_updates} updates "
-        f"x {config.batch_size} steps"
+        f"ppojax PPO on {config.env_id}: {experiment.num_runs} run(s) = {experiment.seeds} "
+        f"seed(s) x {experiment.num_runs // experiment.seeds} grid point(s), "
+        f"{config.num_updates} updates x {config.batch_size} steps"
     )
-    print(f"compile {compile_s:.1f} s, run {run_s:.1f} s, {steps / run_s:,.0f} env steps/s")
+    rate = result.env_steps / max(result.run_seconds, 1e-9)
+    print(
+        f"compile {result.compile_seconds:.1f} s, run {result.run_seconds:.1f} s, "
+        f"{rate:,.0f} env steps/s"
+    )
+    print_learning_curve(result.metrics["episode_return"], config.batch_size)
+    print_final_returns(result)
+    if result.run_dir is not None:
+        print(f"run folder: {result.run_dir}")
+
+
+def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
+    """Mean over runs of the 10-update rolling mean return at ten points; returns [runs, U]."""
+    from ppojax.io import rolling_mean
+
+    smooth = rolling_mean(returns)
     print(f"{'env steps':>12}  {'mean return':>12}")
-    for update in np.linspace(0, config.num_updates - 1, 10).astype(int):
-        window = returns[:, max(0, update - 9) : update + 1]
-        mean = np.nanmean(window) if np.isfinite(window).any() else float("nan")
-        print(f"{(update + 1) * config.batch_size:>12,}  {mean:>12.1f}")
-    final = [np.nanmean(row[-10:]) if np.isfinite(row[-10:]).any() else np.nan for row in returns]
+    for update in np.unique(np.linspace(0, returns.shape[1] - 1, 10).astype(int)):
+        column = smooth[:, update]
+        mean = np.nanmean(column) if np.isfinite(column).any() else float("nan")
+        print(f"{(update + 1) * batch_size:>12,}  {mean:>12.1f}")
+
+
+def print_final_returns(result: Any) -> None:
+    """Each seed's final return (mean of its last 10 updates), per grid point."""
+    from ppojax.experiment import final_return_table, point_label
+
+    print("final return (mean of the last 10 updates):")
+    for row in final_return_table(result):
+        label = point_label(row["point"]) or "per seed"
+        seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
+        mean = float("nan") if row["mean"] is None else row["mean"]
+        std = float("nan") if row["std"] is None else row["std"]
+        print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``ppojax eval``: mean/std return of the run's policy, and a GIF when asked."""
+    from ppojax import io
+    from ppojax.evaluate import evaluate, load, render_gif
+
+    config, act = load(args.run_dir, run=args.run)
+    returns = evaluate(config, act, args.episodes, args.seed, args.deterministic)
+    mode = "deterministic" if args.deterministic else "sampled"
     print(
-        "final return (mean of the last 10 updates) per seed:",
-        " ".join(f"{value:.1f}" for value in final),
+        f"{config.env_id}, run {args.run}: mean return {returns.mean():.1f} +- {returns.std():.1f}"
+        f" over {args.episodes} episodes ({mode} actions)"
     )
-    print(f"final return, mean over seeds: {np.nanmean(final):.1f}")
+    io.write_json(
+        args.run_dir / "eval.json",
+        {"run": args.run, "mode": mode, "seed": args.seed, "returns": returns.tolist()},
+    )
+    if args.gif is not None:
+        try:
+            frames = render_gif(config, act, args.gif, args.seed, args.deterministic)
+        except ValueError as error:
+            print(f"ppojax eval: no GIF: {error}", file=sys.stderr)
+        else:
+            print(f"GIF of one episode ({frames} frames): {args.gif}")
+    return 0
+
+
+def list_env_ids() -> int:
+    from ppojax.envs import list_envs
+
+    for env_id in list_envs():
+        print(env_id + ("  (tuned preset)" if env_id in PRESETS else ""))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,15 +353,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "envs":
-            from ppojax.envs import list_envs
-
-            for env_id in list_envs():
-                print(env_id + ("  (tuned preset)" if env_id in PRESETS else ""))
-            return 0
-        return run_train(args)
-    except ValueError as error:
-        parser.exit(2, f"ppojax: error: {error}\n")
-    return 1
+            return list_env_ids()
+        if args.command == "eval":
+            return run_eval(args)
+        grid = dict(args.grid) if args.command == "sweep" else {}
+        return run_train(args, grid)
+    except (ValueError, OSError) as error:
+        parser.exit(2, f"ppojax {args.command}: error: {error}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "ppojax: interrupted (continue with ppojax train --resume RUN_DIR)\n")
 
 
 if __name__ == "__main__":

@@ -1,50 +1,208 @@
+import json
+import shutil
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
-from ppojax.cli import build_parser, main
+from ppojax import io
+from ppojax.cli import annotation_parser, build_config, build_parser, main
+from ppojax.experiment import read_experiment, state_template
+
+TINY = (
+    "--total-timesteps",
+    "48",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "4",
+    "--update-epochs",
+    "1",
+    "--num-minibatches",
+    "2",
+    "--hidden-sizes",
+    "8",
+)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ppojax", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "ppojax", *args], capture_output=True, text=True, timeout=600
     )
 
 
-def test_train_prints_the_learning_curve_and_final_return():
+def run_folder(stdout: str):
+    """The run folder a ``ppojax train``/``sweep`` printed."""
+    line = next(line for line in stdout.splitlines() if line.startswith("run folder: "))
+    return io.Path(line.removeprefix("run folder: "))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny two-seed run with checkpoints every 2 of its 6 updates (all kept), TensorBoard on."""
+    out = tmp_path_factory.mktemp("runs")
     result = run_cli(
         "train",
         "CartPole-v1",
         "--seeds",
         "2",
-        "--total-timesteps",
-        "2048",
-        "--num-envs",
-        "4",
-        "--num-steps",
-        "32",
-        "--hidden-sizes",
-        "16,16",
+        *TINY,
+        "--checkpoint-every",
+        "2",
+        "--keep-checkpoints",
+        "0",
+        "--tensorboard",
+        "--out",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
-    assert "2 seed(s) x 16 updates x 128 steps" in result.stdout
-    assert "final return, mean over seeds:" in result.stdout
-    assert "env steps/s" in result.stdout
+    return run_folder(result.stdout), result
 
 
-def test_bad_config_value_is_a_one_line_error_without_traceback():
-    result = run_cli("train", "--num-minibatches", "3")
-    assert result.returncode == 2
-    assert "PPOConfig.num_minibatches" in result.stderr
+def final_state(run_dir):
+    experiment, _ = read_experiment(run_dir)
+    return io.restore_checkpoint(run_dir, state_template(experiment))
+
+
+def test_train_prints_the_learning_curve_and_final_return(trained):
+    _, result = trained
+    assert "2 run(s) = 2 seed(s) x 1 grid point(s), 6 updates x 8 steps" in result.stdout
+    assert "env steps/s" in result.stdout and "mean return" in result.stdout
+    assert "per seed:" in result.stdout and "over seeds" in result.stdout
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_env_is_a_clear_error(capsys):
+def test_train_writes_every_file_of_the_run_folder(trained):
+    run_dir, _ = trained
+    config = io.config_from_dict(io.read_json(run_dir / "config.json"))
+    assert config.num_envs == 2 and config.hidden_sizes == (8,)
+    assert io.read_json(run_dir / "run.json")["seeds"] == 2
+    runs, metrics = io.read_metrics(run_dir / "metrics.csv")
+    assert len(runs) == 2 and metrics["episode_return"].shape == (2, 6)
+    np.testing.assert_array_equal(metrics["env_steps"][0], np.arange(1, 7) * 8)
+    assert (run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    steps = sorted(int(path.name) for path in (run_dir / "checkpoints").iterdir())
+    assert steps == [2, 4, 6]
+    summary = io.read_json(run_dir / "summary.json")
+    assert len(summary["final_return"][0]["per_seed"]) == 2
+    assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
+    assert summary["versions"]["jax"] == jax.__version__
+    for run in ("run-0", "run-1"):
+        assert any((run_dir / "tensorboard" / run).glob("events.out.tfevents.*"))
+
+
+def test_final_checkpoint_holds_the_finished_state(trained):
+    state, step = final_state(trained[0])
+    assert step == 6
+    np.testing.assert_array_equal(state.update_step, [6, 6])
+    np.testing.assert_array_equal(state.env_steps, [48, 48])
+
+
+def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(trained, tmp_path):
+    """Cut the run back to its checkpoint at update 2, as if it had died there, and resume.
+    Without a progress bar the resumed run also runs other chunk sizes (2 instead of 1)."""
+    run_dir, _ = trained
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run_dir, resumed)
+    for step in ("4", "6"):
+        shutil.rmtree(resumed / "checkpoints" / step)
+    result = run_cli("train", "--resume", str(resumed), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    expected, _ = final_state(run_dir)
+    got, step = final_state(resumed)
+    assert step == 6
+    for want, have in zip(
+        jax.tree.leaves(io.to_savable(expected)), jax.tree.leaves(io.to_savable(got)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(have))
+    assert (resumed / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
+    assert io.read_json(resumed / "summary.json")["resumed_from_update"] == 2
+
+
+def test_eval_reports_mean_return_and_draws_a_gif(trained, tmp_path):
+    run_dir, _ = trained
+    gif = tmp_path / "episode.gif"
+    result = run_cli("eval", str(run_dir), "--episodes", "3", "--run", "1", "--gif", str(gif))
+    assert result.returncode == 0, result.stderr
+    assert "CartPole-v1, run 1: mean return" in result.stdout and "over 3 episodes" in result.stdout
+    assert gif.read_bytes()[:6] == b"GIF89a"
+    assert len(io.read_json(run_dir / "eval.json")["returns"]) == 3
+
+
+def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
+    result = run_cli(
+        "sweep",
+        "--grid",
+        "learning_rate=1e-3,2.5e-4",
+        "--seeds",
+        "2",
+        *TINY,
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "learning_rate=0.001:" in result.stdout and "learning_rate=0.00025:" in result.stdout
+    run_dir = run_folder(result.stdout)
+    runs, metrics = io.read_metrics(run_dir / "metrics.csv")
+    assert [float(run["grid_learning_rate"]) for run in runs] == [1e-3, 1e-3, 2.5e-4, 2.5e-4]
+    assert len(io.read_json(run_dir / "summary.json")["final_return"]) == 2
+    # The default-lr point reproduces the plain two-seed run (to float rounding: the swept
+    # learning rate is an array in the program rather than a constant).
+    swept, _ = final_state(run_dir)
+    plain, _ = final_state(trained[0])
+    for want, have in zip(
+        jax.tree.leaves(plain.params), jax.tree.leaves(swept.params), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(have)[2:], np.asarray(want), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--bogus", "1"], "unrecognized arguments: --bogus"),
+        (["train", "--learning-rate", "fast"], "expected a number, got 'fast'"),
+        (["train", "--num-minibatches", "3"], "PPOConfig.num_minibatches"),
+        (["train", "Cartpole-v1"], "CartPole-v1"),
+        (["train", "--config", "/nonexistent.json"], "cannot read config file"),
+        (["train", "--resume", "/nonexistent"], "not a ppojax run folder"),
+        (["sweep", "--grid", "num_envs=2,4"], "cannot be swept"),
+        (["sweep", "--grid", "learning_rate"], "expected FIELD=V1,V2"),
+        (["eval", "/nonexistent"], "not a ppojax run folder"),
+        (["evaluate"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "Cartpole-v1"])
+        main(args)
     assert exit_info.value.code == 2
-    assert "CartPole-v1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bad_flag_in_a_subprocess_exits_non_zero_without_traceback():
+    result = run_cli("train", "--num-minibatches", "3")
+    assert result.returncode == 2
+    assert "PPOConfig.num_minibatches" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_resume_refuses_config_flags(trained, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--resume", str(trained[0]), "--learning-rate", "1e-3"])
+    assert "drop --learning-rate" in capsys.readouterr().err
+
+
+def test_config_file_then_flags_override_the_preset(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"env_id": "Pendulum-v1", "num_envs": 8}))
+    args = build_parser().parse_args(
+        ["train", "--config", str(tmp_path / "c.json"), "--gamma", "0.9"]
+    )
+    config = build_config(args)
+    assert config.env_id == "Pendulum-v1" and config.num_envs == 8 and config.gamma == 0.9
+    assert config.num_steps == 256  # from the Pendulum preset
 
 
 def test_flags_parse_into_config_types():
@@ -66,6 +224,22 @@ def test_flags_parse_into_config_types():
     assert args.total_timesteps == 500_000 and args.anneal_lr is False
     assert args.vf_clip_eps is None and args.hidden_sizes == (32, 32)
     assert args.learning_rate == 1e-3
+
+
+def test_field_types_map_to_parsers():
+    assert annotation_parser(float | None)("off") is None
+    assert annotation_parser(float | None)("0.5") == 0.5
+    assert annotation_parser(int)("1e3") == 1000
+    assert annotation_parser(tuple[int, ...])("4,2") == (4, 2)
+    assert annotation_parser(bool)("yes") is True
+
+
+def test_every_subcommand_has_help(capsys):
+    for command in ("train", "sweep", "eval", "envs"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        assert f"usage: ppojax {command}" in capsys.readouterr().out
 
 
 def test_envs_lists_ids(capsys):

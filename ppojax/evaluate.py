@@ -1,0 +1,177 @@
+"""Trained policies from run folders: ``load``, evaluation episodes, and GIFs of an episode."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppojax import io
+from ppojax.config import PPOConfig
+from ppojax.distributions import deterministic_action, policy_distribution
+from ppojax.envs import EnvSpec, PPOEnv, make_env
+from ppojax.experiment import read_experiment, run_table, state_template
+from ppojax.networks import Actor, build_networks
+from ppojax.types import TrainState
+
+# The env ids gymnax.visualize.Visualizer draws (gymnax 1.x).
+RENDERABLE_ENVS = (
+    "Acrobot-v1",
+    "CartPole-v1",
+    "Pendulum-v1",
+    "MountainCar-v0",
+    "MountainCarContinuous-v0",
+    "Catch-bsuite",
+    "Asterix-MinAtar",
+    "Breakout-MinAtar",
+    "Freeway-MinAtar",
+    "Seaquest-MinAtar",
+    "SpaceInvaders-MinAtar",
+    "Pong-misc",
+    "PointRobot-misc",
+    "MetaMaze-misc",
+    "FourRooms-misc",
+)
+
+# The classic-control ones among them, which gymnax draws with gymnasium and pygame.
+PYGAME_ENVS = RENDERABLE_ENVS[:5]
+
+Act = Callable[..., jax.Array]
+
+
+def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PPOConfig, Act]:
+    """The config of run ``run`` of a run folder and its policy ``act(obs, key=None,
+    deterministic=False) -> action``, from the latest checkpoint (or the one at ``step``).
+
+    ``obs`` is one raw observation [obs_dim] or a batch [N, obs_dim] (NumPy or JAX); ``key``
+    (a ``jax.random.key``) is needed unless ``deterministic``. ``act`` is jitted and can also
+    be called inside other jitted functions.
+    """
+    experiment, _ = read_experiment(Path(run_dir))
+    runs = run_table(experiment)
+    if not 0 <= run < len(runs):
+        raise ValueError(f"run must lie in [0, {len(runs) - 1}] for {run_dir}, got {run}")
+    state, _ = io.restore_checkpoint(Path(run_dir), state_template(experiment), step)
+    point = {name: runs[run][name] for name in experiment.grid}
+    config = experiment.config.replace(**point)
+    return config, make_act(config, jax.tree.map(lambda leaf: leaf[run], state))
+
+
+def make_act(config: PPOConfig, state: TrainState) -> Act:
+    """The policy of one (unbatched) TrainState as ``act(obs, key=None, deterministic=False)``."""
+    spec = make_env(config.env_id).spec
+    actor, _ = build_networks(spec, config.hidden_sizes, config.activation)
+    core = jax.jit(functools.partial(_act, actor, spec, config), static_argnames=("deterministic",))
+    return functools.partial(core, state)
+
+
+def _act(
+    actor: Actor,
+    spec: EnvSpec,
+    config: PPOConfig,
+    state: TrainState,
+    obs: jax.Array,
+    key: jax.Array | None = None,
+    deterministic: bool = False,
+) -> jax.Array:
+    """The sampled action, or the mode of the policy when ``deterministic``."""
+    obs = jnp.asarray(obs, jnp.float32)
+    head, log_std = actor.apply(state.params["actor"], network_input(config, state, obs))
+    if deterministic:
+        return deterministic_action(spec, head)
+    if key is None:
+        raise ValueError("act needs a key to sample an action, or deterministic=True")
+    return policy_distribution(spec, head, log_std).sample(seed=key)
+
+
+def network_input(config: PPOConfig, state: TrainState, obs: jax.Array) -> jax.Array:
+    """What the actor sees: the observation, normalized with the checkpoint's running
+    statistics when the config trained with observation normalization."""
+    if not getattr(config, "normalize_observations", False):
+        return obs
+    from ppojax.rollout import network_input as normalized
+
+    return normalized(config, state.obs_stats, obs)
+
+
+def max_episode_steps(env: PPOEnv) -> int:
+    """gymnax's time limit for the env (every gymnax env truncates its episodes)."""
+    return int(getattr(env.env_params, "max_steps_in_episode", 1000))
+
+
+def episode_rollout(
+    env: PPOEnv, act: Act, key: jax.Array, episodes: int, deterministic: bool
+) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+    """``episodes`` envs stepped for the env's time limit: per step [T, N] the env state before
+    the step, the reward, whether an episode ended, and the return of the one that did."""
+    reset_key, key = jax.random.split(key)
+    obs, state = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
+
+    def step(carry: tuple[jax.Array, Any, jax.Array], _: None):
+        obs, state, key = carry
+        key, act_key, step_key = jax.random.split(key, 3)
+        action = act(obs, act_key, deterministic=deterministic)
+        result, next_state = jax.vmap(env.step)(jax.random.split(step_key, episodes), state, action)
+        ended = result.terminated | result.truncated
+        outputs = (state.env_state, result.reward, ended, result.episode_return)
+        return (result.obs, next_state, key), outputs
+
+    _, outputs = jax.lax.scan(step, (obs, state, key), None, max_episode_steps(env))
+    return outputs
+
+
+def evaluate(
+    config: PPOConfig, act: Act, episodes: int = 10, seed: int = 0, deterministic: bool = False
+) -> np.ndarray:
+    """Returns [episodes] of ``episodes`` episodes run in parallel, one per env."""
+    if episodes < 1:
+        raise ValueError(f"episodes must be at least 1, got {episodes}")
+    env = make_env(config.env_id)
+    rollout = jax.jit(
+        functools.partial(episode_rollout, env, act, episodes=episodes, deterministic=deterministic)
+    )
+    _, _, ended, episode_return = jax.device_get(rollout(jax.random.key(seed)))
+    first_end = np.argmax(ended, axis=0)
+    return episode_return[first_end, np.arange(episodes)]
+
+
+def render_gif(
+    config: PPOConfig,
+    act: Act,
+    path: str | Path,
+    seed: int = 0,
+    deterministic: bool = False,
+    max_frames: int = 500,
+) -> int:
+    """Draw one episode (at most ``max_frames`` steps) to a GIF with gymnax's visualizer;
+    the number of frames. ``ValueError`` for envs gymnax cannot draw."""
+    if config.env_id not in RENDERABLE_ENVS:
+        raise ValueError(
+            f"gymnax cannot draw {config.env_id}; GIFs work for {', '.join(RENDERABLE_ENVS)}"
+        )
+    if config.env_id in PYGAME_ENVS and importlib.util.find_spec("pygame") is None:
+        raise ValueError(f"drawing {config.env_id} needs pygame: pip install 'ppojax[render]'")
+    # gymnax draws classic-control envs through gymnasium's pygame renderer, which would
+    # otherwise open an audio device and a display it never uses.
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    from gymnax.visualize import Visualizer
+
+    env = make_env(config.env_id)
+    rollout = jax.jit(
+        functools.partial(episode_rollout, env, act, episodes=1, deterministic=deterministic)
+    )
+    states, rewards, ended, _ = jax.device_get(rollout(jax.random.key(seed)))
+    frames = min(int(np.argmax(ended[:, 0])) + 1, max_frames)
+    sequence = [jax.tree.map(lambda leaf, t=t: leaf[t, 0], states) for t in range(frames)]
+    returns = np.cumsum(rewards[:frames, 0])
+    Visualizer(env.env, env.env_params, sequence, returns).animate(str(path))
+    return frames

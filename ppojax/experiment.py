@@ -1,0 +1,539 @@
+"""Experiments: seeds and a grid of hyperparameters trained as one vmapped, compiled program.
+
+The updates run in chunks of one compiled program, so the host sees metrics while training
+goes on (progress bar, metrics.csv, TensorBoard) and can checkpoint between chunks. A chunk is
+a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by ``lax.cond``: every
+chunk size, the last partial one included, reuses the same executable, and running the updates
+in chunks gives the same numbers as running them in one call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppojax import io
+from ppojax.config import PPOConfig, unknown_field_message
+from ppojax.train import init_state, make_agent, update_step
+from ppojax.types import METRIC_NAMES, Metrics, TrainState
+from ppojax.update import make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """What to train: ``seeds`` seeds (keys split from ``seed``) at every point of ``grid``.
+
+    ``grid`` maps traced PPOConfig fields to the values to sweep; its points are the cartesian
+    product. Run ``r`` is grid point ``r // seeds`` with seed ``r % seeds``; every grid point
+    uses the same seed keys.
+    """
+
+    config: PPOConfig
+    seeds: int = 1
+    seed: int = 0
+    grid: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ValueError(f"seeds must be at least 1, got {self.seeds}")
+        check_grid(self.config, self.grid)
+
+    @property
+    def num_runs(self) -> int:
+        return self.seeds * math.prod(len(values) for values in self.grid.values())
+
+
+def sweepable_fields() -> list[str]:
+    """PPOConfig fields that are pytree leaves, so vmap can sweep them in one program."""
+    return [
+        field.name
+        for field in dataclasses.fields(PPOConfig)
+        if field.metadata.get("pytree_node", True)
+    ]
+
+
+def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]]) -> None:
+    """Raise ``ValueError`` naming the problem for a grid that cannot be swept with vmap."""
+    names = {field.name for field in dataclasses.fields(PPOConfig)}
+    for name, values in grid.items():
+        if name not in names:
+            raise ValueError(unknown_field_message(name))
+        if name not in sweepable_fields():
+            raise ValueError(
+                f"{name} fixes the program's shape or structure and cannot be swept with vmap; "
+                f"sweepable fields: {', '.join(sweepable_fields())}"
+            )
+        if getattr(config, name) is None or any(value is None for value in values):
+            raise ValueError(
+                f"{name}: every grid point must set a number (None changes the program)"
+            )
+        if not values:
+            raise ValueError(f"the grid for {name} is empty")
+    for point in grid_points(grid):
+        config.replace(**point)
+
+
+def grid_points(grid: dict[str, Sequence[float]]) -> list[dict[str, float]]:
+    """The cartesian product of the grid as a list of {field: value}; [{}] for no grid."""
+    names = list(grid)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def run_table(experiment: Experiment) -> list[dict[str, Any]]:
+    """One dict per run, in run order: {"run": r, "seed": s, **grid point}."""
+    rows = []
+    for point in grid_points(experiment.grid):
+        for seed in range(experiment.seeds):
+            rows.append({"run": len(rows), "seed": seed, **point})
+    return rows
+
+
+def run_config(experiment: Experiment) -> tuple[PPOConfig, int | None]:
+    """The config to vmap over runs and its ``in_axes``: the plain config (None) without a
+    grid, else one whose leaves are arrays [runs] holding each run's value (axis 0)."""
+    if not experiment.grid:
+        return experiment.config, None
+    configs = [
+        experiment.config.replace(**{name: run[name] for name in experiment.grid})
+        for run in run_table(experiment)
+    ]
+    return jax.tree.map(lambda *leaves: np.asarray(leaves), *configs), 0
+
+
+def run_keys(experiment: Experiment) -> jax.Array:
+    """PRNG keys [runs]: ``seeds`` keys split from ``seed``, repeated for each grid point."""
+    keys = jax.random.split(jax.random.key(experiment.seed), experiment.seeds)
+    return jnp.concatenate([keys] * (experiment.num_runs // experiment.seeds))
+
+
+def init_states(experiment: Experiment) -> TrainState:
+    """Fresh TrainStates for every run, batched along a leading axis [runs]."""
+    config, axes = run_config(experiment)
+    init = jax.jit(jax.vmap(init_state, in_axes=(axes, 0)))
+    return init(config, run_keys(experiment))
+
+
+def state_template(experiment: Experiment) -> TrainState:
+    """Shapes and dtypes of ``init_states(experiment)``, without computing it."""
+    return jax.eval_shape(functools.partial(init_states, experiment))
+
+
+def run_chunk(
+    config: PPOConfig, state: TrainState, count: jax.Array, length: int
+) -> tuple[TrainState, Metrics]:
+    """Up to ``length`` updates (static) from ``state``, of which the first ``count`` run.
+
+    Metrics have a leading axis [length]; entries past ``count`` are zeros to be dropped.
+    """
+    agent = make_agent(config)
+    optimizer = make_optimizer(config)
+    step = functools.partial(update_step, agent, optimizer, config)
+    _, metric_shapes = jax.eval_shape(step, state)
+
+    def skip(carry: TrainState) -> tuple[TrainState, Metrics]:
+        return carry, jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), metric_shapes)
+
+    def body(carry: TrainState, index: jax.Array) -> tuple[TrainState, Metrics]:
+        return jax.lax.cond(index < count, step, skip, carry)
+
+    return jax.lax.scan(body, state, jnp.arange(length))
+
+
+def chunk_runner(experiment: Experiment, length: int) -> Callable[..., Any]:
+    """``runner(config, state, count)`` over all runs: jit(vmap(run_chunk)) for ``length``."""
+    _, axes = run_config(experiment)
+    chunk = functools.partial(run_chunk, length=length)
+    return jax.jit(jax.vmap(chunk, in_axes=(axes, 0, None)))
+
+
+def chunk_length(
+    num_updates: int, progress_chunks: int | None, checkpoint_every: int | None
+) -> int:
+    """Updates per compiled chunk: about ``num_updates / progress_chunks`` for progress,
+    at most ``checkpoint_every``, and all of them when neither asks for more chunks."""
+    length = num_updates
+    if progress_chunks:
+        length = min(length, math.ceil(num_updates / progress_chunks))
+    if checkpoint_every:
+        length = min(length, checkpoint_every)
+    return max(1, length)
+
+
+def chunk_plan(
+    start: int, stop: int, length: int, checkpoint_every: int | None
+) -> list[tuple[int, int]]:
+    """(first update, count) for each chunk from ``start`` to ``stop``; chunks never cross a
+    multiple of ``checkpoint_every``, so every checkpoint falls on a chunk's end."""
+    plan, first = [], start
+    while first < stop:
+        end = min(first + length, stop)
+        if checkpoint_every:
+            end = min(end, (first // checkpoint_every + 1) * checkpoint_every)
+        plan.append((first, end - first))
+        first = end
+    return plan
+
+
+ChunkCallback = Callable[[int, TrainState, dict[str, np.ndarray]], None]
+
+
+def train_chunks(
+    runner: Callable[..., Any],
+    config: PPOConfig,
+    state: TrainState,
+    plan: Sequence[tuple[int, int]],
+    on_chunk: ChunkCallback,
+) -> TrainState:
+    """Run the chunks of ``plan`` and call ``on_chunk(first_update, state, metrics)`` after
+    each, with host metrics [runs, count]. The next chunk is dispatched before the host handles
+    the last one, so the device never waits for the progress bar or the files."""
+    pending = None
+    for first, count in plan:
+        state, metrics = runner(config, state, count)
+        if pending is not None:
+            _deliver(on_chunk, *pending)
+        pending = (first, count, state, metrics)
+    if pending is not None:
+        _deliver(on_chunk, *pending)
+    return state
+
+
+def _deliver(
+    on_chunk: ChunkCallback, first: int, count: int, state: TrainState, metrics: Metrics
+) -> None:
+    metrics = jax.device_get(metrics)
+    # Documented metrics first, in their documented order, then any others.
+    names = [name for name in METRIC_NAMES if name in metrics]
+    names += sorted(set(metrics) - set(names))
+    host = {name: np.asarray(metrics[name])[:, :count] for name in names}
+    on_chunk(first, state, host)
+
+
+class ProgressBar:
+    """A tqdm bar over env steps (all runs together), with steps/s and the latest mean return."""
+
+    def __init__(self, total_steps: int, initial_steps: int, description: str) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(
+            total=total_steps,
+            initial=initial_steps,
+            desc=description,
+            unit="step",
+            unit_scale=True,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+
+    def update(self, steps: int, returns: np.ndarray) -> None:
+        """Advance by ``steps`` env steps; ``returns`` [runs, updates] of the last chunk."""
+        latest = latest_finite(returns)
+        if np.isfinite(latest).any():
+            self.bar.set_postfix_str(f"return {np.nanmean(latest):.1f}", refresh=False)
+        self.bar.update(steps)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def latest_finite(returns: np.ndarray) -> np.ndarray:
+    """Each run's last finite value along the update axis ([runs, U] -> [runs]); NaN if none."""
+    finite = np.isfinite(returns)
+    last = returns.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
+    values = returns[np.arange(returns.shape[0]), last]
+    return np.where(finite.any(axis=1), values, np.nan)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How to run an experiment: progress bar, checkpoints every N updates (the final state is
+    always saved when there is a run folder), how many to keep (None: all), TensorBoard."""
+
+    progress: bool = True
+    checkpoint_every: int | None = None
+    keep_checkpoints: int | None = 3
+    tensorboard: bool = False
+    progress_chunks: int = 50
+
+
+@dataclasses.dataclass
+class RunResult:
+    """A finished experiment: final states [runs] and metrics [runs, updates] of the whole run
+    (earlier sessions' included after a resume); timings and env steps of this session."""
+
+    experiment: Experiment
+    run_dir: Path | None
+    runs: list[dict[str, Any]]
+    state: TrainState
+    metrics: dict[str, np.ndarray]
+    compile_seconds: float
+    run_seconds: float
+    env_steps: int
+    resumed_from: int | None = None
+
+
+class TensorBoardLog:
+    """TensorBoard event files, one folder per run, every metric against env steps."""
+
+    def __init__(self, run_dir: Path, runs: Sequence[dict[str, Any]]) -> None:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise ValueError(
+                "--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'"
+            ) from None
+        folder = Path(run_dir) / io.TENSORBOARD_DIR
+        self.writers = [SummaryWriter(str(folder / f"run-{run['run']}")) for run in runs]
+
+    def write(self, first: int, metrics: dict[str, np.ndarray], batch_size: int) -> None:
+        for run, writer in enumerate(self.writers):
+            for offset in range(next(iter(metrics.values())).shape[1]):
+                step = (first + offset + 1) * batch_size
+                for name, values in metrics.items():
+                    writer.add_scalar(name, float(values[run, offset]), step)
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+class ChunkHandler:
+    """What happens on the host after each chunk: keep the metrics, advance the progress bar,
+    append to metrics.csv and TensorBoard, and checkpoint on multiples of checkpoint_every."""
+
+    def __init__(
+        self, experiment: Experiment, run_dir: Path | None, options: RunOptions, start: int
+    ) -> None:
+        self.experiment, self.run_dir, self.options = experiment, run_dir, options
+        self.runs = run_table(experiment)
+        # Grid values get a prefix: a swept field can share its name with a metric
+        # (learning_rate is both).
+        self.columns = [
+            {
+                name if name in ("run", "seed") else f"grid_{name}": value
+                for name, value in run.items()
+            }
+            for run in self.runs
+        ]
+        self.chunks: list[dict[str, np.ndarray]] = []
+        # A resumed run starts from a checkpoint that is already on disk.
+        self.saved_step: int | None = start or None
+        self.bar = self.checkpoints = self.tensorboard = None
+        config = experiment.config
+        if options.progress:
+            steps_per_update = experiment.num_runs * config.batch_size
+            description = f"{config.env_id} x{experiment.num_runs}"
+            self.bar = ProgressBar(
+                config.num_updates * steps_per_update, start * steps_per_update, description
+            )
+        if run_dir is not None:
+            self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints)
+            if options.tensorboard:
+                self.tensorboard = TensorBoardLog(run_dir, self.runs)
+
+    def __call__(self, first: int, state: TrainState, metrics: dict[str, np.ndarray]) -> None:
+        count = next(iter(metrics.values())).shape[1]
+        config = self.experiment.config
+        self.chunks.append(metrics)
+        if self.run_dir is not None:
+            header = io.metrics_header(self.columns, list(metrics))
+            io.append_metrics(
+                self.run_dir / io.METRICS_FILE, header, io.metric_rows(self.columns, first, metrics)
+            )
+        if self.tensorboard is not None:
+            self.tensorboard.write(first, metrics, config.batch_size)
+        every = self.options.checkpoint_every
+        if self.checkpoints is not None and every and (first + count) % every == 0:
+            self.save(first + count, state)
+        if self.bar is not None:
+            self.bar.update(
+                count * self.experiment.num_runs * config.batch_size, metrics["episode_return"]
+            )
+
+    def save(self, step: int, state: TrainState) -> None:
+        io.save_checkpoint(self.checkpoints, step, state)
+        self.saved_step = step
+
+    def finish(self, state: TrainState) -> dict[str, np.ndarray]:
+        """Save the final state, close files and the bar; this session's metrics [runs, U]."""
+        final = self.experiment.config.num_updates
+        if self.checkpoints is not None:
+            if self.saved_step != final:
+                self.save(final, state)
+            self.checkpoints.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.bar is not None:
+            self.bar.close()
+        if not self.chunks:
+            return {}
+        return {name: np.concatenate([c[name] for c in self.chunks], 1) for name in self.chunks[0]}
+
+
+def run_experiment(
+    experiment: Experiment, run_dir: Path | None = None, options: RunOptions | None = None
+) -> RunResult:
+    """Train every run of ``experiment`` from scratch; with ``run_dir``, fill that folder
+    (config.json, run.json, metrics.csv, checkpoints, learning_curve.png, summary.json)."""
+    options = options or RunOptions()
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        io.write_json(run_dir / io.CONFIG_FILE, io.config_to_dict(experiment.config))
+        io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
+    return continue_experiment(experiment, run_dir, options, init_states(experiment), 0, {})
+
+
+def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunResult:
+    """Continue the run in ``run_dir`` from its latest checkpoint to the end. The result is
+    the same as the uninterrupted run's: the chunks run the same compiled program."""
+    run_dir = Path(run_dir)
+    experiment, saved_options = read_experiment(run_dir)
+    options = options or saved_options
+    state, step = io.restore_checkpoint(run_dir, state_template(experiment))
+    metrics_path = run_dir / io.METRICS_FILE
+    history: dict[str, np.ndarray] = {}
+    if step > 0 and metrics_path.exists():
+        io.truncate_metrics(metrics_path, step)
+        history = io.read_metrics(metrics_path)[1]
+    return continue_experiment(experiment, run_dir, options, state, step, history)
+
+
+def continue_experiment(
+    experiment: Experiment,
+    run_dir: Path | None,
+    options: RunOptions,
+    state: TrainState,
+    start: int,
+    history: dict[str, np.ndarray],
+) -> RunResult:
+    """Train from update ``start`` (``state`` batched over runs) to the end; ``history`` holds
+    the metrics [runs, start] of the updates before."""
+    config, _ = run_config(experiment)
+    num_updates = experiment.config.num_updates
+    progress_chunks = options.progress_chunks if options.progress else None
+    length = chunk_length(num_updates, progress_chunks, options.checkpoint_every)
+    begin = time.perf_counter()
+    compiled = chunk_runner(experiment, length).lower(config, state, 0).compile()
+    compile_seconds = time.perf_counter() - begin
+    handler = ChunkHandler(experiment, run_dir, options, start)
+    plan = chunk_plan(start, num_updates, length, options.checkpoint_every)
+    begin = time.perf_counter()
+    try:
+        state = jax.block_until_ready(train_chunks(compiled, config, state, plan, handler))
+    finally:
+        session = handler.finish(state)
+    run_seconds = time.perf_counter() - begin
+    metrics = {
+        name: np.concatenate([history[name], values], 1) if name in history else values
+        for name, values in session.items()
+    } or history
+    result = RunResult(
+        experiment=experiment,
+        run_dir=run_dir,
+        runs=run_table(experiment),
+        state=state,
+        metrics=metrics,
+        compile_seconds=compile_seconds,
+        run_seconds=run_seconds,
+        env_steps=(num_updates - start) * experiment.num_runs * experiment.config.batch_size,
+        resumed_from=start or None,
+    )
+    if run_dir is not None:
+        write_report(result)
+    return result
+
+
+def run_settings(experiment: Experiment, options: RunOptions) -> dict[str, Any]:
+    """run.json: what, besides the config, a resume needs to rebuild the experiment."""
+    return {
+        "seeds": experiment.seeds,
+        "seed": experiment.seed,
+        "grid": {name: list(values) for name, values in experiment.grid.items()},
+        "checkpoint_every": options.checkpoint_every,
+        "keep_checkpoints": options.keep_checkpoints,
+        "tensorboard": options.tensorboard,
+    }
+
+
+def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
+    """The experiment and options a run folder was started with."""
+    run_dir = Path(run_dir)
+    if not (run_dir / io.CONFIG_FILE).exists() or not (run_dir / io.RUN_FILE).exists():
+        raise ValueError(f"{run_dir} is not a ppojax run folder (no config.json / run.json)")
+    config = io.config_from_dict(io.read_json(run_dir / io.CONFIG_FILE))
+    settings = io.read_json(run_dir / io.RUN_FILE)
+    grid = {name: tuple(values) for name, values in settings["grid"].items()}
+    experiment = Experiment(config, settings["seeds"], settings["seed"], grid)
+    options = RunOptions(
+        checkpoint_every=settings["checkpoint_every"],
+        keep_checkpoints=settings["keep_checkpoints"],
+        tensorboard=settings["tensorboard"],
+    )
+    return experiment, options
+
+
+def point_label(point: dict[str, float]) -> str:
+    """A grid point as ``name=value, ...``."""
+    return ", ".join(f"{name}={value:g}" for name, value in point.items())
+
+
+def final_return_table(result: RunResult) -> list[dict[str, Any]]:
+    """Per grid point (one row without a grid): its values, each seed's final return (mean of
+    its last 10 updates), and their mean and standard deviation over seeds."""
+    finals = io.final_returns(result.metrics["episode_return"])
+    seeds = result.experiment.seeds
+    rows = []
+    for index, point in enumerate(grid_points(result.experiment.grid)):
+        per_seed = finals[index * seeds : (index + 1) * seeds]
+        rows.append(
+            {
+                "point": point,
+                "per_seed": [float(value) for value in per_seed],
+                "mean": float(np.nanmean(per_seed)) if np.isfinite(per_seed).any() else None,
+                "std": float(np.nanstd(per_seed)) if np.isfinite(per_seed).any() else None,
+            }
+        )
+    return rows
+
+
+def write_report(result: RunResult) -> None:
+    """learning_curve.png and summary.json in the run folder."""
+    experiment, config = result.experiment, result.experiment.config
+    returns = result.metrics["episode_return"]
+    env_steps = (np.arange(returns.shape[1]) + 1) * config.batch_size
+    curves = {}
+    for index, point in enumerate(grid_points(experiment.grid)):
+        rows = slice(index * experiment.seeds, (index + 1) * experiment.seeds)
+        curves[point_label(point) or config.env_id] = returns[rows]
+    io.plot_learning_curves(
+        curves, env_steps, result.run_dir / io.CURVE_FILE, f"ppojax PPO on {config.env_id}"
+    )
+    summary = {
+        "env_id": config.env_id,
+        "runs": experiment.num_runs,
+        "seeds": experiment.seeds,
+        "grid": {name: list(values) for name, values in experiment.grid.items()},
+        "num_updates": config.num_updates,
+        "env_steps_per_run": config.num_updates * config.batch_size,
+        "final_return": final_return_table(result),
+        "compile_seconds": round(result.compile_seconds, 3),
+        "run_seconds": round(result.run_seconds, 3),
+        "env_steps_this_session": result.env_steps,
+        "env_steps_per_second": round(result.env_steps / max(result.run_seconds, 1e-9)),
+        "resumed_from_update": result.resumed_from,
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": io.versions(),
+    }
+    io.write_json(result.run_dir / io.SUMMARY_FILE, summary)

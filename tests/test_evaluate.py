@@ -1,0 +1,67 @@
+import jax
+import numpy as np
+import pytest
+
+import ppojax
+from ppojax.evaluate import evaluate, load, render_gif
+from ppojax.experiment import Experiment, RunOptions, run_experiment
+from ppojax.networks import build_networks
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A tiny two-seed run trained in-process into a run folder."""
+    config = ppojax.PPOConfig(
+        num_envs=2,
+        num_steps=4,
+        total_timesteps=2 * 4 * 4,
+        update_epochs=1,
+        num_minibatches=1,
+        hidden_sizes=(8,),
+    )
+    run_dir = tmp_path_factory.mktemp("run")
+    result = run_experiment(Experiment(config, seeds=2), run_dir, RunOptions(progress=False))
+    return result
+
+
+def test_load_gives_the_config_and_the_saved_params(finished):
+    config, act = load(finished.run_dir, run=1)
+    assert config == finished.experiment.config
+    loaded = act.args[0].params
+    saved = jax.tree.map(lambda leaf: leaf[1], finished.state.params)
+    for want, have in zip(jax.tree.leaves(saved), jax.tree.leaves(loaded), strict=True):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(have))
+
+
+def test_act_works_on_plain_numpy_observations(finished):
+    config, act = load(finished.run_dir)
+    obs = np.array([0.01, -0.02, 0.03, 0.0], np.float32)
+    action = act(obs, jax.random.key(0))
+    assert np.asarray(action).shape == () and int(action) in (0, 1)
+    batch = np.stack([obs, -obs, 2 * obs])
+    assert np.asarray(act(batch, jax.random.key(1))).shape == (3,)
+    np.testing.assert_array_equal(act(batch, jax.random.key(1)), act(batch, jax.random.key(1)))
+    spec = ppojax.make_env(config.env_id).spec
+    actor, _ = build_networks(spec, config.hidden_sizes, config.activation)
+    logits, _ = actor.apply(act.args[0].params["actor"], batch)
+    np.testing.assert_array_equal(act(batch, deterministic=True), np.argmax(logits, axis=-1))
+    with pytest.raises(ValueError, match="needs a key"):
+        act(obs)
+
+
+def test_evaluate_returns_one_return_per_episode(finished):
+    config, act = load(finished.run_dir)
+    returns = evaluate(config, act, episodes=4, seed=0, deterministic=True)
+    assert returns.shape == (4,) and np.all(returns >= 1) and np.all(returns <= 500)
+    np.testing.assert_array_equal(returns, evaluate(config, act, 4, seed=0, deterministic=True))
+
+
+def test_load_rejects_a_run_that_does_not_exist(finished):
+    with pytest.raises(ValueError, match=r"run must lie in \[0, 1\]"):
+        load(finished.run_dir, run=2)
+
+
+def test_gif_of_an_env_gymnax_cannot_draw_is_a_clear_error(tmp_path, finished):
+    config = ppojax.PPOConfig(env_id="Reacher-misc")
+    with pytest.raises(ValueError, match="gymnax cannot draw Reacher-misc"):
+        render_gif(config, None, tmp_path / "x.gif")

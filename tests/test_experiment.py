@@ -1,0 +1,69 @@
+import jax
+import numpy as np
+import pytest
+
+import ppojax
+from ppojax.experiment import (
+    Experiment,
+    chunk_length,
+    chunk_plan,
+    grid_points,
+    latest_finite,
+    run_config,
+    run_keys,
+    run_table,
+    sweepable_fields,
+)
+
+CONFIG = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 10, hidden_sizes=(8,))
+
+
+def test_chunk_plan_covers_every_update_and_ends_chunks_on_checkpoints():
+    assert chunk_plan(0, 10, 4, None) == [(0, 4), (4, 4), (8, 2)]
+    assert chunk_plan(0, 10, 4, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
+    assert chunk_plan(4, 10, 3, 5) == [(4, 1), (5, 3), (8, 2)]
+    assert chunk_plan(10, 10, 3, None) == []
+
+
+def test_chunk_length_follows_progress_and_checkpoints():
+    assert chunk_length(976, None, None) == 976
+    assert chunk_length(976, 50, None) == 20
+    assert chunk_length(976, 50, 8) == 8
+    assert chunk_length(3, 50, None) == 1
+
+
+def test_grid_points_are_the_cartesian_product_in_run_order():
+    grid = {"learning_rate": (1e-3, 3e-4), "clip_eps": (0.1, 0.2, 0.3)}
+    assert len(grid_points(grid)) == 6 and grid_points({}) == [{}]
+    experiment = Experiment(CONFIG, seeds=2, grid=grid)
+    table = run_table(experiment)
+    assert experiment.num_runs == 12 and len(table) == 12
+    assert table[3] == {"run": 3, "seed": 1, "learning_rate": 1e-3, "clip_eps": 0.2}
+
+
+def test_run_config_batches_the_swept_fields_and_keys_repeat_per_point():
+    experiment = Experiment(CONFIG, seeds=2, grid={"learning_rate": (1e-3, 3e-4)})
+    config, axes = run_config(experiment)
+    assert axes == 0
+    np.testing.assert_allclose(config.learning_rate, [1e-3, 1e-3, 3e-4, 3e-4])
+    np.testing.assert_allclose(config.gamma, [CONFIG.gamma] * 4)
+    keys = jax.random.key_data(run_keys(experiment))
+    np.testing.assert_array_equal(keys[:2], keys[2:])
+    assert run_config(Experiment(CONFIG, seeds=3)) == (CONFIG, None)
+
+
+def test_bad_grids_are_clear_errors():
+    assert "learning_rate" in sweepable_fields() and "num_envs" not in sweepable_fields()
+    with pytest.raises(ValueError, match="cannot be swept"):
+        Experiment(CONFIG, grid={"num_envs": (2, 4)})
+    with pytest.raises(ValueError, match="Did you mean learning_rate"):
+        Experiment(CONFIG, grid={"learning_rat": (1e-3,)})
+    with pytest.raises(ValueError, match="PPOConfig.gamma"):
+        Experiment(CONFIG, grid={"gamma": (0.9, 1.5)})
+    with pytest.raises(ValueError, match="seeds"):
+        Experiment(CONFIG, seeds=0)
+
+
+def test_latest_finite_takes_each_runs_last_episode_return():
+    returns = np.array([[1.0, np.nan, 3.0, np.nan], [np.nan] * 4])
+    np.testing.assert_array_equal(latest_finite(returns), [3.0, np.nan])

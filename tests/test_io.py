@@ -1,0 +1,130 @@
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import ppojax
+from ppojax import io
+from ppojax.experiment import Experiment, init_states
+
+
+def test_config_round_trips_through_json(tmp_path):
+    config = ppojax.PPOConfig.preset("Pendulum-v1", hidden_sizes=(32, 16), learning_rate=3e-4)
+    io.write_json(tmp_path / "config.json", io.config_to_dict(config))
+    loaded = io.config_from_dict(io.read_config_file(tmp_path / "config.json"))
+    assert loaded == config
+    assert loaded.hidden_sizes == (32, 16) and loaded.vf_clip_eps is None
+
+
+def test_config_file_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="Did you mean learning_rate"):
+        io.config_from_dict({"learning_rat": 1e-3})
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        io.read_config_file(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        io.read_config_file(tmp_path / "list.json")
+    with pytest.raises(ValueError, match="cannot read"):
+        io.read_config_file(tmp_path / "missing.json")
+
+
+def test_write_json_leaves_no_temporary_files(tmp_path):
+    io.write_json(tmp_path / "a.json", {"x": [1, 2], "nan": float("nan")})
+    assert [path.name for path in tmp_path.iterdir()] == ["a.json"]
+    assert json.loads((tmp_path / "a.json").read_text().replace("NaN", "null"))["x"] == [1, 2]
+
+
+def test_new_run_dirs_never_collide(tmp_path):
+    first = io.new_run_dir(tmp_path, "CartPole-v1")
+    second = io.new_run_dir(tmp_path, "CartPole-v1")
+    assert first != second and first.is_dir() and second.is_dir()
+    assert first.name.startswith("CartPole-v1-")
+
+
+def chunk_metrics(first: int, count: int) -> dict[str, np.ndarray]:
+    """Fake metrics [2 runs, count] whose values encode (run, update)."""
+    updates = np.arange(first + 1, first + count + 1, dtype=float)
+    return {
+        "episode_return": np.stack([updates, 100 + updates]),
+        "loss": np.stack([-updates, np.full(count, np.nan)]),
+    }
+
+
+def write_chunks(path, plan):
+    runs = [{"run": 0, "seed": 0, "lr": 0.1}, {"run": 1, "seed": 1, "lr": 0.1}]
+    header = io.metrics_header(runs, ["episode_return", "loss"])
+    for first, count in plan:
+        io.append_metrics(path, header, io.metric_rows(runs, first, chunk_metrics(first, count)))
+
+
+def test_metrics_csv_is_the_same_however_updates_are_chunked(tmp_path):
+    write_chunks(tmp_path / "a.csv", [(0, 5)])
+    write_chunks(tmp_path / "b.csv", [(0, 2), (2, 1), (3, 2)])
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+    assert (tmp_path / "a.csv").read_text().splitlines()[
+        0
+    ] == "run,seed,lr,update,episode_return,loss"
+    runs, metrics = io.read_metrics(tmp_path / "a.csv")
+    assert [run["seed"] for run in runs] == ["0", "1"]
+    np.testing.assert_array_equal(metrics["episode_return"], chunk_metrics(0, 5)["episode_return"])
+    np.testing.assert_array_equal(metrics["loss"], chunk_metrics(0, 5)["loss"])
+
+
+def test_truncating_metrics_drops_updates_after_the_checkpoint(tmp_path):
+    write_chunks(tmp_path / "m.csv", [(0, 5)])
+    io.truncate_metrics(tmp_path / "m.csv", 3)
+    _, metrics = io.read_metrics(tmp_path / "m.csv")
+    np.testing.assert_array_equal(metrics["episode_return"], [[1, 2, 3], [101, 102, 103]])
+
+
+def test_rolling_mean_skips_nan_updates():
+    values = np.array([[np.nan, 2.0, np.nan, 4.0, 6.0]])
+    expected = [[np.nan, 2.0, 2.0, 3.0, 5.0]]
+    np.testing.assert_allclose(io.rolling_mean(values, window=2 + 1), expected)
+    np.testing.assert_allclose(io.final_returns(values, window=2), [5.0])
+
+
+def test_plot_writes_a_png(tmp_path):
+    returns = np.array([[np.nan, 10.0, 20.0, 30.0], [np.nan, 12.0, 18.0, 35.0]])
+    io.plot_learning_curves(
+        {"CartPole-v1": returns}, np.arange(1, 5) * 512, tmp_path / "c.png", "t"
+    )
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def batched_state():
+    config = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,))
+    return init_states(Experiment(config, seeds=2))
+
+
+def test_checkpoint_round_trips_every_leaf_including_keys(tmp_path, batched_state):
+    state = batched_state.replace(
+        params=jax.tree.map(lambda leaf: leaf + 1.0, batched_state.params)
+    )
+    manager = io.open_checkpoints(tmp_path, keep=2)
+    for step in (1, 2, 3):
+        io.save_checkpoint(manager, step, state)
+    manager.close()
+    assert sorted(int(path.name) for path in (tmp_path / io.CHECKPOINT_DIR).iterdir()) == [2, 3]
+    template = jax.eval_shape(lambda: batched_state)
+    restored, step = io.restore_checkpoint(tmp_path, template)
+    assert step == 3
+    assert jax.tree.structure(restored) == jax.tree.structure(state)
+    for saved, loaded in zip(
+        jax.tree.leaves(io.to_savable(state)), jax.tree.leaves(io.to_savable(restored)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(saved), np.asarray(loaded))
+    assert jax.dtypes.issubdtype(restored.key.dtype, jax.dtypes.prng_key)
+
+
+def test_restoring_without_a_checkpoint_is_a_clear_error(tmp_path, batched_state):
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        io.restore_checkpoint(tmp_path, jax.eval_shape(lambda: batched_state))
+
+
+def test_versions_name_the_stack():
+    found = io.versions()
+    assert {"python", "ppojax", "jax", "orbax-checkpoint", "backend"} <= set(found)
