@@ -5,6 +5,7 @@ from ppojax.envs import list_envs, make_env
 from ppojax.gae import compute_gae
 from ppojax.train import init_state, run_updates, train
 from ppojax.types import METRIC_NAMES, TrainOutput, TrainState, Transition
+from ppojax.update import adaptive_kl_update
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,7 @@ __all__ = [
     "TrainOutput",
     "TrainState",
     "Transition",
+    "adaptive_kl_update",
     "compute_gae",
     "init_state",
     "list_envs",

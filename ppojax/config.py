@@ -14,6 +14,7 @@ from typing import Any
 from flax import struct
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
+POLICY_OBJECTIVES = ("clip", "penalty", "clip_penalty")
 
 
 def static(default: Any) -> Any:
@@ -22,13 +23,23 @@ def static(default: Any) -> Any:
 
 @struct.dataclass
 class PPOConfig:
-    """Hyperparameters of one PPO-Clip run.
+    """Hyperparameters of one PPO run.
 
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
-    hidden_sizes, activation. Traced fields (sweepable with vmap): learning_rate, gamma,
-    gae_lambda, clip_eps, ent_coef, vf_coef, max_grad_norm, vf_clip_eps (``None`` turns value
-    clipping off, which changes the program).
+    hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
+    normalize_rewards. Traced fields (sweepable with vmap): every float. The optional ones
+    (vf_clip_eps, target_kl, reward_clip) switch their feature off with ``None``, which changes
+    the program.
+
+    policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
+    with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when
+    adaptive_penalty, doubles after an update whose KL exceeds 1.5 * penalty_target and halves
+    after one below penalty_target / 1.5.
+    target_kl: stop an update's remaining minibatch steps once a minibatch's approximate KL
+    exceeds it. normalize_observations: running mean/variance over all envs, clipped to
+    +-obs_clip. normalize_rewards: divide by the running std of the discounted return (gamma);
+    reward_clip clips the (scaled) reward to +-reward_clip.
     """
 
     env_id: str = static("CartPole-v1")
@@ -41,6 +52,10 @@ class PPOConfig:
     normalize_advantages: bool = static(True)
     hidden_sizes: tuple[int, ...] = static((64, 64))
     activation: str = static("tanh")
+    policy_objective: str = static("clip")
+    adaptive_penalty: bool = static(True)
+    normalize_observations: bool = static(False)
+    normalize_rewards: bool = static(False)
 
     learning_rate: float = 2.5e-4
     gamma: float = 0.99
@@ -50,6 +65,11 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     vf_clip_eps: float | None = 0.2
+    penalty_coef: float = 1.0
+    penalty_target: float = 0.01
+    target_kl: float | None = None
+    obs_clip: float = 10.0
+    reward_clip: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.hidden_sizes, list):
@@ -107,8 +127,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-3,
         "gamma": 0.95,
         "ent_coef": 0.0,
-        "vf_clip_eps": None,
-        "max_grad_norm": 0.5,
+        "normalize_observations": True,
+        "normalize_rewards": True,
     },
 }
 
@@ -183,6 +203,11 @@ def validate(config: PPOConfig) -> None:
         raise ValueError(
             f"PPOConfig.activation {config.activation!r} is unknown; use one of {ACTIVATIONS}."
         )
+    if config.policy_objective not in POLICY_OBJECTIVES:
+        raise ValueError(
+            f"PPOConfig.policy_objective {config.policy_objective!r} is unknown; "
+            f"use one of {POLICY_OBJECTIVES}."
+        )
     _check_range("learning_rate", config.learning_rate, 0.0, math.inf, open_low=True)
     _check_range("gamma", config.gamma, 0.0, 1.0, open_low=False)
     _check_range("gae_lambda", config.gae_lambda, 0.0, 1.0, open_low=False)
@@ -190,6 +215,10 @@ def validate(config: PPOConfig) -> None:
     _check_range("ent_coef", config.ent_coef, 0.0, math.inf, open_low=False)
     _check_range("vf_coef", config.vf_coef, 0.0, math.inf, open_low=False)
     _check_range("max_grad_norm", config.max_grad_norm, 0.0, math.inf, open_low=True)
-    if config.vf_clip_eps is not None:
-        _check_range("vf_clip_eps", config.vf_clip_eps, 0.0, math.inf, open_low=True)
+    _check_range("penalty_coef", config.penalty_coef, 0.0, math.inf, open_low=False)
+    _check_range("penalty_target", config.penalty_target, 0.0, math.inf, open_low=True)
+    _check_range("obs_clip", config.obs_clip, 0.0, math.inf, open_low=True)
+    for name in ("vf_clip_eps", "target_kl", "reward_clip"):
+        if getattr(config, name) is not None:
+            _check_range(name, getattr(config, name), 0.0, math.inf, open_low=True)
     check_env_id(config.env_id)

@@ -38,6 +38,20 @@ def clipped_surrogate_loss(
     return -masked_mean(jnp.minimum(unclipped, clipped), mask)
 
 
+def unclipped_surrogate_loss(
+    log_ratio: jax.Array, advantages: jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
+    """-E[r A]: the plain importance-weighted policy-gradient surrogate, minimized."""
+    return -masked_mean(jnp.exp(log_ratio) * advantages, mask)
+
+
+def kl_penalty(
+    kl: jax.Array, kl_coef: float | jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
+    """beta E[KL(pi_old || pi)]: PPO-Penalty's term, added to the minimized surrogate."""
+    return kl_coef * masked_mean(kl, mask)
+
+
 def value_loss(
     values: jax.Array,
     old_values: jax.Array,

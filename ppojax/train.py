@@ -10,12 +10,20 @@ import optax
 
 from ppojax.config import PPOConfig
 from ppojax.envs import make_env
+from ppojax.envs.normalize import RewardNormalizer, RunningStats
 from ppojax.gae import compute_gae
 from ppojax.losses import explained_variance
 from ppojax.networks import build_networks, init_params
 from ppojax.rollout import Agent, RolloutCarry, collect_rollout, episode_metrics, reset_envs
 from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition
-from ppojax.update import OptimizerCarry, learning_rate_at, make_optimizer, update_epochs
+from ppojax.update import (
+    OptimizerCarry,
+    adaptive_kl_update,
+    learning_rate_at,
+    make_optimizer,
+    policy_kl,
+    update_epochs,
+)
 
 
 def make_agent(config: PPOConfig) -> Agent:
@@ -36,9 +44,13 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
         opt_state=make_optimizer(config).init(params),
         env_state=env_state,
         obs=obs,
+        obs_stats=RunningStats.zeros((agent.env.spec.obs_dim,)),
+        reward_normalizer=RewardNormalizer.zeros(config.num_envs),
+        kl_coef=jnp.asarray(config.penalty_coef, jnp.float32),
         key=key,
         update_step=jnp.int32(0),
         env_steps=jnp.int32(0),
+        gradient_steps=jnp.int32(0),
     )
 
 
@@ -59,10 +71,19 @@ def make_batch(agent: Agent, config: PPOConfig, params: dict, transitions: Trans
         action=transitions.action,
         log_prob=transitions.log_prob,
         value=transitions.value,
+        policy_head=transitions.policy_head,
+        policy_log_std=transitions.policy_log_std,
         advantage=advantages,
         target=targets,
     )
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
+
+
+def next_kl_coef(config: PPOConfig, kl_coef: jax.Array, kl: jax.Array) -> jax.Array:
+    """beta for the next update: the adaptive rule when PPO-Penalty adapts it, else unchanged."""
+    if config.policy_objective == "clip" or not config.adaptive_penalty:
+        return kl_coef
+    return adaptive_kl_update(kl_coef, kl, config.penalty_target)
 
 
 def update_step(
@@ -70,33 +91,43 @@ def update_step(
 ) -> tuple[TrainState, Metrics]:
     """One rollout, GAE, and ``update_epochs`` epochs of minibatch updates."""
     key, rollout_key, update_key = jax.random.split(state.key, 3)
-    carry, transitions = collect_rollout(
-        agent,
-        state.params,
-        RolloutCarry(state.env_state, state.obs, rollout_key),
-        config.num_steps,
+    start = RolloutCarry(
+        state.env_state, state.obs, rollout_key, state.obs_stats, state.reward_normalizer
     )
+    carry, transitions = collect_rollout(agent, config, state.params, start)
     batch = make_batch(agent, config, state.params, transitions)
-    first_step = state.update_step * config.update_epochs * config.num_minibatches
     optimized, loss_metrics = update_epochs(
-        agent, config, optimizer, OptimizerCarry(state.params, state.opt_state), batch, update_key
+        agent,
+        config,
+        optimizer,
+        OptimizerCarry(state.params, state.opt_state),
+        batch,
+        state.kl_coef,
+        update_key,
     )
+    kl = policy_kl(agent, optimized.params, batch)
     env_steps = state.env_steps + config.batch_size
     metrics = {
         **episode_metrics(transitions),
         **loss_metrics,
         "explained_variance": explained_variance(batch.value, batch.target),
-        "learning_rate": learning_rate_at(config, first_step),
+        "learning_rate": learning_rate_at(config, state.gradient_steps),
         "env_steps": env_steps,
+        "kl": kl,
+        "kl_coef": state.kl_coef,
     }
     new_state = TrainState(
         params=optimized.params,
         opt_state=optimized.opt_state,
         env_state=carry.env_state,
         obs=carry.obs,
+        obs_stats=carry.obs_stats,
+        reward_normalizer=carry.reward_normalizer,
+        kl_coef=next_kl_coef(config, state.kl_coef, kl),
         key=key,
         update_step=state.update_step + 1,
         env_steps=env_steps,
+        gradient_steps=state.gradient_steps + loss_metrics["gradient_steps"].astype(jnp.int32),
     )
     return new_state, metrics
 

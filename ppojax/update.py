@@ -16,9 +16,6 @@ from ppojax.distributions import policy_distribution
 from ppojax.rollout import Agent
 from ppojax.types import Batch, Params
 
-LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
-
-
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
@@ -43,18 +40,37 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     )
 
 
+def policy_objective_loss(
+    config: PPOConfig,
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    kl: jax.Array,
+    kl_coef: jax.Array,
+) -> jax.Array:
+    """The policy term to minimize: -L_clip, -E[r A] + beta KL, or -L_clip + beta KL."""
+    if config.policy_objective == "penalty":
+        surrogate = losses.unclipped_surrogate_loss(log_ratio, advantages)
+    else:
+        surrogate = losses.clipped_surrogate_loss(log_ratio, advantages, config.clip_eps)
+    if config.policy_objective == "clip":
+        return surrogate
+    return surrogate + losses.kl_penalty(kl, kl_coef)
+
+
 def ppo_loss(
-    agent: Agent, config: PPOConfig, params: Params, batch: Batch
+    agent: Agent, config: PPOConfig, kl_coef: jax.Array, params: Params, batch: Batch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Total PPO-Clip loss on one minibatch [N], with its parts for logging."""
+    """Total PPO loss on one minibatch [N], with its parts for logging."""
     head, log_std = agent.actor.apply(params["actor"], batch.obs)
     values = agent.critic.apply(params["critic"], batch.obs)
     distribution = policy_distribution(agent.env.spec, head, log_std)
+    old_distribution = policy_distribution(agent.env.spec, batch.policy_head, batch.policy_log_std)
+    kl = old_distribution.kl_divergence(distribution)
     log_ratio = distribution.log_prob(batch.action) - batch.log_prob
     advantages = batch.advantage
     if config.normalize_advantages:
         advantages = losses.normalize(advantages)
-    policy_loss = losses.clipped_surrogate_loss(log_ratio, advantages, config.clip_eps)
+    policy_loss = policy_objective_loss(config, log_ratio, advantages, kl, kl_coef)
     value_loss = losses.value_loss(values, batch.value, batch.target, config.vf_clip_eps)
     entropy = losses.entropy_bonus(distribution.entropy())
     total = losses.total_loss(
@@ -65,22 +81,63 @@ def ppo_loss(
         "value_loss": value_loss,
         "entropy": entropy,
         "approx_kl": jax.lax.stop_gradient(losses.approx_kl(log_ratio)),
+        "penalty_kl": jax.lax.stop_gradient(kl.mean()),
         "clip_fraction": losses.clip_fraction(log_ratio, config.clip_eps),
     }
     return total, parts
 
 
+def policy_kl(agent: Agent, params: Params, batch: Batch) -> jax.Array:
+    """Mean analytic KL(pi_old || pi_params) over ``batch`` [N]."""
+    head, log_std = agent.actor.apply(params["actor"], batch.obs)
+    old = policy_distribution(agent.env.spec, batch.policy_head, batch.policy_log_std)
+    return old.kl_divergence(policy_distribution(agent.env.spec, head, log_std)).mean()
+
+
+MIN_KL_COEF = 1e-8
+
+
+def adaptive_kl_update(
+    kl_coef: jax.Array | float, kl: jax.Array | float, target: jax.Array | float
+) -> jax.Array:
+    """PPO-Penalty's rule: beta * 2 if KL > 1.5 target; beta / 2 if KL < target / 1.5.
+
+    A halved beta never drops below MIN_KL_COEF: in float32 it would otherwise reach 0 after
+    ~150 quiet updates and could never grow back.
+    """
+    kl_coef = jnp.asarray(kl_coef, jnp.float32)
+    doubled = jnp.where(kl > 1.5 * target, kl_coef * 2.0, kl_coef)
+    halved = jnp.maximum(kl_coef / 2.0, jnp.minimum(kl_coef, MIN_KL_COEF))
+    return jnp.where(kl < target / 1.5, halved, doubled)
+
+
+class EpochCarry(NamedTuple):
+    optimizer: OptimizerCarry
+    stopped: jax.Array  # True once a minibatch's approx_kl passed stop_kl
+
+
 def gradient_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
-    carry: OptimizerCarry,
+    stop_kl: float | jax.Array | None,
+    carry: EpochCarry,
     minibatch: Any,
-) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
-    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``."""
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(carry.params, minibatch)
-    updates, opt_state = optimizer.update(grads, carry.opt_state, carry.params)
-    params = optax.apply_updates(carry.params, updates)
-    return OptimizerCarry(params, opt_state), {**metrics, "grad_norm": optax.tree.norm(grads)}
+) -> tuple[EpochCarry, dict[str, jax.Array]]:
+    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
+
+    With ``stop_kl``, the step is skipped (parameters and optimizer state kept) when its
+    approximate KL before the step exceeds ``stop_kl`` or an earlier step stopped.
+    """
+    old = carry.optimizer
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(old.params, minibatch)
+    updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
+    new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
+    metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
+    if stop_kl is None:
+        return EpochCarry(new, carry.stopped), {**metrics, "gradient_steps": jnp.float32(1)}
+    take = jnp.logical_and(~carry.stopped, metrics["approx_kl"] <= stop_kl)
+    kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
+    return EpochCarry(kept, ~take), {**metrics, "gradient_steps": take.astype(jnp.float32)}
 
 
 def shuffle_into_minibatches(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
@@ -102,17 +159,24 @@ def run_epochs(
     *,
     num_epochs: int,
     num_minibatches: int,
+    stop_kl: float | jax.Array | None = None,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves) in freshly shuffled
-    minibatches, one gradient step each; metrics are means over all gradient steps."""
-    step = functools.partial(gradient_step, loss_fn, optimizer)
+    minibatches, one gradient step each, all skipped from the first minibatch whose approx_kl
+    exceeds ``stop_kl``. Metrics are means over the steps taken; ``gradient_steps`` counts them.
+    """
+    step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
 
-    def epoch(carry: OptimizerCarry, epoch_key: jax.Array):
+    def epoch(carry: EpochCarry, epoch_key: jax.Array):
         minibatches = shuffle_into_minibatches(epoch_key, batch, num_minibatches)
         return jax.lax.scan(step, carry, minibatches)
 
-    carry, metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
-    return carry, jax.tree.map(jnp.mean, metrics)
+    start = EpochCarry(carry, jnp.bool_(False))
+    end, metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
+    taken = metrics.pop("gradient_steps")
+    count = taken.sum()
+    means = jax.tree.map(lambda x: (x * taken).sum() / jnp.maximum(count, 1.0), metrics)
+    return end.optimizer, {**means, "gradient_steps": count}
 
 
 def update_epochs(
@@ -121,15 +185,17 @@ def update_epochs(
     optimizer: optax.GradientTransformation,
     carry: OptimizerCarry,
     batch: Batch,
+    kl_coef: jax.Array,
     key: jax.Array,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """PPO's update: ``config.update_epochs`` epochs of ``config.num_minibatches`` steps."""
     return run_epochs(
-        functools.partial(ppo_loss, agent, config),
+        functools.partial(ppo_loss, agent, config, kl_coef),
         optimizer,
         carry,
         batch,
         key,
         num_epochs=config.update_epochs,
         num_minibatches=config.num_minibatches,
+        stop_kl=config.target_kl,
     )

@@ -16,10 +16,11 @@ def test_defaults_are_the_classic_cartpole_config():
 
 def test_hyperparameters_are_leaves_and_shapes_are_static():
     leaves = jax.tree.leaves(ppojax.PPOConfig())
-    assert len(leaves) == 8  # learning_rate ... vf_clip_eps
+    # learning_rate ... vf_clip_eps, penalty_coef, penalty_target, obs_clip
+    assert len(leaves) == 11
     assert all(isinstance(leaf, float) for leaf in leaves)
-    no_value_clip = ppojax.PPOConfig(vf_clip_eps=None)
-    assert len(jax.tree.leaves(no_value_clip)) == 7
+    assert len(jax.tree.leaves(ppojax.PPOConfig(vf_clip_eps=None))) == 10
+    assert len(jax.tree.leaves(ppojax.PPOConfig(target_kl=0.02, reward_clip=5.0))) == 13
 
 
 @pytest.mark.parametrize(
@@ -40,6 +41,12 @@ def test_hyperparameters_are_leaves_and_shapes_are_static():
         ({"max_grad_norm": 0.0}, "max_grad_norm"),
         ({"vf_clip_eps": -0.2}, "vf_clip_eps"),
         ({"ent_coef": -0.01}, "ent_coef"),
+        ({"policy_objective": "trust_region"}, "policy_objective"),
+        ({"penalty_coef": -1.0}, "penalty_coef"),
+        ({"penalty_target": 0.0}, "penalty_target"),
+        ({"target_kl": 0.0}, "target_kl"),
+        ({"obs_clip": -1.0}, "obs_clip"),
+        ({"reward_clip": 0.0}, "reward_clip"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):

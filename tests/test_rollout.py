@@ -12,8 +12,11 @@ def rollout():
     config = ppojax.PPOConfig(num_envs=3, num_steps=64, total_timesteps=3 * 64)
     agent = make_agent(config)
     state = init_state(config, jax.random.key(0))
-    run = jax.jit(lambda params, carry: collect_rollout(agent, params, carry, config.num_steps))
-    carry, transitions = run(state.params, RolloutCarry(state.env_state, state.obs, state.key))
+    run = jax.jit(lambda params, carry: collect_rollout(agent, config, params, carry))
+    start = RolloutCarry(
+        state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
+    )
+    carry, transitions = run(state.params, start)
     return config, state, carry, jax.tree.map(np.asarray, transitions)
 
 
@@ -73,3 +76,56 @@ def test_reset_envs_gives_distinct_starts():
     config = ppojax.PPOConfig(num_envs=8)
     obs, _ = reset_envs(make_agent(config), jax.random.key(0), 8)
     assert obs.shape == (8, 4) and len(np.unique(np.asarray(obs)[:, 0])) == 8
+
+
+def _rollout(config, key=0):
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(key))
+    start = RolloutCarry(
+        state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
+    )
+    run = jax.jit(lambda params, carry: collect_rollout(agent, config, params, carry))
+    carry, transitions = run(state.params, start)
+    return carry, jax.tree.map(np.asarray, transitions)
+
+
+PENDULUM = dict(env_id="Pendulum-v1", num_envs=8, num_steps=200, total_timesteps=1600)
+
+
+def test_observation_normalization_standardizes_what_the_networks_see():
+    config = ppojax.PPOConfig(**PENDULUM)
+    _, raw = _rollout(config)
+    carry, normalized = _rollout(config.replace(normalize_observations=True))
+    assert np.abs(raw.obs[:, :, 2]).max() > 2.0  # raw angular velocity spans several units
+    # what the networks saw is standardized by the running statistics
+    np.testing.assert_allclose(normalized.obs[-50:].reshape(-1, 3).mean(0), 0.0, atol=0.6)
+    assert 0.4 < normalized.obs.reshape(-1, 3).std(0).min() < 2.0
+    assert float(carry.obs_stats.count) == 8 * 200
+
+
+def test_observation_clip_bounds_the_normalized_observation():
+    config = ppojax.PPOConfig(**PENDULUM, normalize_observations=True, obs_clip=0.5)
+    _, transitions = _rollout(config)
+    assert np.abs(transitions.obs).max() <= 0.5
+    assert np.abs(transitions.next_obs).max() <= 0.5
+
+
+def test_reward_normalization_rescales_the_loss_reward_but_not_the_episode_stats():
+    config = ppojax.PPOConfig(**PENDULUM)
+    _, raw = _rollout(config)
+    carry, scaled = _rollout(config.replace(normalize_rewards=True))
+    ratio = raw.reward / scaled.reward
+    # one positive scale per step, shared by all envs: sqrt of the running variance of G
+    np.testing.assert_allclose(ratio, ratio[:, :1] * np.ones_like(ratio), rtol=1e-4)
+    assert (ratio > 0).all() and ratio[-1, 0] > 5.0  # Pendulum returns span tens of units
+    np.testing.assert_allclose(
+        ratio[-1, 0], np.sqrt(float(carry.reward_normalizer.return_stats.var) + 1e-8), rtol=1e-4
+    )
+    np.testing.assert_array_equal(raw.episode_return, scaled.episode_return)
+
+
+def test_reward_clip_bounds_the_reward():
+    config = ppojax.PPOConfig(**PENDULUM, reward_clip=1.0)
+    _, transitions = _rollout(config)
+    assert transitions.reward.min() == -1.0 and transitions.reward.max() <= 1.0
+    assert transitions.episode_return.min() < -100.0  # the episode statistics stay raw

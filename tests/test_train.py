@@ -117,3 +117,45 @@ def test_training_in_chunks_equals_one_call(tiny_config, tiny_train):
         jax.tree.leaves(state.params), jax.tree.leaves(whole.state.params), strict=True
     ):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+def test_penalty_coefficient_follows_the_adaptive_rule_during_training(tiny_config, tiny_train):
+    config = tiny_config.replace(policy_objective="penalty", penalty_target=0.001)
+    out = tiny_train(config, jax.random.key(0))
+    beta, kl = np.asarray(out.metrics["kl_coef"]), np.asarray(out.metrics["kl"])
+    assert beta[0] == config.penalty_coef
+    for u in range(len(beta) - 1):
+        expected = ppojax.adaptive_kl_update(beta[u], kl[u], config.penalty_target)
+        np.testing.assert_allclose(beta[u + 1], expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        out.state.kl_coef, ppojax.adaptive_kl_update(beta[-1], kl[-1], 0.001), rtol=1e-6
+    )
+    fixed = tiny_train(config.replace(adaptive_penalty=False), jax.random.key(0))
+    assert (np.asarray(fixed.metrics["kl_coef"]) == config.penalty_coef).all()
+    clip = tiny_train(tiny_config, jax.random.key(0))
+    assert (np.asarray(clip.metrics["kl_coef"]) == tiny_config.penalty_coef).all()
+
+
+def test_entropy_bonus_keeps_the_policy_more_random():
+    config = ppojax.PPOConfig(
+        num_envs=4,
+        num_steps=32,
+        total_timesteps=4 * 32 * 20,
+        learning_rate=3e-3,
+        anneal_lr=False,
+        hidden_sizes=(16,),
+    )
+    run = jax.jit(ppojax.train)
+    without = run(config.replace(ent_coef=0.0), jax.random.key(0))
+    strong = run(config.replace(ent_coef=0.5), jax.random.key(0))
+    assert strong.metrics["entropy"][-1] > without.metrics["entropy"][-1]
+    np.testing.assert_allclose(strong.metrics["entropy"][-1], np.log(2), rtol=0.05)
+
+
+def test_switching_off_advantage_normalization_changes_the_policy_loss(tiny_config, tiny_train):
+    normalized = tiny_train(tiny_config, jax.random.key(0))
+    raw = jax.jit(ppojax.train)(tiny_config.replace(normalize_advantages=False), jax.random.key(0))
+    assert not np.allclose(normalized.metrics["policy_loss"], raw.metrics["policy_loss"])
+    np.testing.assert_allclose(  # the rollouts before the first update are the same
+        normalized.metrics["explained_variance"][0], raw.metrics["explained_variance"][0]
+    )

@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import ppojax
 from ppojax.types import Batch
@@ -9,14 +10,14 @@ from ppojax.update import learning_rate_at, shuffle_into_minibatches
 
 def test_shuffle_is_a_permutation_split_into_minibatches():
     n = 24
-    batch = Batch(*(jnp.arange(n, dtype=jnp.float32) * (i + 1) for i in range(6)))
+    batch = Batch(*(jnp.arange(n, dtype=jnp.float32) * (i + 1) for i in range(8)))
     minibatches = shuffle_into_minibatches(jax.random.key(0), batch, 4)
     assert minibatches.obs.shape == (4, 6)
     seen = np.sort(np.asarray(minibatches.obs).ravel())
     np.testing.assert_array_equal(seen, np.arange(n))
     assert not np.array_equal(np.asarray(minibatches.obs).ravel(), np.arange(n))
     # every field is permuted the same way, so samples stay whole
-    np.testing.assert_allclose(minibatches.target, minibatches.obs * 6)
+    np.testing.assert_allclose(minibatches.target, minibatches.obs * 8)
     other = shuffle_into_minibatches(jax.random.key(1), batch, 4)
     assert not np.array_equal(other.obs, minibatches.obs)
 
@@ -31,3 +32,138 @@ def test_learning_rate_anneals_linearly_per_gradient_step():
     np.testing.assert_allclose(learning_rate_at(config, total), 0.0)
     constant = config.replace(anneal_lr=False)
     np.testing.assert_allclose(learning_rate_at(constant, total), 1e-3)
+
+
+@pytest.mark.parametrize(
+    "beta,kl,target,expected",
+    [
+        (1.0, 0.012, 0.01, 1.0),  # inside [target / 1.5, 1.5 target]: unchanged
+        (1.0, 0.0151, 0.01, 2.0),  # above 1.5 target: doubled
+        (1.0, 0.1, 0.01, 2.0),
+        (0.5, 0.0066, 0.01, 0.25),  # below target / 1.5: halved
+        (0.5, 0.0, 0.01, 0.25),
+        (3.0, 0.0067, 0.01, 3.0),  # just inside the lower edge
+        (1e-8, 0.0, 0.01, 1e-8),  # the floor: beta can always double back
+        (1.5e-8, 0.0, 0.01, 1e-8),
+        (1e-8, 0.1, 0.01, 2e-8),
+        (3.0, 0.0149, 0.01, 3.0),  # just inside the upper edge
+    ],
+)
+def test_adaptive_kl_rule(beta, kl, target, expected):
+    np.testing.assert_allclose(ppojax.adaptive_kl_update(beta, kl, target), expected, rtol=1e-6)
+
+
+def _one_update(config, key=0):
+    state = ppojax.init_state(config, jax.random.key(key))
+    _, metrics = jax.jit(ppojax.run_updates, static_argnums=2)(config, state, 1)
+    return {name: float(value[0]) for name, value in metrics.items()}
+
+
+def test_early_stop_takes_fewer_steps_for_a_tiny_target_and_all_for_a_huge_one():
+    config = ppojax.PPOConfig(
+        num_envs=4,
+        num_steps=32,
+        total_timesteps=128,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=1e-2,
+    )
+    assert _one_update(config)["gradient_steps"] == 16
+    assert _one_update(config.replace(target_kl=1e9))["gradient_steps"] == 16
+    tiny = _one_update(config.replace(target_kl=1e-7))
+    # The first step (ratio 1, KL 0) is always taken; the policy then moves past 1e-7.
+    assert 1 <= tiny["gradient_steps"] < 16
+    assert tiny["approx_kl"] <= 1e-7
+
+
+def test_early_stop_keeps_the_parameters_after_the_stop():
+    config = ppojax.PPOConfig(
+        num_envs=4,
+        num_steps=32,
+        total_timesteps=128,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=1e-2,
+    )
+    chunk = jax.jit(ppojax.run_updates, static_argnums=2)
+    state = ppojax.init_state(config, jax.random.key(0))
+    stopped, metrics = chunk(config.replace(target_kl=1e-7), state, 1)
+    steps = int(metrics["gradient_steps"][0])
+    assert int(stopped.gradient_steps) == steps
+    # Adam's own step count only advances on the steps taken
+    counts = [int(leaf) for leaf in jax.tree.leaves(stopped.opt_state) if leaf.ndim == 0]
+    assert counts and all(count == steps for count in counts)
+
+
+def _penalty_case(env_id, objective):
+    """A minibatch whose old policy differs from the current one, and the manual loss parts."""
+    from ppojax.networks import init_params
+    from ppojax.train import make_agent
+    from ppojax.update import ppo_loss
+
+    config = ppojax.PPOConfig(env_id=env_id, policy_objective=objective, hidden_sizes=(8,))
+    agent = make_agent(config)
+    spec = agent.env.spec
+    params = init_params(jax.random.key(0), spec, (8,), "tanh")
+    rng = np.random.default_rng(0)
+    n = 6
+    obs = jnp.asarray(rng.normal(size=(n, spec.obs_dim)), jnp.float32)
+    head, log_std = agent.actor.apply(params["actor"], obs)
+    old_head = head + jnp.asarray(rng.normal(0, 0.3, head.shape), jnp.float32)
+    old_log_std = None if spec.discrete else jnp.full(head.shape, 0.2)
+    if spec.discrete:
+        action = jnp.asarray(rng.integers(0, spec.action_dim, n))
+        new_logp = jax.nn.log_softmax(head)
+        old_logp = jax.nn.log_softmax(old_head)
+        kl = np.sum(np.exp(old_logp) * (old_logp - new_logp), axis=-1)
+        old_log_prob = old_logp[jnp.arange(n), action]
+        log_ratio = new_logp[jnp.arange(n), action] - old_log_prob
+    else:
+        action = jnp.asarray(rng.normal(size=(n, spec.action_dim)), jnp.float32)
+        new_std, old_std = np.exp(np.asarray(log_std)), np.exp(0.2)
+        mean_gap = np.asarray(old_head - head)
+        kl = np.sum(
+            np.log(new_std / old_std) + (old_std**2 + mean_gap**2) / (2 * new_std**2) - 0.5,
+            axis=-1,
+        )
+
+        def gaussian_logp(x, mean, std):
+            return np.sum(
+                -0.5 * ((x - mean) / std) ** 2 - np.log(std) - 0.5 * np.log(2 * np.pi), -1
+            )
+
+        old_log_prob = jnp.asarray(gaussian_logp(action, old_head, old_std), jnp.float32)
+        log_ratio = gaussian_logp(action, head, new_std) - old_log_prob
+    advantages = jnp.asarray(rng.normal(size=n), jnp.float32)
+    batch = Batch(
+        obs=obs,
+        action=action,
+        log_prob=old_log_prob,
+        value=jnp.zeros(n),
+        policy_head=old_head,
+        policy_log_std=old_log_std,
+        advantage=advantages,
+        target=jnp.zeros(n),
+    )
+    _, parts = ppo_loss(agent, config, jnp.float32(0.7), params, batch)
+    a = np.asarray(advantages)
+    a = (a - a.mean()) / (a.std() + 1e-8)
+    return parts, np.asarray(kl), np.asarray(log_ratio), a
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_penalty_loss_is_the_formula_with_the_analytic_kl(env_id):
+    parts, kl, log_ratio, advantages = _penalty_case(env_id, "penalty")
+    np.testing.assert_allclose(parts["penalty_kl"], kl.mean(), rtol=1e-4)
+    expected = -(np.exp(log_ratio) * advantages).mean() + 0.7 * kl.mean()
+    np.testing.assert_allclose(parts["policy_loss"], expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_clip_penalty_adds_the_kl_term_to_the_clipped_surrogate(env_id):
+    parts, kl, log_ratio, advantages = _penalty_case(env_id, "clip_penalty")
+    ratio = np.exp(log_ratio)
+    clipped = -np.minimum(ratio * advantages, np.clip(ratio, 0.8, 1.2) * advantages).mean()
+    np.testing.assert_allclose(parts["policy_loss"], clipped + 0.7 * kl.mean(), rtol=1e-4)
+    plain, *_ = _penalty_case(env_id, "clip")
+    np.testing.assert_allclose(plain["policy_loss"], clipped, rtol=1e-4, atol=1e-6)

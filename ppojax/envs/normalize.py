@@ -1,0 +1,72 @@
+"""Running statistics for observation and reward normalization (pure functions).
+
+Statistics are shared over all environments and merged batch by batch with the parallel
+variance formula (Chan et al.), so the result equals the mean and variance of everything seen.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class RunningStats:
+    """Mean and (population) variance of all samples seen so far, and their count."""
+
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...] = ()) -> RunningStats:
+        return cls(jnp.zeros(shape), jnp.ones(shape), jnp.float32(0.0))
+
+
+def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
+    """Merge ``batch`` [N, *shape] into ``stats``:
+    mean' = mean + d n/(c + n), M2' = var c + var_b n + d^2 c n/(c + n), with d = mean_b - mean."""
+    batch_count = batch.shape[0]
+    batch_mean = batch.mean(axis=0)
+    batch_var = batch.var(axis=0)
+    delta = batch_mean - stats.mean
+    total = stats.count + batch_count
+    mean = stats.mean + delta * batch_count / total
+    m2 = stats.var * stats.count + batch_var * batch_count
+    m2 = m2 + jnp.square(delta) * stats.count * batch_count / total
+    return RunningStats(mean, m2 / total, total)
+
+
+def normalize_obs(
+    stats: RunningStats, obs: jax.Array, clip: float | jax.Array, eps: float = 1e-8
+) -> jax.Array:
+    """clip((obs - mean) / sqrt(var + eps), -clip, clip)."""
+    return jnp.clip((obs - stats.mean) / jnp.sqrt(stats.var + eps), -clip, clip)
+
+
+@struct.dataclass
+class RewardNormalizer:
+    """Scales rewards by the running std of the discounted return of each env."""
+
+    return_stats: RunningStats
+    discounted_return: jax.Array  # [B], per env, reset at episode ends
+
+    @classmethod
+    def zeros(cls, num_envs: int) -> RewardNormalizer:
+        return cls(RunningStats.zeros(), jnp.zeros((num_envs,)))
+
+
+def normalize_reward(
+    normalizer: RewardNormalizer,
+    reward: jax.Array,
+    done: jax.Array,
+    gamma: float | jax.Array,
+    eps: float = 1e-8,
+) -> tuple[jax.Array, RewardNormalizer]:
+    """reward [B] / sqrt(Var[G] + eps) with G_t = gamma G_{t-1} + r_t per env (G = 0 after an
+    episode ends); the statistics of G include this step's returns."""
+    discounted = normalizer.discounted_return * gamma + reward
+    stats = update_stats(normalizer.return_stats, discounted)
+    scaled = reward / jnp.sqrt(stats.var + eps)
+    return scaled, RewardNormalizer(stats, jnp.where(done, 0.0, discounted))
