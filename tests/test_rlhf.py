@@ -140,10 +140,14 @@ def test_kv_cache_sampling_matches_full_forward(config, params, prompts, tempera
     samples = jax.jit(sample_responses, static_argnums=(0, 4))(
         model, params, prompts, key, config.response_len, temperature
     )
-    tokens, log_probs = naive_sample(model, params, prompts, key, config.response_len, temperature)
+    tokens, log_probs = jax.jit(naive_sample, static_argnums=(0, 4))(
+        model, params, prompts, key, config.response_len, temperature
+    )
     np.testing.assert_array_equal(samples.tokens, tokens)
     np.testing.assert_allclose(samples.log_probs, log_probs, atol=1e-5)
-    stats = response_stats(model, params, prompts, samples.tokens, temperature)
+    stats = jax.jit(response_stats, static_argnums=0)(
+        model, params, prompts, samples.tokens, temperature
+    )
     np.testing.assert_allclose(
         jnp.where(samples.mask, stats.log_probs, 0.0), samples.log_probs, atol=1e-5
     )
@@ -256,25 +260,30 @@ def test_padding_changes_no_loss(config, prompts):
     long_config = config.replace(response_len=config.response_len + extra)
     model = build_model(long_config)
     params = init_model_params(long_config, jax.random.key(5))
-    responses = sample_responses(model, params, prompts, jax.random.key(6), 5, 1.0).tokens
+    responses = jax.jit(sample_responses, static_argnums=(0, 4))(
+        model, params, prompts, jax.random.key(6), 5, 1.0
+    ).tokens
     batch = random_ppo_batch(config, prompts, responses, jax.random.key(7))
     padded = PPOBatch(
         prompts, *(pad_right(x, extra, PAD if x.dtype == jnp.int32 else 0) for x in batch[1:])
     )
     full = {"policy": params}
-    loss, metrics = ppo_loss(model, config, full, batch)
-    padded_loss, padded_metrics = ppo_loss(model, config, full, padded)
+    loss_fn = jax.jit(ppo_loss, static_argnums=(0, 1))
+    loss, metrics = loss_fn(model, config, full, batch)
+    padded_loss, padded_metrics = loss_fn(model, config, full, padded)
     np.testing.assert_allclose(padded_loss, loss, rtol=1e-5)
     chex.assert_trees_all_close(padded_metrics, metrics, rtol=1e-5, atol=1e-7)
     targets = target_responses(prompts, 5)
+    sft_fn = jax.jit(sft_loss, static_argnums=0)
     np.testing.assert_allclose(
-        sft_loss(model, params, prompts, pad_right(targets, extra, PAD)),
-        sft_loss(model, params, prompts, targets),
+        sft_fn(model, params, prompts, pad_right(targets, extra, PAD)),
+        sft_fn(model, params, prompts, targets),
         rtol=1e-5,
     )
+    scores_fn = jax.jit(reward_scores, static_argnums=0)
     np.testing.assert_allclose(
-        reward_scores(model, params, prompts, pad_right(responses, extra, PAD)),
-        reward_scores(model, params, prompts, responses),
+        scores_fn(model, params, prompts, pad_right(responses, extra, PAD)),
+        scores_fn(model, params, prompts, responses),
         rtol=1e-5,
         atol=1e-6,
     )
@@ -293,10 +302,12 @@ def test_first_minibatch_has_ratio_one_and_zero_kl_when_policy_is_reference(
     )
     assert float(metrics["kl"]) == 0.0
     first = jax.tree.map(lambda x: x[0], shuffle_into_minibatches(jax.random.key(9), batch, 2))
-    stats = policy_stats(model, config, state.params, first.prompts, first.responses)
+    stats = jax.jit(policy_stats, static_argnums=(0, 1))(
+        model, config, state.params, first.prompts, first.responses
+    )
     log_ratio = jnp.where(first.mask, stats.log_probs - first.log_probs, 0.0)
     np.testing.assert_allclose(jnp.exp(log_ratio), 1.0, rtol=0, atol=1e-6)
-    _, loss_metrics = ppo_loss(model, config, state.params, first)
+    _, loss_metrics = jax.jit(ppo_loss, static_argnums=(0, 1))(model, config, state.params, first)
     assert float(loss_metrics["clip_fraction"]) == 0.0
     np.testing.assert_allclose(loss_metrics["approx_kl"], 0.0, atol=1e-7)
     chex.assert_shape([batch.advantages, batch.returns, batch.log_probs], (8, 5))

@@ -40,11 +40,11 @@ class RLHFConfig:
     kl_estimator: str = static("k1")
     adaptive_kl: bool = static(False)
 
-    sft_steps: int = static(150)
+    sft_steps: int = static(60)
     sft_batch_size: int = static(64)
     rm_steps: int = static(300)
     rm_batch_size: int = static(64)
-    ppo_steps: int = static(150)
+    ppo_steps: int = static(200)
     batch_size: int = static(64)
     ppo_epochs: int = static(4)
     num_minibatches: int = static(4)
@@ -52,13 +52,13 @@ class RLHFConfig:
     temperature: float = 1.0
     sft_learning_rate: float = 1e-3
     rm_learning_rate: float = 3e-4
-    learning_rate: float = 3e-4
+    learning_rate: float = 1e-4
     max_grad_norm: float = 1.0
     gamma: float = 1.0
     gae_lambda: float = 0.95
     clip_eps: float = 0.2
     vf_clip_eps: float = 0.2
-    vf_coef: float = 0.1
+    vf_coef: float = 0.5
     ent_coef: float = 0.0
     kl_coef: float = 0.05
     target_kl: float = 2.0
