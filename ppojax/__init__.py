@@ -2,7 +2,9 @@
 
 from ppojax.config import PRESETS, PPOConfig
 from ppojax.envs import list_envs, make_env
+from ppojax.evaluate import load
 from ppojax.gae import compute_gae
+from ppojax.sweep import SweepOutput, best_point, sweep, sweep_table
 from ppojax.train import init_state, run_updates, train
 from ppojax.types import METRIC_NAMES, TrainOutput, TrainState, Transition
 from ppojax.update import adaptive_kl_update
@@ -13,14 +15,19 @@ __all__ = [
     "METRIC_NAMES",
     "PPOConfig",
     "PRESETS",
+    "SweepOutput",
     "TrainOutput",
     "TrainState",
     "Transition",
     "adaptive_kl_update",
+    "best_point",
     "compute_gae",
     "init_state",
     "list_envs",
+    "load",
     "make_env",
     "run_updates",
+    "sweep",
+    "sweep_table",
     "train",
 ]

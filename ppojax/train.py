@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh
 
 from ppojax.config import PPOConfig
 from ppojax.envs import make_env
@@ -14,6 +15,7 @@ from ppojax.envs.normalize import RewardNormalizer, RunningStats
 from ppojax.gae import compute_gae
 from ppojax.losses import explained_variance
 from ppojax.networks import build_networks, init_params
+from ppojax.parallel import check_divisible, constrain_env_axis
 from ppojax.rollout import Agent, RolloutCarry, collect_rollout, episode_metrics, reset_envs
 from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition
 from ppojax.update import (
@@ -133,25 +135,47 @@ def update_step(
 
 
 def run_updates(
-    config: PPOConfig, state: TrainState, num_updates: int
+    config: PPOConfig, state: TrainState, num_updates: int, mesh: Mesh | None = None
 ) -> tuple[TrainState, Metrics]:
     """Continue training from ``state`` for ``num_updates`` updates (``num_updates`` static).
 
     Running the updates in chunks gives exactly the same result as one call, which is what
-    progress reporting and resuming from checkpoints rely on.
+    progress reporting and resuming from checkpoints rely on. With ``mesh`` (static), the
+    environments are split across its devices (see ``ppojax.parallel``).
     """
     agent = make_agent(config)
     optimizer = make_optimizer(config)
     step = functools.partial(update_step, agent, optimizer, config)
-    return jax.lax.scan(lambda s, _: step(s), state, None, num_updates)
+
+    def sharded_step(state: TrainState, _: None) -> tuple[TrainState, Metrics]:
+        state, metrics = step(constrain_envs(state, mesh))
+        return constrain_envs(state, mesh), metrics
+
+    return jax.lax.scan(sharded_step, state, None, num_updates)
 
 
-def train(config: PPOConfig, key: jax.Array) -> TrainOutput:
+def constrain_envs(state: TrainState, mesh: Mesh | None) -> TrainState:
+    """Keep the env axis of the env state, observations and return accumulators on ``mesh``."""
+    if mesh is None:
+        return state
+    env_state, obs, discounted = constrain_env_axis(
+        (state.env_state, state.obs, state.reward_normalizer.discounted_return), mesh
+    )
+    normalizer = state.reward_normalizer.replace(discounted_return=discounted)
+    return state.replace(env_state=env_state, obs=obs, reward_normalizer=normalizer)
+
+
+def train(config: PPOConfig, key: jax.Array, mesh: Mesh | None = None) -> TrainOutput:
     """Train a PPO agent: ``config.num_updates`` cycles of rollout, GAE and update.
 
     Pure in ``(config, key)``: ``jax.jit(train)(config, key)`` compiles once per program
     structure, and ``jax.vmap(train, in_axes=(None, 0))(config, keys)`` runs several seeds.
     Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``).
+    ``mesh`` (static under jit: ``jax.jit(train, static_argnames="mesh")``) splits the run's
+    environments across devices; num_envs must be a multiple of the device count.
     """
-    state, metrics = run_updates(config, init_state(config, key), config.num_updates)
+    if mesh is not None:
+        check_divisible(config.num_envs, mesh, "PPOConfig.num_envs")
+    state = constrain_envs(init_state(config, key), mesh)
+    state, metrics = run_updates(config, state, config.num_updates, mesh)
     return TrainOutput(state, metrics)

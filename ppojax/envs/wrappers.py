@@ -4,6 +4,10 @@ It flattens observations to float32 vectors, clips continuous actions to the act
 bounds (the policy's unclipped action is what the loss sees), keeps ``terminated`` apart
 from ``truncated``, exposes the true final observation of an episode that ended, and records
 the return and length of each finished episode.
+
+gymnax is imported inside the functions that need it: importing gymnax creates arrays, which
+starts JAX's backend, and importing ppojax must not, so that ``jax.distributed.initialize``
+can still run after ``import ppojax``.
 """
 
 from __future__ import annotations
@@ -11,12 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from gymnax.environments import spaces
 
 from ppojax.config import check_env_id
 
@@ -52,10 +54,14 @@ class StepResult(NamedTuple):
 
 def list_envs() -> list[str]:
     """Every environment id ppojax can train on (gymnax's registry)."""
+    import gymnax
+
     return list(gymnax.registered_envs)
 
 
 def _space_spec(obs_space: Any, action_space: Any) -> EnvSpec:
+    from gymnax.environments import spaces
+
     obs_dim = int(math.prod(obs_space.shape))
     if isinstance(action_space, spaces.Discrete):
         return EnvSpec(obs_dim, True, int(action_space.n), None, None)
@@ -126,5 +132,7 @@ class PPOEnv:
 def make_env(env_id: str, **env_kwargs: Any) -> PPOEnv:
     """The gymnax environment ``env_id`` with default parameters, wrapped for PPO."""
     check_env_id(env_id)
+    import gymnax
+
     env, env_params = gymnax.make(env_id, **env_kwargs)
     return PPOEnv(env, env_params)
