@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import shlex
 import sys
 import time
@@ -245,7 +246,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ppo-steps", type=int, default=300)
     parser.add_argument("--target-kl", type=float, default=2.0)
     parser.add_argument("--kl-horizon", type=float, default=640.0)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return parser.parse_args(argv)
 
@@ -311,7 +312,7 @@ def report(config: RLHFConfig, args: argparse.Namespace, raw: dict) -> dict:
         "benchmark": "rlhf",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + shlex.join(["benchmarks/rlhf.py", *sys.argv[1:]]),
-        "machine": machine_description(),
+        "machine": {**machine_description(), "load_average_1_5_15_min": raw["load_average"]},
         "config": dataclasses.asdict(config),
         "seconds": {k: round(v, 2) for k, v in raw["seconds"].items()},
         "sft": {"final_loss": round(float(raw["sft_loss"][-1]), 4), "eval": raw["sft_eval"]},
@@ -346,7 +347,10 @@ def report(config: RLHFConfig, args: argparse.Namespace, raw: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     config = RLHFConfig(ppo_steps=args.ppo_steps)
+    load_before = os.getloadavg()
     raw = run_experiments(config, args)
+    # Other processes share these cores; the load average says how much the timings suffered.
+    raw["load_average"] = {"start": load_before, "end": os.getloadavg()}
     document = report(config, args, raw)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rlhf.json").write_text(json.dumps(document, indent=2) + "\n")

@@ -30,21 +30,21 @@ class RLHFConfig:
     rates, the PPO coefficients and the KL controller's coefficients.
     """
 
-    num_digits: int = static(13)
-    prompt_len: int = static(8)
-    response_len: int = static(10)
+    num_digits: int = static(13)  # distinct digit tokens; vocabulary = PAD, BOS, EOS + digits
+    prompt_len: int = static(8)  # BOS + prompt_len - 1 distinct digits
+    response_len: int = static(10)  # sampled positions; the ideal answer needs prompt_len
     d_model: int = static(64)
     num_heads: int = static(4)
     num_layers: int = static(2)
-    separate_critic: bool = static(False)
-    kl_estimator: str = static("k1")
-    adaptive_kl: bool = static(False)
+    separate_critic: bool = static(False)  # False: value head on the policy trunk
+    kl_estimator: str = static("k1")  # per-token KL in the reward: "k1" or "k3"
+    adaptive_kl: bool = static(False)  # False: beta stays kl_coef
 
     sft_steps: int = static(60)
     sft_batch_size: int = static(64)
     rm_steps: int = static(300)
     rm_batch_size: int = static(64)
-    ppo_steps: int = static(200)
+    ppo_steps: int = static(200)  # PPO iterations, each on batch_size fresh prompts
     batch_size: int = static(64)
     ppo_epochs: int = static(4)
     num_minibatches: int = static(4)
@@ -60,10 +60,10 @@ class RLHFConfig:
     vf_clip_eps: float = 0.2
     vf_coef: float = 0.5
     ent_coef: float = 0.0
-    kl_coef: float = 0.05
-    target_kl: float = 2.0
-    kl_horizon: float = 1000.0
-    missing_eos_penalty: float = 0.0
+    kl_coef: float = 0.05  # beta, or its start value under adaptive_kl
+    target_kl: float = 2.0  # adaptive_kl: wanted sequence KL (nats)
+    kl_horizon: float = 1000.0  # adaptive_kl: beta *= 1 + e * batch_size / kl_horizon
+    missing_eos_penalty: float = 0.0  # subtracted from the score of responses without EOS
 
     def __post_init__(self) -> None:
         validate(self)
