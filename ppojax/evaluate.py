@@ -19,6 +19,7 @@ from ppojax.distributions import deterministic_action, policy_distribution
 from ppojax.envs import EnvSpec, PPOEnv, make_env
 from ppojax.experiment import read_experiment, run_table, state_template
 from ppojax.networks import Actor, build_networks
+from ppojax.rollout import network_input
 from ppojax.types import TrainState
 
 # The env ids gymnax.visualize.Visualizer draws (gymnax 1.x).
@@ -83,22 +84,13 @@ def _act(
 ) -> jax.Array:
     """The sampled action, or the mode of the policy when ``deterministic``."""
     obs = jnp.asarray(obs, jnp.float32)
-    head, log_std = actor.apply(state.params["actor"], network_input(config, state, obs))
+    # Observations are normalized with the statistics frozen in the checkpoint, as in training.
+    head, log_std = actor.apply(state.params["actor"], network_input(config, state.obs_stats, obs))
     if deterministic:
         return deterministic_action(spec, head)
     if key is None:
         raise ValueError("act needs a key to sample an action, or deterministic=True")
     return policy_distribution(spec, head, log_std).sample(seed=key)
-
-
-def network_input(config: PPOConfig, state: TrainState, obs: jax.Array) -> jax.Array:
-    """What the actor sees: the observation, normalized with the checkpoint's running
-    statistics when the config trained with observation normalization."""
-    if not getattr(config, "normalize_observations", False):
-        return obs
-    from ppojax.rollout import network_input as normalized
-
-    return normalized(config, state.obs_stats, obs)
 
 
 def max_episode_steps(env: PPOEnv) -> int:

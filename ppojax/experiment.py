@@ -1,10 +1,11 @@
 """Experiments: seeds and a grid of hyperparameters trained as one vmapped, compiled program.
 
-The updates run in chunks of one compiled program, so the host sees metrics while training
-goes on (progress bar, metrics.csv, TensorBoard) and can checkpoint between chunks. A chunk is
-a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by ``lax.cond``: every
-chunk size, the last partial one included, reuses the same executable, and running the updates
-in chunks gives the same numbers as running them in one call.
+Progress reaches the host from inside the compiled loop: every few updates a
+``jax.debug.callback`` hands the update number and the mean episode return to the progress
+bar. Checkpoints need the state on the host, so with ``checkpoint_every`` the updates run in
+chunks of one compiled program: a ``lax.scan`` of fixed length whose steps past ``count`` are
+skipped by ``lax.cond``, so every chunk, the last partial one included, reuses the same
+executable, and chunked updates give the same numbers as one call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import datetime
 import functools
 import itertools
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -129,10 +131,21 @@ def state_template(experiment: Experiment) -> TrainState:
     return jax.eval_shape(functools.partial(init_states, experiment))
 
 
+Reporter = Callable[[jax.Array, jax.Array], None]
+
+
 def run_chunk(
-    config: PPOConfig, state: TrainState, count: jax.Array, length: int
+    config: PPOConfig,
+    state: TrainState,
+    first: jax.Array,
+    count: jax.Array,
+    length: int,
+    report: Reporter | None = None,
+    report_every: int = 1,
 ) -> tuple[TrainState, Metrics]:
-    """Up to ``length`` updates (static) from ``state``, of which the first ``count`` run.
+    """Up to ``length`` updates (static) from ``state`` (after ``first`` updates), of which
+    the first ``count`` run. After every update whose number is a multiple of ``report_every``,
+    ``report(update number, episode_return)`` runs on the host (once per run under vmap).
 
     Metrics have a leading axis [length]; entries past ``count`` are zeros to be dropped.
     """
@@ -145,29 +158,37 @@ def run_chunk(
         return carry, jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), metric_shapes)
 
     def body(carry: TrainState, index: jax.Array) -> tuple[TrainState, Metrics]:
-        return jax.lax.cond(index < count, step, skip, carry)
+        carry, metrics = jax.lax.cond(index < count, step, skip, carry)
+        if report is not None:
+            update = first + index + 1
+            due = (index < count) & (update % report_every == 0)
+            jax.lax.cond(
+                due,
+                lambda: jax.debug.callback(report, update, metrics["episode_return"]),
+                lambda: None,
+            )
+        return carry, metrics
 
     return jax.lax.scan(body, state, jnp.arange(length))
 
 
-def chunk_runner(experiment: Experiment, length: int) -> Callable[..., Any]:
-    """``runner(config, state, count)`` over all runs: jit(vmap(run_chunk)) for ``length``."""
+def chunk_runner(
+    experiment: Experiment, length: int, report: Reporter | None = None, report_every: int = 1
+) -> Callable[..., Any]:
+    """``runner(config, state, first, count)`` over all runs: jit(vmap(run_chunk))."""
     _, axes = run_config(experiment)
-    chunk = functools.partial(run_chunk, length=length)
-    return jax.jit(jax.vmap(chunk, in_axes=(axes, 0, None)))
+    chunk = functools.partial(run_chunk, length=length, report=report, report_every=report_every)
+    return jax.jit(jax.vmap(chunk, in_axes=(axes, 0, None, None)))
 
 
-def chunk_length(
-    num_updates: int, progress_chunks: int | None, checkpoint_every: int | None
-) -> int:
-    """Updates per compiled chunk: about ``num_updates / progress_chunks`` for progress,
-    at most ``checkpoint_every``, and all of them when neither asks for more chunks."""
-    length = num_updates
-    if progress_chunks:
-        length = min(length, math.ceil(num_updates / progress_chunks))
-    if checkpoint_every:
-        length = min(length, checkpoint_every)
-    return max(1, length)
+def chunk_length(num_updates: int, checkpoint_every: int | None) -> int:
+    """Updates per compiled chunk: ``checkpoint_every``, or all of them in one call."""
+    return min(checkpoint_every or num_updates, num_updates)
+
+
+def report_interval(num_updates: int, reports: int) -> int:
+    """Updates between progress reports, for about ``reports`` reports over the run."""
+    return max(1, math.ceil(num_updates / reports))
 
 
 def chunk_plan(
@@ -200,7 +221,7 @@ def train_chunks(
     the last one, so the device never waits for the progress bar or the files."""
     pending = None
     for first, count in plan:
-        state, metrics = runner(config, state, count)
+        state, metrics = runner(config, state, first, count)
         if pending is not None:
             _deliver(on_chunk, *pending)
         pending = (first, count, state, metrics)
@@ -221,30 +242,66 @@ def _deliver(
 
 
 class ProgressBar:
-    """A tqdm bar over env steps (all runs together), with steps/s and the latest mean return."""
+    """A tqdm bar over env steps (all runs together) with steps/s and the latest mean return,
+    fed by ``report`` from inside the compiled loop and by ``chunk_done`` after each chunk.
+    ``open`` shows it, once compiling is done, so that steps/s counts training only."""
 
-    def __init__(self, total_steps: int, initial_steps: int, description: str) -> None:
-        from tqdm.auto import tqdm
+    def __init__(
+        self, num_updates: int, start: int, steps_per_update: int, description: str
+    ) -> None:
+        self.num_updates, self.description = num_updates, description
+        self.steps_per_update = steps_per_update
+        self.update_number = start
+        self.returns: list[float] = []
+        # Reports arrive on an XLA thread while the main thread may be finishing a chunk.
+        self.lock = threading.Lock()
+        self.bar: Any = None
+
+    def open(self) -> None:
+        from tqdm import tqdm
 
         self.bar = tqdm(
-            total=total_steps,
-            initial=initial_steps,
-            desc=description,
+            total=self.num_updates * self.steps_per_update,
+            initial=self.update_number * self.steps_per_update,
+            desc=self.description,
             unit="step",
             unit_scale=True,
             dynamic_ncols=True,
             mininterval=0.5,
         )
 
-    def update(self, steps: int, returns: np.ndarray) -> None:
-        """Advance by ``steps`` env steps; ``returns`` [runs, updates] of the last chunk."""
+    def report(self, update: jax.Array, episode_return: jax.Array) -> None:
+        """One run's mean episode return at ``update`` (NaN when no episode ended)."""
+        update, value = int(update), float(episode_return)
+        with self.lock:
+            if update < self.update_number:
+                return
+            if update > self.update_number:
+                self.returns = []
+            if math.isfinite(value):
+                self.returns.append(value)
+                self.show_return(float(np.mean(self.returns)))
+            self.advance(update)
+
+    def chunk_done(self, update: int, returns: np.ndarray) -> None:
+        """A chunk ended at ``update``; ``returns`` [runs, updates] are its episode returns."""
         latest = latest_finite(returns)
-        if np.isfinite(latest).any():
-            self.bar.set_postfix_str(f"return {np.nanmean(latest):.1f}", refresh=False)
-        self.bar.update(steps)
+        with self.lock:
+            if np.isfinite(latest).any():
+                self.show_return(float(np.nanmean(latest)))
+            self.advance(update)
+
+    def show_return(self, value: float) -> None:
+        self.bar.set_postfix_str(f"return {value:.1f}", refresh=False)
+
+    def advance(self, update: int) -> None:
+        if update > self.update_number:
+            self.bar.update((update - self.update_number) * self.steps_per_update)
+            self.update_number = update
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def latest_finite(returns: np.ndarray) -> np.ndarray:
@@ -257,14 +314,15 @@ def latest_finite(returns: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """How to run an experiment: progress bar, checkpoints every N updates (the final state is
-    always saved when there is a run folder), how many to keep (None: all), TensorBoard."""
+    """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
+    run), checkpoints every N updates (the final state is always saved when there is a run
+    folder), how many to keep (None: all), TensorBoard."""
 
     progress: bool = True
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = 3
     tensorboard: bool = False
-    progress_chunks: int = 50
+    progress_reports: int = 100
 
 
 @dataclasses.dataclass
@@ -334,9 +392,7 @@ class ChunkHandler:
         if options.progress:
             steps_per_update = experiment.num_runs * config.batch_size
             description = f"{config.env_id} x{experiment.num_runs}"
-            self.bar = ProgressBar(
-                config.num_updates * steps_per_update, start * steps_per_update, description
-            )
+            self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
         if run_dir is not None:
             self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints)
             if options.tensorboard:
@@ -357,9 +413,7 @@ class ChunkHandler:
         if self.checkpoints is not None and every and (first + count) % every == 0:
             self.save(first + count, state)
         if self.bar is not None:
-            self.bar.update(
-                count * self.experiment.num_runs * config.batch_size, metrics["episode_return"]
-            )
+            self.bar.chunk_done(first + count, metrics["episode_return"])
 
     def save(self, step: int, state: TrainState) -> None:
         io.save_checkpoint(self.checkpoints, step, state)
@@ -385,10 +439,13 @@ def run_experiment(
     experiment: Experiment, run_dir: Path | None = None, options: RunOptions | None = None
 ) -> RunResult:
     """Train every run of ``experiment`` from scratch; with ``run_dir``, fill that folder
-    (config.json, run.json, metrics.csv, checkpoints, learning_curve.png, summary.json)."""
+    (config.json, run.json, metrics.csv, checkpoints, learning_curve.png, summary.json),
+    which must not hold a run already."""
     options = options or RunOptions()
     if run_dir is not None:
         run_dir = Path(run_dir)
+        if (run_dir / io.CONFIG_FILE).exists():
+            raise ValueError(f"{run_dir} already holds a run: resume it or train into a new folder")
         run_dir.mkdir(parents=True, exist_ok=True)
         io.write_json(run_dir / io.CONFIG_FILE, io.config_to_dict(experiment.config))
         io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
@@ -422,12 +479,16 @@ def continue_experiment(
     the metrics [runs, start] of the updates before."""
     config, _ = run_config(experiment)
     num_updates = experiment.config.num_updates
-    progress_chunks = options.progress_chunks if options.progress else None
-    length = chunk_length(num_updates, progress_chunks, options.checkpoint_every)
-    begin = time.perf_counter()
-    compiled = chunk_runner(experiment, length).lower(config, state, 0).compile()
-    compile_seconds = time.perf_counter() - begin
+    length = chunk_length(num_updates, options.checkpoint_every)
     handler = ChunkHandler(experiment, run_dir, options, start)
+    report = handler.bar.report if handler.bar is not None else None
+    every = report_interval(num_updates, options.progress_reports)
+    begin = time.perf_counter()
+    runner = chunk_runner(experiment, length, report, every)
+    compiled = runner.lower(config, state, 0, 0).compile()
+    compile_seconds = time.perf_counter() - begin
+    if handler.bar is not None:
+        handler.bar.open()
     plan = chunk_plan(start, num_updates, length, options.checkpoint_every)
     begin = time.perf_counter()
     try:

@@ -6,11 +6,13 @@ import ppojax
 from ppojax.evaluate import evaluate, load, render_gif
 from ppojax.experiment import Experiment, RunOptions, run_experiment
 from ppojax.networks import build_networks
+from ppojax.rollout import network_input
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """A tiny two-seed run trained in-process into a run folder."""
+    """A tiny two-seed run trained in-process into a run folder, normalizing observations so
+    that the policy must use the checkpoint's running statistics."""
     config = ppojax.PPOConfig(
         num_envs=2,
         num_steps=4,
@@ -18,6 +20,7 @@ def finished(tmp_path_factory):
         update_epochs=1,
         num_minibatches=1,
         hidden_sizes=(8,),
+        normalize_observations=True,
     )
     run_dir = tmp_path_factory.mktemp("run")
     result = run_experiment(Experiment(config, seeds=2), run_dir, RunOptions(progress=False))
@@ -43,7 +46,9 @@ def test_act_works_on_plain_numpy_observations(finished):
     np.testing.assert_array_equal(act(batch, jax.random.key(1)), act(batch, jax.random.key(1)))
     spec = ppojax.make_env(config.env_id).spec
     actor, _ = build_networks(spec, config.hidden_sizes, config.activation)
-    logits, _ = actor.apply(act.args[0].params["actor"], batch)
+    state = act.args[0]
+    assert float(state.obs_stats.count) > 0
+    logits, _ = actor.apply(state.params["actor"], network_input(config, state.obs_stats, batch))
     np.testing.assert_array_equal(act(batch, deterministic=True), np.argmax(logits, axis=-1))
     with pytest.raises(ValueError, match="needs a key"):
         act(obs)

@@ -9,6 +9,7 @@ from ppojax.experiment import (
     chunk_plan,
     grid_points,
     latest_finite,
+    report_interval,
     run_config,
     run_keys,
     run_table,
@@ -25,11 +26,12 @@ def test_chunk_plan_covers_every_update_and_ends_chunks_on_checkpoints():
     assert chunk_plan(10, 10, 3, None) == []
 
 
-def test_chunk_length_follows_progress_and_checkpoints():
-    assert chunk_length(976, None, None) == 976
-    assert chunk_length(976, 50, None) == 20
-    assert chunk_length(976, 50, 8) == 8
-    assert chunk_length(3, 50, None) == 1
+def test_chunks_follow_checkpoints_and_reports_spread_over_the_run():
+    assert chunk_length(976, None) == 976
+    assert chunk_length(976, 8) == 8
+    assert chunk_length(3, 8) == 3
+    assert report_interval(976, 100) == 10
+    assert report_interval(5, 100) == 1
 
 
 def test_grid_points_are_the_cartesian_product_in_run_order():

@@ -10,7 +10,9 @@ from ppojax.experiment import Experiment, init_states
 
 
 def test_config_round_trips_through_json(tmp_path):
-    config = ppojax.PPOConfig.preset("Pendulum-v1", hidden_sizes=(32, 16), learning_rate=3e-4)
+    config = ppojax.PPOConfig.preset(
+        "Pendulum-v1", hidden_sizes=(32, 16), learning_rate=3e-4, vf_clip_eps=None
+    )
     io.write_json(tmp_path / "config.json", io.config_to_dict(config))
     loaded = io.config_from_dict(io.read_config_file(tmp_path / "config.json"))
     assert loaded == config
