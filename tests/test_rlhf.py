@@ -289,11 +289,15 @@ def test_padding_changes_no_loss(config, prompts):
     )
 
 
-@pytest.mark.parametrize("separate_critic", [False, True])
+# With one minibatch the loss sees the batch in the shape the rollout did, and the ratio is
+# exactly 1; a smaller minibatch changes the matmul shapes and so the float rounding.
+@pytest.mark.parametrize(
+    "separate_critic, num_minibatches, tolerance", [(False, 1, 0.0), (True, 2, 1e-6)]
+)
 def test_first_minibatch_has_ratio_one_and_zero_kl_when_policy_is_reference(
-    config, params, reward_params, prompts, separate_critic
+    config, params, reward_params, prompts, separate_critic, num_minibatches, tolerance
 ):
-    config = config.replace(separate_critic=separate_critic)
+    config = config.replace(separate_critic=separate_critic, num_minibatches=num_minibatches)
     model = build_model(config)
     state = init_rlhf_state(config, params, reward_params, 0.1)
     assert ("critic" in state.params) == separate_critic
@@ -301,15 +305,17 @@ def test_first_minibatch_has_ratio_one_and_zero_kl_when_policy_is_reference(
         model, config, state, prompts, jax.random.key(8)
     )
     assert float(metrics["kl"]) == 0.0
-    first = jax.tree.map(lambda x: x[0], shuffle_into_minibatches(jax.random.key(9), batch, 2))
+    first = jax.tree.map(
+        lambda x: x[0], shuffle_into_minibatches(jax.random.key(9), batch, num_minibatches)
+    )
     stats = jax.jit(policy_stats, static_argnums=(0, 1))(
         model, config, state.params, first.prompts, first.responses
     )
     log_ratio = jnp.where(first.mask, stats.log_probs - first.log_probs, 0.0)
-    np.testing.assert_allclose(jnp.exp(log_ratio), 1.0, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(jnp.exp(log_ratio), 1.0, rtol=0, atol=tolerance)
     _, loss_metrics = jax.jit(ppo_loss, static_argnums=(0, 1))(model, config, state.params, first)
     assert float(loss_metrics["clip_fraction"]) == 0.0
-    np.testing.assert_allclose(loss_metrics["approx_kl"], 0.0, atol=1e-7)
+    np.testing.assert_allclose(loss_metrics["approx_kl"], 0.0, atol=1e-4 * tolerance)
     chex.assert_shape([batch.advantages, batch.returns, batch.log_probs], (8, 5))
     masked_advantages = batch.advantages[batch.mask]
     np.testing.assert_allclose(masked_advantages.mean(), 0.0, atol=1e-5)
