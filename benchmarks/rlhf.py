@@ -73,18 +73,21 @@ def evaluate(config: RLHFConfig, policy: dict, reward_params: dict, key: jax.Arr
 
 
 def variety(tokens: np.ndarray) -> dict:
+    """Distinct responses / N and the share of the most common one, for tokens [N, R]."""
     rows = [tuple(row) for row in tokens]
     counts = np.unique(np.array(rows), axis=0, return_counts=True)[1]
     return {"distinct_fraction": len(counts) / len(rows), "top_fraction": counts.max() / len(rows)}
 
 
 def decode(prompt: np.ndarray, response: np.ndarray) -> str:
+    """Readable text: digits as numbers, <s>, </s> and _ for PAD."""
     names = {0: "_", 1: "<s>", 2: "</s>"}
     word = lambda token: names.get(int(token), str(int(token) - 3))  # noqa: E731
     return " ".join(map(word, prompt)) + " -> " + " ".join(map(word, response))
 
 
 def summarize_eval(result: dict) -> dict:
+    """JSON-ready numbers of ``evaluate`` plus three example responses."""
     tokens, prompts = np.asarray(result["tokens"]), np.asarray(result["prompts"])
     return {
         "gold": round(float(result["gold"]), 4),
@@ -210,7 +213,8 @@ def throughput(config: RLHFConfig, sft_params: dict, reward_params: dict, repeat
 
 
 def plot(path: Path, sweep: dict, adaptive: dict, target_kl: float, sft_gold: float) -> None:
-    import matplotlib
+    """Gold, proxy and KL curves per beta and for the adaptive run; the controller's KL/beta."""
+    import matplotlib  # imported here: only the benchmark extra installs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -252,6 +256,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def run_final_summary(metrics: dict, index: int | None = None) -> dict:
+    """Last-10% means of SUMMARY_METRICS, of sweep member ``index`` when given."""
     pick = (lambda x: x[index]) if index is not None else (lambda x: x)  # noqa: E731
     return {name: round(tail_mean(pick(metrics[name])), 4) for name in SUMMARY_METRICS}
 
@@ -345,6 +350,7 @@ def report(config: RLHFConfig, args: argparse.Namespace, raw: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run everything, write rlhf.json and rlhf.png, print the claims."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     config = RLHFConfig(ppo_steps=args.ppo_steps)
     load_before = os.getloadavg()

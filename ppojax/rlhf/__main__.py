@@ -17,6 +17,7 @@ from ppojax.rlhf.pipeline import run_pipeline
 
 
 def parse_bool(text: str) -> bool:
+    """true/false, 1/0 or yes/no, any case."""
     lowered = text.lower()
     if lowered not in ("true", "false", "1", "0", "yes", "no"):
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
@@ -24,6 +25,7 @@ def parse_bool(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """--seed plus one option per RLHFConfig field (unset options keep the default)."""
     parser = argparse.ArgumentParser(
         prog="python -m ppojax.rlhf", description="SFT -> reward model -> PPO on a sorting task."
     )
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, build the config (ValueError names a bad field) and run the pipeline."""
     args = vars(build_parser().parse_args(argv))
     seed = args.pop("seed")
     config = RLHFConfig(**{name: value for name, value in args.items() if value is not None})

@@ -80,6 +80,7 @@ class RLHFConfig:
 
     @property
     def minibatch_size(self) -> int:
+        """Prompt-response pairs per gradient step: batch_size // num_minibatches."""
         return self.batch_size // self.num_minibatches
 
 

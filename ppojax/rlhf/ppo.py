@@ -70,6 +70,7 @@ class PPOBatch(NamedTuple):
 
 
 def make_optimizer(config: RLHFConfig) -> optax.GradientTransformation:
+    """The PPO optimizer: global-norm clipping at max_grad_norm, then Adam at learning_rate."""
     return make_adam(config.learning_rate, config.max_grad_norm)
 
 
