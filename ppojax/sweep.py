@@ -135,16 +135,22 @@ def sweep_table(out: SweepOutput, *, last: int = 10) -> list[dict[str, Any]]:
 
 
 def best_point(out: SweepOutput, *, metric: str = "final_return", last: int = 10) -> dict[str, Any]:
-    """The point with the highest ``metric`` ("final_return" or "auc") averaged over seeds."""
+    """The point with the highest ``metric`` ("final_return" or "auc") averaged over seeds;
+    ties go to the higher mean of the other one (final returns often tie at a task's cap)."""
+    if metric not in ("final_return", "auc"):
+        raise ValueError(f"best_point metric must be 'final_return' or 'auc', got {metric!r}")
+    other = "auc" if metric == "final_return" else "final_return"
     rows = sweep_table(out, last=last)
     num_points = np.asarray(out.metrics["episode_return"]).shape[0]
-    means = [
-        np.nanmean([row[metric] for row in rows if row["point"] == point])
-        for point in range(num_points)
-    ]
-    best = int(np.nanargmax(means))
+
+    def mean_of(name: str, point: int) -> float:
+        values = [row[name] for row in rows if row["point"] == point]
+        return float(np.nanmean(values)) if np.isfinite(values).any() else -np.inf
+
+    scores = [(mean_of(metric, p), mean_of(other, p)) for p in range(num_points)]
+    best = max(range(num_points), key=lambda p: scores[p])
     values = {name: float(column[best]) for name, column in out.grid.items()}
-    return {"point": best, **values, metric: float(means[best])}
+    return {"point": best, **values, metric: scores[best][0], other: scores[best][1]}
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

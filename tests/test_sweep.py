@@ -81,6 +81,13 @@ def test_bad_grids_are_clear_errors(tiny_config, grid, zipped, message):
         grid_points(tiny_config, grid, zipped=zipped)
 
 
+def test_best_point_breaks_ties_by_the_other_metric():
+    returns = np.array([[[10.0, 10.0]], [[5.0, 10.0]], [[0.0, 10.0]]])  # [points, seeds=1, U]
+    out = ppojax.SweepOutput(None, {"episode_return": returns}, {"lr": np.array([1.0, 2.0, 3.0])})
+    best = best_point(out, last=1)
+    assert best["point"] == 0 and best["lr"] == 1.0 and best["auc"] == 10.0
+
+
 def test_table_has_one_row_per_point_and_seed_and_best_point_is_the_max(small_sweep):
     _, out = small_sweep
     rows = sweep_table(out, last=2)
@@ -93,5 +100,8 @@ def test_table_has_one_row_per_point_and_seed_and_best_point_is_the_max(small_sw
     means = [np.mean([r["final_return"] for r in rows if r["point"] == p]) for p in range(4)]
     assert best["point"] == int(np.argmax(means))
     np.testing.assert_allclose(best["final_return"], max(means))
+    by_auc = best_point(out, metric="auc")
+    aucs = [np.mean([r["auc"] for r in rows if r["point"] == p]) for p in range(4)]
+    assert by_auc["point"] == int(np.argmax(aucs))
     text = format_table(rows)
     assert text.count("\n") == 9 and "final_return" in text
