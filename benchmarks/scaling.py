@@ -21,11 +21,9 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import jax
-from throughput import machine_description
+from throughput import compile_and_run, machine_description
 
 import ppojax
 
@@ -45,17 +43,7 @@ def memory_bytes(compiled) -> dict:
 
 
 def measure(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
-    train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
-    keys = jax.random.split(jax.random.key(0), seeds)
-    start = time.perf_counter()
-    compiled = train_seeds.lower(config, keys).compile()
-    compile_seconds = time.perf_counter() - start
-    seconds = []
-    for repeat in range(repeats):
-        keys = jax.random.split(jax.random.key(repeat + 1), seeds)
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(config, keys))
-        seconds.append(time.perf_counter() - start)
+    compiled, compile_seconds, seconds, _ = compile_and_run(config, seeds, repeats)
     steps = seeds * config.num_updates * config.batch_size
     return {
         "num_envs": config.num_envs,

@@ -19,8 +19,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
+import numpy as np
 
 import ppojax
 
@@ -44,22 +46,30 @@ def machine_description() -> dict:
     }
 
 
-def measure(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
-    """Compile once, then time ``repeats`` runs of jit(vmap(train)) over ``seeds`` keys."""
+def compile_and_run(
+    config: ppojax.PPOConfig, seeds: int, repeats: int
+) -> tuple[Any, float, list[float], Any]:
+    """jit(vmap(train)) over ``seeds`` keys: (compiled, compile seconds, run seconds of each of
+    ``repeats`` runs with fresh keys, output of the last run)."""
     train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
     keys = jax.random.split(jax.random.key(0), seeds)
     start = time.perf_counter()
     compiled = train_seeds.lower(config, keys).compile()
     compile_seconds = time.perf_counter() - start
-    steps = seeds * config.num_updates * config.batch_size
-    run_seconds, final_returns = [], []
+    run_seconds, out = [], None
     for repeat in range(repeats):
         keys = jax.random.split(jax.random.key(repeat), seeds)
         start = time.perf_counter()
         out = jax.block_until_ready(compiled(config, keys))
         run_seconds.append(time.perf_counter() - start)
-        returns = jax.device_get(out.metrics["episode_return"])[:, -10:]
-        final_returns.append(float(jax.numpy.nanmean(returns)))
+    return compiled, compile_seconds, run_seconds, out
+
+
+def measure(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
+    """Compile once, then time ``repeats`` runs of jit(vmap(train)) over ``seeds`` keys."""
+    _, compile_seconds, run_seconds, out = compile_and_run(config, seeds, repeats)
+    steps = seeds * config.num_updates * config.batch_size
+    returns = np.asarray(out.metrics["episode_return"])[:, -10:]
     median = statistics.median(run_seconds)
     return {
         "seeds": seeds,
@@ -68,7 +78,7 @@ def measure(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
         "run_seconds": [round(value, 3) for value in run_seconds],
         "env_steps_per_second": round(steps / median),
         "env_steps_per_second_all": [round(steps / value) for value in run_seconds],
-        "final_return_last_10_updates": final_returns,
+        "final_return_last_10_updates_per_seed": np.nanmean(returns, axis=1).tolist(),
     }
 
 
@@ -107,7 +117,7 @@ def main() -> None:
         print(
             f"{seeds} seed(s): compile {result['compile_seconds']:.1f} s, "
             f"{result['env_steps_per_second']:,} env steps/s (median of {args.repeats}), "
-            f"final return {result['final_return_last_10_updates']}"
+            f"final return per seed {result['final_return_last_10_updates_per_seed']}"
         )
         results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,16 @@ def test_adaptive_kl_rule(beta, kl, target, expected):
     np.testing.assert_allclose(ppojax.adaptive_kl_update(beta, kl, target), expected, rtol=1e-6)
 
 
+EARLY_STOP_CONFIG = ppojax.PPOConfig(
+    num_envs=4,
+    num_steps=32,
+    total_timesteps=128,
+    update_epochs=4,
+    num_minibatches=4,
+    learning_rate=1e-2,
+)
+
+
 def _one_update(config, key=0):
     state = ppojax.init_state(config, jax.random.key(key))
     _, metrics = jax.jit(ppojax.run_updates, static_argnums=2)(config, state, 1)
@@ -60,14 +70,7 @@ def _one_update(config, key=0):
 
 
 def test_early_stop_takes_fewer_steps_for_a_tiny_target_and_all_for_a_huge_one():
-    config = ppojax.PPOConfig(
-        num_envs=4,
-        num_steps=32,
-        total_timesteps=128,
-        update_epochs=4,
-        num_minibatches=4,
-        learning_rate=1e-2,
-    )
+    config = EARLY_STOP_CONFIG
     assert _one_update(config)["gradient_steps"] == 16
     assert _one_update(config.replace(target_kl=1e9))["gradient_steps"] == 16
     tiny = _one_update(config.replace(target_kl=1e-7))
@@ -77,14 +80,7 @@ def test_early_stop_takes_fewer_steps_for_a_tiny_target_and_all_for_a_huge_one()
 
 
 def test_early_stop_keeps_the_parameters_after_the_stop():
-    config = ppojax.PPOConfig(
-        num_envs=4,
-        num_steps=32,
-        total_timesteps=128,
-        update_epochs=4,
-        num_minibatches=4,
-        learning_rate=1e-2,
-    )
+    config = EARLY_STOP_CONFIG
     chunk = jax.jit(ppojax.run_updates, static_argnums=2)
     state = ppojax.init_state(config, jax.random.key(0))
     stopped, metrics = chunk(config.replace(target_kl=1e-7), state, 1)
