@@ -5,8 +5,8 @@
 Trains the SFT reference and the Bradley-Terry reward model once, then
 1. PPO vmapped over fixed beta in {0, 0.01, 0.1, 1} in one compiled call (final KL vs beta;
    gold vs proxy at beta = 0, i.e. over-optimization of the learned reward model),
-2. PPO with the adaptive KL controller (share of second-half steps with KL within +-25% of
-   the target),
+2. PPO with the adaptive KL controller, on 64 and on 256 prompts per step (share of
+   second-half steps with KL within +-25% of the target),
 3. sampled tokens/s (KV-cache sampling alone) and PPO tokens/s (whole PPO steps).
 Writes ``<out>/rlhf.json`` and ``<out>/rlhf.png``.
 """
@@ -44,6 +44,7 @@ from ppojax.rlhf import (
 
 BETAS = (0.0, 0.01, 0.1, 1.0)
 EVAL_PROMPTS = 1024
+CURVE_METRICS = ("gold_score", "reward_score", "kl")
 SUMMARY_METRICS = ("reward_score", "gold_score", "kl", "kl_coef", "entropy", "response_length")
 
 
@@ -212,8 +213,9 @@ def throughput(config: RLHFConfig, sft_params: dict, reward_params: dict, repeat
     }
 
 
-def plot(path: Path, sweep: dict, adaptive: dict, target_kl: float, sft_gold: float) -> None:
+def plot(path: Path, raw: dict, target_kl: float, large_batch: int) -> None:
     """Gold, proxy and KL curves per beta and for the adaptive run; the controller's KL/beta."""
+    sweep, adaptive, sft_gold = raw["sweep"], raw["adaptive"], raw["sft_eval"]["gold"]
     import matplotlib  # imported here: only the benchmark extra installs it
 
     matplotlib.use("Agg")
@@ -232,13 +234,16 @@ def plot(path: Path, sweep: dict, adaptive: dict, target_kl: float, sft_gold: fl
     axes[0, 0].legend(fontsize=8)
     axes[1, 0].set_yscale("symlog", linthresh=1.0)
     ax = axes[1, 1]
-    ax.plot(np.asarray(adaptive["kl"]), lw=0.8, label="KL per step")
+    ax.plot(np.asarray(adaptive["kl"]), lw=0.8, label="KL per step (batch 64)")
+    large = np.asarray(raw["adaptive_large"]["kl"])
+    ax.plot(large, lw=0.8, color="purple", label=f"KL per step (batch {large_batch})")
     ax.axhspan(0.75 * target_kl, 1.25 * target_kl, color="green", alpha=0.15, label="target +-25%")
     ax.set_title("adaptive controller")
     ax.set_xlabel("PPO step")
     twin = ax.twinx()
     twin.plot(np.asarray(adaptive["kl_coef"]), "r", lw=1.0, label="beta")
-    twin.set_ylabel("beta", color="r")
+    twin.plot(np.asarray(raw["adaptive_large"]["kl_coef"]), "r--", lw=1.0, label="beta")
+    twin.set_ylabel("beta (solid: batch 64, dashed: large batch)", color="r")
     ax.legend(fontsize=8, loc="upper left")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -251,6 +256,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--target-kl", type=float, default=2.0)
     parser.add_argument("--kl-horizon", type=float, default=640.0)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--large-batch", type=int, default=256, help="prompts per step of a second adaptive run"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     return parser.parse_args(argv)
 
@@ -261,6 +269,30 @@ def run_final_summary(metrics: dict, index: int | None = None) -> dict:
     return {name: round(tail_mean(pick(metrics[name])), 4) for name in SUMMARY_METRICS}
 
 
+def adaptive_run(
+    config: RLHFConfig,
+    args: argparse.Namespace,
+    sft_params: dict,
+    reward_params: dict,
+    key: jax.Array,
+    batch_size: int,
+) -> tuple[dict, dict, float]:
+    """PPO with the adaptive KL controller (start beta 0.1) on ``batch_size`` prompts per
+    step: final policy params, metrics [ppo_steps] and seconds (compile included). The horizon
+    grows with the batch so that beta can move by the same factor per step as at the base
+    batch; only the noise of the per-step KL changes."""
+    adaptive_config = config.replace(
+        adaptive_kl=True,
+        target_kl=args.target_kl,
+        kl_horizon=args.kl_horizon * batch_size / config.batch_size,
+        kl_coef=0.1,
+        batch_size=batch_size,
+    )
+    start_state = init_rlhf_state(adaptive_config, sft_params, reward_params, 0.1)
+    (state, metrics), seconds = timed(jax.jit(run_ppo), adaptive_config, start_state, key)
+    return state.params["policy"], metrics, seconds
+
+
 def run_experiments(config: RLHFConfig, args: argparse.Namespace) -> dict:
     """Every stage, timed; returns the raw results that ``report`` turns into the JSON."""
     keys = jax.random.split(jax.random.key(args.seed), 5)
@@ -269,40 +301,35 @@ def run_experiments(config: RLHFConfig, args: argparse.Namespace) -> dict:
         jax.jit(train_reward_model), config, sft_params, keys[1]
     )
     evaluate_jit = jax.jit(evaluate, static_argnums=0)
-    sft_eval = summarize_eval(evaluate_jit(config, sft_params, reward_params, keys[2]))
     policies, sweep, sweep_seconds = sweep_betas(config, sft_params, reward_params, keys[3])
+    evaluate_policy = lambda policy: summarize_eval(  # noqa: E731
+        evaluate_jit(config, policy, reward_params, keys[2])
+    )
     sweep_evals = [
-        summarize_eval(
-            evaluate_jit(
-                config, jax.tree.map(lambda x, i=i: x[i], policies), reward_params, keys[2]
-            )
-        )
-        for i in range(len(BETAS))
+        evaluate_policy(jax.tree.map(lambda x, i=i: x[i], policies)) for i in range(len(BETAS))
     ]
-    adaptive_config = config.replace(
-        adaptive_kl=True, target_kl=args.target_kl, kl_horizon=args.kl_horizon, kl_coef=0.1
-    )
-    start_state = init_rlhf_state(adaptive_config, sft_params, reward_params, 0.1)
-    (state, adaptive), adaptive_seconds = timed(
-        jax.jit(run_ppo), adaptive_config, start_state, keys[4]
-    )
-    adaptive_eval = summarize_eval(
-        evaluate_jit(config, state.params["policy"], reward_params, keys[2])
-    )
+    adaptive = {
+        size: adaptive_run(config, args, sft_params, reward_params, keys[4], size)
+        for size in (config.batch_size, args.large_batch)
+    }
+    adaptive_evals = {size: evaluate_policy(run[0]) for size, run in adaptive.items()}
     return {
         "seconds": {
             "sft": sft_seconds,
             "reward_model": reward_seconds,
             "beta_sweep_vmapped": sweep_seconds,
-            "adaptive_run": adaptive_seconds,
+            "adaptive_run": adaptive[config.batch_size][2],
+            "adaptive_run_large_batch": adaptive[args.large_batch][2],
         },
         "sft_loss": sft_loss,
         "reward_metrics": reward_metrics,
-        "sft_eval": sft_eval,
+        "sft_eval": evaluate_policy(sft_params),
         "sweep": sweep,
         "sweep_evals": sweep_evals,
-        "adaptive": adaptive,
-        "adaptive_eval": adaptive_eval,
+        "adaptive": adaptive[config.batch_size][1],
+        "adaptive_eval": adaptive_evals[config.batch_size],
+        "adaptive_large": adaptive[args.large_batch][1],
+        "adaptive_large_eval": adaptive_evals[args.large_batch],
         "throughput": throughput(config, sft_params, reward_params, args.repeats),
     }
 
@@ -335,6 +362,13 @@ def report(config: RLHFConfig, args: argparse.Namespace, raw: dict) -> dict:
             "eval": raw["adaptive_eval"],
             "kl_hold": kl_hold(raw["adaptive"], args.target_kl),
         },
+        "adaptive_large_batch": {
+            "batch_size": args.large_batch,
+            "kl_horizon": args.kl_horizon * args.large_batch / config.batch_size,
+            "last_10_percent": run_final_summary(raw["adaptive_large"]),
+            "eval": raw["adaptive_large_eval"],
+            "kl_hold": kl_hold(raw["adaptive_large"], args.target_kl),
+        },
         "claims": {
             "sft_gold_eval": sft_gold,
             "ppo_gold_eval_beta_0.1": raw["sweep_evals"][2]["gold"],
@@ -346,7 +380,22 @@ def report(config: RLHFConfig, args: argparse.Namespace, raw: dict) -> dict:
             ),
         },
         "throughput": raw["throughput"],
+        "curves": curves(raw),
     }
+
+
+def curves(raw: dict) -> dict:
+    """Per-step series behind the plot, rounded, so every number above can be rechecked."""
+    series = lambda x: [round(float(v), 4) for v in np.asarray(x)]  # noqa: E731
+    sweep = {
+        str(beta): {name: series(raw["sweep"][name][i]) for name in CURVE_METRICS}
+        for i, beta in enumerate(BETAS)
+    }
+    adaptive = {
+        key: {name: series(raw[key][name]) for name in CURVE_METRICS + ("kl_coef",)}
+        for key in ("adaptive", "adaptive_large")
+    }
+    return {"beta_sweep": sweep, **adaptive}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,15 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     document = report(config, args, raw)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rlhf.json").write_text(json.dumps(document, indent=2) + "\n")
-    plot(
-        args.out / "rlhf.png",
-        raw["sweep"],
-        raw["adaptive"],
-        args.target_kl,
-        raw["sft_eval"]["gold"],
-    )
+    plot(args.out / "rlhf.png", raw, args.target_kl, args.large_batch)
     print(json.dumps(document["claims"], indent=2))
     print(json.dumps(document["adaptive"]["kl_hold"], indent=2))
+    print(json.dumps(document["adaptive_large_batch"]["kl_hold"], indent=2))
     print(json.dumps(document["throughput"], indent=2))
     return 0
 
