@@ -149,20 +149,24 @@ def _is_concrete_number(value: Any) -> bool:
     return True
 
 
-def _check_positive_int(config: PPOConfig, name: str) -> None:
-    value = getattr(config, name)
+def check_positive_int(owner: str, name: str, value: Any) -> None:
+    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is an int > 0."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"PPOConfig.{name} must be a positive int, got {value!r}.")
+        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}.")
 
 
-def _check_range(name: str, value: Any, low: float, high: float, *, open_low: bool) -> None:
+def check_range(
+    owner: str, name: str, value: Any, low: float, high: float, *, open_low: bool
+) -> None:
+    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` lies in [low, high] (or
+    (low, high] with ``open_low``); traced and batched values pass (checked per point)."""
     if not _is_concrete_number(value):
         return
     number = float(value)
     below = number <= low if open_low else number < low
     if math.isnan(number) or below or number > high:
         left = "(" if open_low else "["
-        raise ValueError(f"PPOConfig.{name} must lie in {left}{low}, {high}], got {value!r}.")
+        raise ValueError(f"{owner}.{name} must lie in {left}{low}, {high}], got {value!r}.")
 
 
 def check_env_id(env_id: str) -> None:
@@ -181,7 +185,7 @@ def check_env_id(env_id: str) -> None:
 def validate(config: PPOConfig) -> None:
     """Raise ``ValueError`` naming the field and the fix for any invalid setting."""
     for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches"):
-        _check_positive_int(config, name)
+        check_positive_int("PPOConfig", name, getattr(config, name))
     if config.batch_size % config.num_minibatches:
         raise ValueError(
             f"PPOConfig.num_minibatches={config.num_minibatches} must divide "
@@ -208,17 +212,17 @@ def validate(config: PPOConfig) -> None:
             f"PPOConfig.policy_objective {config.policy_objective!r} is unknown; "
             f"use one of {POLICY_OBJECTIVES}."
         )
-    _check_range("learning_rate", config.learning_rate, 0.0, math.inf, open_low=True)
-    _check_range("gamma", config.gamma, 0.0, 1.0, open_low=False)
-    _check_range("gae_lambda", config.gae_lambda, 0.0, 1.0, open_low=False)
-    _check_range("clip_eps", config.clip_eps, 0.0, math.inf, open_low=True)
-    _check_range("ent_coef", config.ent_coef, 0.0, math.inf, open_low=False)
-    _check_range("vf_coef", config.vf_coef, 0.0, math.inf, open_low=False)
-    _check_range("max_grad_norm", config.max_grad_norm, 0.0, math.inf, open_low=True)
-    _check_range("penalty_coef", config.penalty_coef, 0.0, math.inf, open_low=False)
-    _check_range("penalty_target", config.penalty_target, 0.0, math.inf, open_low=True)
-    _check_range("obs_clip", config.obs_clip, 0.0, math.inf, open_low=True)
+    check_range("PPOConfig", "learning_rate", config.learning_rate, 0.0, math.inf, open_low=True)
+    check_range("PPOConfig", "gamma", config.gamma, 0.0, 1.0, open_low=False)
+    check_range("PPOConfig", "gae_lambda", config.gae_lambda, 0.0, 1.0, open_low=False)
+    check_range("PPOConfig", "clip_eps", config.clip_eps, 0.0, math.inf, open_low=True)
+    check_range("PPOConfig", "ent_coef", config.ent_coef, 0.0, math.inf, open_low=False)
+    check_range("PPOConfig", "vf_coef", config.vf_coef, 0.0, math.inf, open_low=False)
+    check_range("PPOConfig", "max_grad_norm", config.max_grad_norm, 0.0, math.inf, open_low=True)
+    check_range("PPOConfig", "penalty_coef", config.penalty_coef, 0.0, math.inf, open_low=False)
+    check_range("PPOConfig", "penalty_target", config.penalty_target, 0.0, math.inf, open_low=True)
+    check_range("PPOConfig", "obs_clip", config.obs_clip, 0.0, math.inf, open_low=True)
     for name in ("vf_clip_eps", "target_kl", "reward_clip"):
         if getattr(config, name) is not None:
-            _check_range(name, getattr(config, name), 0.0, math.inf, open_low=True)
+            check_range("PPOConfig", name, getattr(config, name), 0.0, math.inf, open_low=True)
     check_env_id(config.env_id)

@@ -13,6 +13,8 @@ from typing import Any
 
 from flax import struct
 
+from ppojax.config import check_positive_int, check_range
+
 KL_ESTIMATORS = ("k1", "k3")
 
 
@@ -84,32 +86,11 @@ class RLHFConfig:
         return self.batch_size // self.num_minibatches
 
 
-def _is_concrete_number(value: Any) -> bool:
-    """True for Python / NumPy scalars; False for tracers and batched arrays (vmap sweeps)."""
-    try:
-        float(value)
-    except Exception:  # tracers and batched arrays are checked by the caller, not here
-        return False
-    return True
-
-
-def _check_range(name: str, value: Any, low: float, high: float, *, open_low: bool) -> None:
-    if not _is_concrete_number(value):
-        return
-    number = float(value)
-    below = number <= low if open_low else number < low
-    if math.isnan(number) or below or number > high:
-        left = "(" if open_low else "["
-        raise ValueError(f"RLHFConfig.{name} must lie in {left}{low}, {high}], got {value!r}.")
-
-
 def _check_shapes(config: RLHFConfig) -> None:
     ints = ("num_digits", "prompt_len", "response_len", "d_model", "num_heads", "num_layers")
     counts = ("sft_steps", "sft_batch_size", "rm_steps", "rm_batch_size", "ppo_steps")
     for name in ints + counts + ("batch_size", "ppo_epochs", "num_minibatches"):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"RLHFConfig.{name} must be a positive int, got {value!r}.")
+        check_positive_int("RLHFConfig", name, getattr(config, name))
     if config.prompt_len < 2 or config.prompt_len - 1 > config.num_digits:
         raise ValueError(
             f"RLHFConfig.prompt_len={config.prompt_len} must hold BOS plus 1..num_digits "
@@ -141,12 +122,12 @@ def validate(config: RLHFConfig) -> None:
         )
     positive = ("temperature", "sft_learning_rate", "rm_learning_rate", "learning_rate")
     for name in positive + ("max_grad_norm", "clip_eps", "vf_clip_eps", "target_kl"):
-        _check_range(name, getattr(config, name), 0.0, math.inf, open_low=True)
-    _check_range("kl_horizon", config.kl_horizon, 0.0, math.inf, open_low=True)
+        check_range("RLHFConfig", name, getattr(config, name), 0.0, math.inf, open_low=True)
+    check_range("RLHFConfig", "kl_horizon", config.kl_horizon, 0.0, math.inf, open_low=True)
     for name in ("gamma", "gae_lambda"):
-        _check_range(name, getattr(config, name), 0.0, 1.0, open_low=False)
+        check_range("RLHFConfig", name, getattr(config, name), 0.0, 1.0, open_low=False)
     for name in ("vf_coef", "ent_coef", "kl_coef", "missing_eos_penalty"):
-        _check_range(name, getattr(config, name), 0.0, math.inf, open_low=False)
+        check_range("RLHFConfig", name, getattr(config, name), 0.0, math.inf, open_low=False)
 
 
 def config_names() -> tuple[str, ...]:
