@@ -16,11 +16,14 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from ppojax.config import PRESETS, PPOConfig
+
+if TYPE_CHECKING:
+    from ppojax.experiment import RunOptions, RunResult
 
 DEFAULT_OUT = "runs"
 
@@ -152,7 +155,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="newest checkpoints to keep, 0 for all (default 3)",
     )
     parser.add_argument(
-        "--resume", type=Path, metavar="RUN_DIR", help="continue RUN_DIR from its last checkpoint"
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue RUN_DIR (a train or sweep run) from its last checkpoint",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
@@ -221,7 +227,7 @@ def build_config(args: argparse.Namespace) -> PPOConfig:
     return io.config_from_dict({**settings, "env_id": env_id, **config_overrides(args)})
 
 
-def run_options(args: argparse.Namespace, saved: Any = None) -> Any:
+def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> RunOptions:
     """RunOptions from the flags; on --resume, the run's saved options with the flags on top."""
     from ppojax.experiment import RunOptions
 
@@ -239,7 +245,7 @@ def run_options(args: argparse.Namespace, saved: Any = None) -> Any:
     )
 
 
-def resume(args: argparse.Namespace) -> Any:
+def resume(args: argparse.Namespace) -> RunResult:
     """Continue ``args.resume``; the run's own config and seeds, so no config flags."""
     from ppojax.experiment import read_experiment, resume_experiment
 
@@ -270,7 +276,7 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     return 0
 
 
-def print_report(result: Any) -> None:
+def print_report(result: RunResult) -> None:
     """What ran, timings, the learning curve, final returns and the run folder."""
     experiment, config = result.experiment, result.experiment.config
     print(
@@ -301,7 +307,7 @@ def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
         print(f"{(update + 1) * batch_size:>12,}  {mean:>12.1f}")
 
 
-def print_final_returns(result: Any) -> None:
+def print_final_returns(result: RunResult) -> None:
     """Each seed's final return (mean of its last 10 updates), per grid point."""
     from ppojax.experiment import final_return_table, point_label
 
@@ -361,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         parser.exit(2, f"ppojax {args.command}: error: {error}\n")
     except KeyboardInterrupt:
-        parser.exit(130, "ppojax: interrupted (continue with ppojax train --resume RUN_DIR)\n")
+        parser.exit(130, "ppojax: interrupted (a run with checkpoints continues with --resume)\n")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
 
     ``obs`` is one raw observation [obs_dim] or a batch [N, obs_dim] (NumPy or JAX); ``key``
     (a ``jax.random.key``) is needed unless ``deterministic``. ``act`` is jitted and can also
-    be called inside other jitted functions.
+    be called inside other jitted functions. Continuous actions come as the policy gives them;
+    ``ppojax.make_env`` clips them to the action bounds, as in training.
     """
     experiment, _ = read_experiment(Path(run_dir))
     runs = run_table(experiment)

@@ -134,31 +134,37 @@ def state_template(experiment: Experiment) -> TrainState:
 Reporter = Callable[[jax.Array, jax.Array], None]
 
 
+def update_one_run(config: PPOConfig, state: TrainState) -> tuple[TrainState, Metrics]:
+    """One update of one run (the function vmapped over runs)."""
+    return update_step(make_agent(config), make_optimizer(config), config, state)
+
+
 def run_chunk(
     config: PPOConfig,
     state: TrainState,
     first: jax.Array,
     count: jax.Array,
     length: int,
+    config_axes: int | None = None,
     report: Reporter | None = None,
     report_every: int = 1,
 ) -> tuple[TrainState, Metrics]:
-    """Up to ``length`` updates (static) from ``state`` (after ``first`` updates), of which
-    the first ``count`` run. After every update whose number is a multiple of ``report_every``,
-    ``report(update number, episode_return)`` runs on the host (once per run under vmap).
+    """Up to ``length`` updates (static) of every run from ``state`` [runs] (after ``first``
+    updates), of which the first ``count`` run. ``config`` is batched along ``config_axes``.
+    After every update whose number is a multiple of ``report_every``,
+    ``report(update number, episode_return [runs])`` runs on the host.
 
-    Metrics have a leading axis [length]; entries past ``count`` are zeros to be dropped.
+    The scan is outside the vmap over runs so that a report is one callback, not one per run.
+    Metrics are [runs, length]; entries past ``count`` are zeros to be dropped.
     """
-    agent = make_agent(config)
-    optimizer = make_optimizer(config)
-    step = functools.partial(update_step, agent, optimizer, config)
-    _, metric_shapes = jax.eval_shape(step, state)
+    step = jax.vmap(update_one_run, in_axes=(config_axes, 0))
+    _, metric_shapes = jax.eval_shape(step, config, state)
 
     def skip(carry: TrainState) -> tuple[TrainState, Metrics]:
         return carry, jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), metric_shapes)
 
     def body(carry: TrainState, index: jax.Array) -> tuple[TrainState, Metrics]:
-        carry, metrics = jax.lax.cond(index < count, step, skip, carry)
+        carry, metrics = jax.lax.cond(index < count, functools.partial(step, config), skip, carry)
         if report is not None:
             update = first + index + 1
             due = (index < count) & (update % report_every == 0)
@@ -169,16 +175,24 @@ def run_chunk(
             )
         return carry, metrics
 
-    return jax.lax.scan(body, state, jnp.arange(length))
+    state, metrics = jax.lax.scan(body, state, jnp.arange(length))
+    return state, jax.tree.map(lambda leaf: jnp.moveaxis(leaf, 0, 1), metrics)
 
 
 def chunk_runner(
     experiment: Experiment, length: int, report: Reporter | None = None, report_every: int = 1
 ) -> Callable[..., Any]:
-    """``runner(config, state, first, count)`` over all runs: jit(vmap(run_chunk))."""
+    """``runner(config, state, first, count)`` over all runs: jit(run_chunk) for ``length``."""
     _, axes = run_config(experiment)
-    chunk = functools.partial(run_chunk, length=length, report=report, report_every=report_every)
-    return jax.jit(jax.vmap(chunk, in_axes=(axes, 0, None, None)))
+    return jax.jit(
+        functools.partial(
+            run_chunk,
+            length=length,
+            config_axes=axes,
+            report=report,
+            report_every=report_every,
+        )
+    )
 
 
 def chunk_length(num_updates: int, checkpoint_every: int | None) -> int:
@@ -252,7 +266,6 @@ class ProgressBar:
         self.num_updates, self.description = num_updates, description
         self.steps_per_update = steps_per_update
         self.update_number = start
-        self.returns: list[float] = []
         # Reports arrive on an XLA thread while the main thread may be finishing a chunk.
         self.lock = threading.Lock()
         self.bar: Any = None
@@ -270,18 +283,13 @@ class ProgressBar:
             mininterval=0.5,
         )
 
-    def report(self, update: jax.Array, episode_return: jax.Array) -> None:
-        """One run's mean episode return at ``update`` (NaN when no episode ended)."""
-        update, value = int(update), float(episode_return)
+    def report(self, update: jax.Array, episode_returns: jax.Array) -> None:
+        """Every run's mean episode return [runs] at ``update`` (NaN where none ended)."""
+        returns = np.asarray(episode_returns)
         with self.lock:
-            if update < self.update_number:
-                return
-            if update > self.update_number:
-                self.returns = []
-            if math.isfinite(value):
-                self.returns.append(value)
-                self.show_return(float(np.mean(self.returns)))
-            self.advance(update)
+            if np.isfinite(returns).any():
+                self.show_return(float(np.nanmean(returns)))
+            self.advance(int(update))
 
     def chunk_done(self, update: int, returns: np.ndarray) -> None:
         """A chunk ended at ``update``; ``returns`` [runs, updates] are its episode returns."""
@@ -420,19 +428,23 @@ class ChunkHandler:
         self.saved_step = step
 
     def finish(self, state: TrainState) -> dict[str, np.ndarray]:
-        """Save the final state, close files and the bar; this session's metrics [runs, U]."""
+        """Save the final state and close; this session's metrics [runs, U]."""
         final = self.experiment.config.num_updates
+        if self.checkpoints is not None and self.saved_step != final:
+            self.save(final, state)
+        self.close()
+        if not self.chunks:
+            return {}
+        return {name: np.concatenate([c[name] for c in self.chunks], 1) for name in self.chunks[0]}
+
+    def close(self) -> None:
+        """Close the checkpoint manager, TensorBoard files and the bar (also after an error)."""
         if self.checkpoints is not None:
-            if self.saved_step != final:
-                self.save(final, state)
             self.checkpoints.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.bar is not None:
             self.bar.close()
-        if not self.chunks:
-            return {}
-        return {name: np.concatenate([c[name] for c in self.chunks], 1) for name in self.chunks[0]}
 
 
 def run_experiment(
@@ -483,19 +495,23 @@ def continue_experiment(
     handler = ChunkHandler(experiment, run_dir, options, start)
     report = handler.bar.report if handler.bar is not None else None
     every = report_interval(num_updates, options.progress_reports)
-    begin = time.perf_counter()
-    runner = chunk_runner(experiment, length, report, every)
-    compiled = runner.lower(config, state, 0, 0).compile()
-    compile_seconds = time.perf_counter() - begin
-    if handler.bar is not None:
-        handler.bar.open()
     plan = chunk_plan(start, num_updates, length, options.checkpoint_every)
-    begin = time.perf_counter()
     try:
+        begin = time.perf_counter()
+        runner = chunk_runner(experiment, length, report, every)
+        compiled = runner.lower(config, state, 0, 0).compile()
+        compile_seconds = time.perf_counter() - begin
+        if handler.bar is not None:
+            handler.bar.open()
+        begin = time.perf_counter()
         state = jax.block_until_ready(train_chunks(compiled, config, state, plan, handler))
-    finally:
-        session = handler.finish(state)
-    run_seconds = time.perf_counter() - begin
+        run_seconds = time.perf_counter() - begin
+    except BaseException:
+        # Interrupted or failed: keep the checkpoints saved so far, but never save the
+        # unfinished state as the final one.
+        handler.close()
+        raise
+    session = handler.finish(state)
     metrics = {
         name: np.concatenate([history[name], values], 1) if name in history else values
         for name, values in session.items()

@@ -216,7 +216,8 @@ def plot_learning_curves(
             mean = np.nanmean(smooth, axis=0)
             low, high = np.nanmin(smooth, axis=0), np.nanmax(smooth, axis=0)
         seeds = returns.shape[0]
-        (line,) = axes.plot(env_steps, mean, label=f"{label} ({seeds} seed{'s' * (seeds > 1)})")
+        spread = f"{seeds} seeds, band: lowest to highest" if seeds > 1 else "1 seed"
+        (line,) = axes.plot(env_steps, mean, label=f"{label} ({spread})")
         if seeds > 1:
             axes.fill_between(env_steps, low, high, color=line.get_color(), alpha=0.2, lw=0)
     axes.set_xlabel("env steps (per seed)")

@@ -101,14 +101,14 @@ def test_final_checkpoint_holds_the_finished_state(trained):
 
 
 def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(trained, tmp_path):
-    """Cut the run back to its checkpoint at update 2, as if it had died there, and resume.
-    Without a progress bar the resumed run also runs other chunk sizes (2 instead of 1)."""
+    """Cut the run back to its checkpoint at update 2, as if it had died there, and resume it
+    with other compiled programs: no progress callback, and chunks of 3 updates instead of 2."""
     run_dir, _ = trained
     resumed = tmp_path / "resumed"
     shutil.copytree(run_dir, resumed)
     for step in ("4", "6"):
         shutil.rmtree(resumed / "checkpoints" / step)
-    result = run_cli("train", "--resume", str(resumed), "--no-progress")
+    result = run_cli("train", "--resume", str(resumed), "--no-progress", "--checkpoint-every", "3")
     assert result.returncode == 0, result.stderr
     expected, _ = final_state(run_dir)
     got, step = final_state(resumed)

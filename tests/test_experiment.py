@@ -69,3 +69,29 @@ def test_bad_grids_are_clear_errors():
 def test_latest_finite_takes_each_runs_last_episode_return():
     returns = np.array([[1.0, np.nan, 3.0, np.nan], [np.nan] * 4])
     np.testing.assert_array_equal(latest_finite(returns), [3.0, np.nan])
+
+
+def test_an_interrupted_run_keeps_its_checkpoints_and_resumes(tmp_path, monkeypatch):
+    """Ctrl-C after the second chunk: the checkpoint at update 2 stays, no unfinished state is
+    saved as final, and resuming finishes the run."""
+    from ppojax import experiment, io
+
+    config = CONFIG.replace(total_timesteps=2 * 8 * 6, update_epochs=1, num_minibatches=1)
+    chunks = []
+    real_append = io.append_metrics
+
+    def append_then_interrupt(*args):
+        chunks.append(args)
+        real_append(*args)
+        if len(chunks) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(io, "append_metrics", append_then_interrupt)
+    options = experiment.RunOptions(progress=False, checkpoint_every=2)
+    with pytest.raises(KeyboardInterrupt):
+        experiment.run_experiment(Experiment(config, seeds=2), tmp_path, options)
+    assert [path.name for path in (tmp_path / io.CHECKPOINT_DIR).iterdir()] == ["2"]
+    monkeypatch.setattr(io, "append_metrics", real_append)
+    result = experiment.resume_experiment(tmp_path)
+    assert result.resumed_from == 2 and result.metrics["episode_return"].shape == (2, 6)
+    np.testing.assert_array_equal(result.state.update_step, [6, 6])
