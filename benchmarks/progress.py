@@ -7,7 +7,7 @@ interleaved so that load from other processes hits them alike:
 
 - ``train``: ``jax.jit(jax.vmap(ppojax.train))``, the library's single call (includes init);
 - ``no progress``: the CLI's compiled loop without reports, as ``--no-progress`` runs it;
-- ``progress``: the CLI's default, a ``jax.debug.callback`` every ``num_updates / 100``
+- ``progress``: the CLI's default, a ``jax.debug.callback`` every ``num_updates / 50``
   updates feeding a tqdm bar (env steps, steps/s, latest mean return).
 
 The overhead is ``progress`` over ``no progress``, in wall-clock and in process CPU time, from

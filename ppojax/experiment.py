@@ -330,7 +330,7 @@ class RunOptions:
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = 3
     tensorboard: bool = False
-    progress_reports: int = 100
+    progress_reports: int = 50
 
 
 @dataclasses.dataclass
