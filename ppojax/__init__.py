@@ -4,7 +4,7 @@ from ppojax.config import PRESETS, PPOConfig
 from ppojax.envs import list_envs, make_env
 from ppojax.evaluate import load
 from ppojax.gae import compute_gae
-from ppojax.sweep import SweepOutput, best_point, sweep, sweep_table
+from ppojax.sweeps import SweepOutput, best_point, sweep, sweep_table
 from ppojax.train import init_state, run_updates, train
 from ppojax.types import METRIC_NAMES, TrainOutput, TrainState, Transition
 from ppojax.update import adaptive_kl_update

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax import io
-from ppojax.config import PPOConfig, unknown_field_message
+from ppojax.config import PPOConfig
+from ppojax.sweeps import grid_points as sweep_grid_points
 from ppojax.train import init_state, make_agent, update_step
 from ppojax.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.update import make_optimizer
@@ -56,34 +57,9 @@ class Experiment:
         return self.seeds * math.prod(len(values) for values in self.grid.values())
 
 
-def sweepable_fields() -> list[str]:
-    """PPOConfig fields that are pytree leaves, so vmap can sweep them in one program."""
-    return [
-        field.name
-        for field in dataclasses.fields(PPOConfig)
-        if field.metadata.get("pytree_node", True)
-    ]
-
-
 def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]]) -> None:
     """Raise ``ValueError`` naming the problem for a grid that cannot be swept with vmap."""
-    names = {field.name for field in dataclasses.fields(PPOConfig)}
-    for name, values in grid.items():
-        if name not in names:
-            raise ValueError(unknown_field_message(name))
-        if name not in sweepable_fields():
-            raise ValueError(
-                f"{name} fixes the program's shape or structure and cannot be swept with vmap; "
-                f"sweepable fields: {', '.join(sweepable_fields())}"
-            )
-        if getattr(config, name) is None or any(value is None for value in values):
-            raise ValueError(
-                f"{name}: every grid point must set a number (None changes the program)"
-            )
-        if not values:
-            raise ValueError(f"the grid for {name} is empty")
-    for point in grid_points(grid):
-        config.replace(**point)
+    sweep_grid_points(config, grid)
 
 
 def grid_points(grid: dict[str, Sequence[float]]) -> list[dict[str, float]]:

@@ -13,8 +13,8 @@ from ppojax.experiment import (
     run_config,
     run_keys,
     run_table,
-    sweepable_fields,
 )
+from ppojax.sweeps import sweepable_fields
 
 CONFIG = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 10, hidden_sizes=(8,))
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import ppojax
 from ppojax.parallel import make_mesh
-from ppojax.sweep import sweep
+from ppojax.sweeps import sweep
 config = ppojax.PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 4,
                           update_epochs=2, num_minibatches=2)
 """
@@ -96,7 +96,7 @@ from ppojax import parallel
 process_id, port = int(sys.argv[1]), sys.argv[2]
 parallel.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
 import jax
-from ppojax.sweep import sweep
+from ppojax.sweeps import sweep
 assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
 config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2,
                           update_epochs=1, num_minibatches=2)
@@ -145,7 +145,7 @@ def test_two_processes_over_loopback_split_the_seeds():
 def test_importing_ppojax_leaves_the_backend_unstarted():
     """So that jax.distributed.initialize can still be called after import ppojax."""
     code = (
-        "from jax._src import xla_bridge\nimport ppojax, ppojax.parallel, ppojax.sweep\n"
+        "from jax._src import xla_bridge\nimport ppojax, ppojax.parallel, ppojax.sweeps\n"
         "print('started' if xla_bridge._backends else 'not started')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

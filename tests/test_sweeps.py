@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax import sweep as sweep_module
-from ppojax.sweep import best_point, format_table, grid_points, sweep, sweep_table
+from ppojax import sweeps as sweep_module
+from ppojax.sweeps import best_point, format_table, grid_points, sweep, sweep_table
 
 
 @pytest.fixture(scope="module")
