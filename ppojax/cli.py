@@ -206,7 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=_parse_int, default=0, help="PRNG seed (default 0)")
     evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
     commands.add_parser("envs", help="list the environment ids that can be trained")
+    commands.add_parser(
+        "rlhf",
+        help="PPO for language models: SFT, reward model, then PPO (ppojax rlhf --help)",
+        add_help=False,
+    )
     return parser
+
+
+def run_rlhf(argv: Sequence[str]) -> int:
+    """``ppojax rlhf [options]``: the RLHF pipeline's own command line (python -m ppojax.rlhf)."""
+    from ppojax.rlhf.__main__ import main as rlhf_main
+
+    try:
+        return rlhf_main(list(argv))
+    except ValueError as error:
+        sys.stderr.write(f"ppojax rlhf: error: {error}\n")
+        return 2
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -355,6 +371,9 @@ def list_env_ids() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["rlhf"]:
+        return run_rlhf(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -245,3 +245,12 @@ def test_every_subcommand_has_help(capsys):
 def test_envs_lists_ids(capsys):
     assert main(["envs"]) == 0
     assert "CartPole-v1  (tuned preset)" in capsys.readouterr().out
+
+
+def test_rlhf_subcommand_forwards_to_the_rlhf_pipeline(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rlhf", "--help"])
+    assert exit_info.value.code == 0
+    assert "--kl-coef" in capsys.readouterr().out
+    assert main(["rlhf", "--kl-coef", "-1"]) == 2
+    assert "RLHFConfig.kl_coef" in capsys.readouterr().err
