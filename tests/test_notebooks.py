@@ -11,7 +11,7 @@ nbformat = pytest.importorskip("nbformat")
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "sweeps.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "sweeps.ipynb", "rlhf.ipynb"])
 def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     monkeypatch.setenv("PPOJAX_SMALL", "1")
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -24,7 +24,7 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     assert any(output.get("output_type") == "display_data" for output in outputs)
 
 
-@pytest.mark.parametrize("name", ["quickstart.ipynb", "sweeps.ipynb"])
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "sweeps.ipynb", "rlhf.ipynb"])
 def test_notebook_opens_with_a_colab_badge_and_is_saved_without_outputs(name):
     notebook = json.loads((NOTEBOOKS / name).read_text())
     assert "colab.research.google.com/github/" in "".join(notebook["cells"][0]["source"])
