@@ -15,11 +15,10 @@ import numpy as np
 
 from ppojax import io
 from ppojax.config import PPOConfig
-from ppojax.distributions import deterministic_action, policy_distribution
-from ppojax.envs import EnvSpec, PPOEnv, make_env
+from ppojax.envs import PPOEnv, make_env
 from ppojax.experiment import read_experiment, run_table, state_template
-from ppojax.networks import Actor, build_networks
-from ppojax.rollout import network_input
+from ppojax.rollout import Agent, policy_action
+from ppojax.train import make_agent
 from ppojax.types import TrainState
 
 # The env ids gymnax.visualize.Visualizer draws (gymnax 1.x).
@@ -68,30 +67,26 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
 
 def make_act(config: PPOConfig, state: TrainState) -> Act:
     """The policy of one (unbatched) TrainState as ``act(obs, key=None, deterministic=False)``."""
-    spec = make_env(config.env_id).spec
-    actor, _ = build_networks(spec, config.hidden_sizes, config.activation)
-    core = jax.jit(functools.partial(_act, actor, spec, config), static_argnames=("deterministic",))
+    core = jax.jit(
+        functools.partial(_act, make_agent(config), config), static_argnames=("deterministic",)
+    )
     return functools.partial(core, state)
 
 
 def _act(
-    actor: Actor,
-    spec: EnvSpec,
+    agent: Agent,
     config: PPOConfig,
     state: TrainState,
     obs: jax.Array,
     key: jax.Array | None = None,
     deterministic: bool = False,
 ) -> jax.Array:
-    """The sampled action, or the mode of the policy when ``deterministic``."""
-    obs = jnp.asarray(obs, jnp.float32)
-    # Observations are normalized with the statistics frozen in the checkpoint, as in training.
-    head, log_std = actor.apply(state.params["actor"], network_input(config, state.obs_stats, obs))
-    if deterministic:
-        return deterministic_action(spec, head)
-    if key is None:
+    """The sampled action, or the mode of the policy when ``deterministic``; observations are
+    normalized with the statistics frozen in the checkpoint, as in training."""
+    if key is None and not deterministic:
         raise ValueError("act needs a key to sample an action, or deterministic=True")
-    return policy_distribution(spec, head, log_std).sample(seed=key)
+    obs = jnp.asarray(obs, jnp.float32)
+    return policy_action(agent, config, state.params, state.obs_stats, obs, key, deterministic)
 
 
 def max_episode_steps(env: PPOEnv) -> int:
