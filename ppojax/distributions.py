@@ -25,3 +25,29 @@ def deterministic_action(spec: EnvSpec, head: jax.Array) -> jax.Array:
     if spec.discrete:
         return jnp.argmax(head, axis=-1)
     return head
+
+
+def noise_shape(spec: EnvSpec) -> tuple[int, ...]:
+    """Shape of the noise ``sample_from_noise`` takes for one action."""
+    return (spec.action_dim,)
+
+
+def draw_action_noise(spec: EnvSpec, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Noise for ``shape`` actions at once: standard Gumbel (discrete) or standard normal."""
+    if spec.discrete:
+        return jax.random.gumbel(key, shape + noise_shape(spec))
+    return jax.random.normal(key, shape + noise_shape(spec))
+
+
+def sample_from_noise(
+    spec: EnvSpec, head: jax.Array, log_std: jax.Array | None, noise: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """An action of ``policy_distribution(spec, head, log_std)`` and its log-probability,
+    from noise drawn beforehand by ``draw_action_noise``: argmax(logits + Gumbel) for
+    Categorical (the Gumbel-max trick, as ``jax.random.categorical``), mean + std * N(0, 1)
+    for the Gaussian. Drawing a rollout's noise in one batch replaces one PRNG call per step."""
+    if spec.discrete:
+        action = jnp.argmax(head + noise, axis=-1)
+    else:
+        action = head + jnp.exp(log_std) * noise
+    return action, policy_distribution(spec, head, log_std).log_prob(action)

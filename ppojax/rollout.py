@@ -9,7 +9,12 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.config import PPOConfig
-from ppojax.distributions import deterministic_action, policy_distribution
+from ppojax.distributions import (
+    deterministic_action,
+    draw_action_noise,
+    policy_distribution,
+    sample_from_noise,
+)
 from ppojax.envs import PPOEnv
 from ppojax.envs.normalize import (
     RewardNormalizer,
@@ -18,6 +23,7 @@ from ppojax.envs.normalize import (
     normalize_reward,
     update_stats,
 )
+from ppojax.envs.wrappers import EpisodeState
 from ppojax.networks import Actor, Critic
 from ppojax.types import Params, Transition
 
@@ -61,22 +67,65 @@ def shape_reward(
     return reward, normalizer
 
 
+class StepNoise(NamedTuple):
+    """The randomness of one env step for every env, drawn for many steps at once."""
+
+    env_key: jax.Array  # [B] keys for the envs' own randomness in ``step``
+    reset_obs: jax.Array  # [B, obs_dim]: where an env restarts if its episode ends here
+    reset_state: EpisodeState  # [B]
+    action: jax.Array  # [B, ...]: the policy's sampling noise (see draw_action_noise)
+
+
+# Largest block of pre-drawn randomness (resets included) one rollout holds at a time.
+NOISE_BLOCK_BYTES = 64 * 2**20
+
+
+def draw_noise(agent: Agent, key: jax.Array, steps: int, num_envs: int) -> StepNoise:
+    """The randomness of ``steps`` steps of ``num_envs`` envs ([steps, B, ...] leaves): env
+    keys, fresh resets and action noise, each in one batched PRNG call. gymnax's ``step``
+    would draw a reset (and split keys) inside every step instead, a handful of small PRNG
+    kernels per step that cost more than the env dynamics on CPU."""
+    env_key, reset_key, action_key = jax.random.split(key, 3)
+    reset_obs, reset_state = jax.vmap(jax.vmap(agent.env.reset))(
+        jax.random.split(reset_key, (steps, num_envs))
+    )
+    return StepNoise(
+        env_key=jax.random.split(env_key, (steps, num_envs)),
+        reset_obs=reset_obs,
+        reset_state=reset_state,
+        action=draw_action_noise(agent.env.spec, action_key, (steps, num_envs)),
+    )
+
+
+def noise_block(agent: Agent, config: PPOConfig) -> int:
+    """Steps of randomness drawn at once: the whole rollout unless that exceeds
+    NOISE_BLOCK_BYTES, else the largest divisor of num_steps that fits."""
+    shapes = jax.eval_shape(
+        lambda key: draw_noise(agent, key, 1, config.num_envs), jax.random.key(0)
+    )
+    per_step = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
+    fitting = [
+        block
+        for block in range(1, config.num_steps + 1)
+        if config.num_steps % block == 0 and block * per_step <= NOISE_BLOCK_BYTES
+    ]
+    return max(fitting, default=1)
+
+
 def env_step(
-    agent: Agent, config: PPOConfig, params: Params, carry: RolloutCarry, _: Any = None
+    agent: Agent, config: PPOConfig, params: Params, carry: RolloutCarry, noise: StepNoise
 ) -> tuple[RolloutCarry, Transition]:
     """Sample a ~ pi(.|obs) for every env, step the envs, record the transition."""
-    key, action_key, step_key = jax.random.split(carry.key, 3)
     obs_stats = carry.obs_stats
     if config.normalize_observations:
         obs_stats = update_stats(obs_stats, carry.obs)
     obs = network_input(config, obs_stats, carry.obs)
     head, log_std = agent.actor.apply(params["actor"], obs)
     value = agent.critic.apply(params["critic"], obs)
-    action, log_prob = policy_distribution(agent.env.spec, head, log_std).sample_and_log_prob(
-        seed=action_key
+    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action)
+    result, env_state = jax.vmap(agent.env.step_from)(
+        noise.env_key, carry.env_state, action, (noise.reset_obs, noise.reset_state)
     )
-    step_keys = jax.random.split(step_key, carry.obs.shape[0])
-    result, env_state = jax.vmap(agent.env.step)(step_keys, carry.env_state, action)
     done = jnp.logical_or(result.terminated, result.truncated)
     reward, reward_normalizer = shape_reward(config, carry.reward_normalizer, result.reward, done)
     transition = Transition(
@@ -93,16 +142,32 @@ def env_step(
         episode_return=result.episode_return,
         episode_length=result.episode_length,
     )
-    new_carry = RolloutCarry(env_state, result.obs, key, obs_stats, reward_normalizer)
+    new_carry = RolloutCarry(env_state, result.obs, carry.key, obs_stats, reward_normalizer)
     return new_carry, transition
 
 
 def collect_rollout(
     agent: Agent, config: PPOConfig, params: Params, carry: RolloutCarry
 ) -> tuple[RolloutCarry, Transition]:
-    """``config.num_steps`` env steps with the current policy; transitions are [T, B]."""
+    """``config.num_steps`` env steps with the current policy; transitions are [T, B].
+
+    The steps' randomness is drawn ahead in blocks (``draw_noise``, ``noise_block``), and
+    ``carry.key`` advances once per rollout.
+    """
     step = functools.partial(env_step, agent, config, params)
-    return jax.lax.scan(step, carry, None, config.num_steps)
+    block = noise_block(agent, config)
+    key, noise_key = jax.random.split(carry.key)
+
+    def run_block(carry: RolloutCarry, block_key: jax.Array):
+        noise = draw_noise(agent, block_key, block, config.num_envs)
+        return jax.lax.scan(step, carry, noise)
+
+    carry = carry._replace(key=key)
+    if block == config.num_steps:
+        return run_block(carry, noise_key)
+    blocks = config.num_steps // block
+    carry, transitions = jax.lax.scan(run_block, carry, jax.random.split(noise_key, blocks))
+    return carry, jax.tree.map(lambda x: x.reshape((config.num_steps,) + x.shape[2:]), transitions)
 
 
 def policy_action(

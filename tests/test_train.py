@@ -145,11 +145,14 @@ def test_entropy_bonus_keeps_the_policy_more_random():
         anneal_lr=False,
         hidden_sizes=(16,),
     )
-    run = jax.jit(ppojax.train)
-    without = run(config.replace(ent_coef=0.0), jax.random.key(0))
-    strong = run(config.replace(ent_coef=0.5), jax.random.key(0))
-    assert strong.metrics["entropy"][-1] > without.metrics["entropy"][-1]
-    np.testing.assert_allclose(strong.metrics["entropy"][-1], np.log(2), rtol=0.05)
+    run = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
+    keys = jax.random.split(jax.random.key(0), 4)
+    # entropy of the last 5 updates, per seed
+    without = run(config.replace(ent_coef=0.0), keys).metrics["entropy"][:, -5:].mean(1)
+    strong = run(config.replace(ent_coef=0.5), keys).metrics["entropy"][:, -5:].mean(1)
+    assert (strong > without).all()
+    # the strong bonus holds the two-action policy near its maximum entropy, log 2
+    np.testing.assert_allclose(strong, np.log(2), rtol=0.1)
 
 
 def test_switching_off_advantage_normalization_changes_the_policy_loss(tiny_config, tiny_train):

@@ -91,12 +91,62 @@ class PPOEnv:
         state = EpisodeState(env_state, jnp.float32(0.0), jnp.int32(0))
         return self._flatten(obs), state
 
+    @property
+    def resets_outside_step(self) -> bool:
+        """Whether ``step_from`` can take its reset from outside: true for every env that
+        uses gymnax's own auto-resetting ``step`` (all but those that override it)."""
+        from gymnax.environments.environment import Environment
+
+        return type(self.env).step is Environment.step
+
     def step(
         self, key: jax.Array, state: EpisodeState, action: jax.Array
     ) -> tuple[StepResult, EpisodeState]:
+        """One step with gymnax's auto-reset: a fresh reset is drawn from ``key``."""
         obs, env_state, reward, terminated, truncated, info = self.env.step(
             key, state.env_state, self._env_action(action), self.env_params
         )
+        return self._result(state, obs, env_state, reward, terminated, truncated, info)
+
+    def step_from(
+        self,
+        key: jax.Array,
+        state: EpisodeState,
+        action: jax.Array,
+        reset: tuple[jax.Array, EpisodeState],
+    ) -> tuple[StepResult, EpisodeState]:
+        """``step`` with the auto-reset taken from ``reset`` (an ``(obs, state)`` of
+        ``self.reset``) instead of drawn inside: the same transition as gymnax's ``step``, so a
+        rollout can draw all its resets in one batch instead of one per step. Envs that
+        override gymnax's ``step`` fall back to it (``key`` then draws their reset)."""
+        if not self.resets_outside_step:
+            return self.step(key, state, action)
+        params = self.env_params
+        obs_step, env_state_step, reward, terminated, info = self.env.step_env(
+            key, state.env_state, self._env_action(action), params
+        )
+        truncated = self.env.is_truncated(env_state_step, params)
+        done = jnp.logical_or(terminated, truncated)
+        reset_obs, reset_state = reset
+        env_state = jax.tree.map(
+            lambda fresh, stepped: jax.lax.select(done, fresh, stepped),
+            reset_state.env_state,
+            env_state_step,
+        )
+        obs = jax.lax.select(done, reset_obs, self._flatten(obs_step))
+        info = {**info, "final_observation": obs_step}
+        return self._result(state, obs, env_state, reward, terminated, truncated, info)
+
+    def _result(
+        self,
+        state: EpisodeState,
+        obs: jax.Array,
+        env_state: Any,
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        info: dict[str, Any],
+    ) -> tuple[StepResult, EpisodeState]:
         reward = jnp.asarray(reward, jnp.float32)
         done = jnp.logical_or(terminated, truncated)
         episode_return = state.episode_return + reward
