@@ -58,17 +58,55 @@ def orthogonal(scale: float = 1.0) -> Callable[..., jax.Array]:
     ``jax.nn.initializers.orthogonal(scale)`` for the same key, without LAPACK."""
 
     def init(key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32) -> jax.Array:
-        if len(shape) < 2:
-            raise ValueError(f"orthogonal init needs a 2-D or larger shape, got {shape}")
-        n_cols = shape[-1]
-        n_rows = math.prod(shape) // n_cols
-        gaussian = jax.random.normal(key, (max(n_rows, n_cols), min(n_rows, n_cols)), dtype)
-        q = householder_qr_q(gaussian)
-        if n_rows < n_cols:
-            q = q.T
-        return (scale * q).reshape(shape).astype(dtype)
+        return orthogonalize([gaussian_for_orthogonal(key, shape, dtype)], [scale])[0]
 
     return init
+
+
+def gaussian_for_orthogonal(
+    key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32
+) -> jax.Array:
+    """The Gaussian matrix ``orthogonal`` draws for ``key``, laid out in ``shape``."""
+    if len(shape) < 2:
+        raise ValueError(f"orthogonal init needs a 2-D or larger shape, got {shape}")
+    n_cols = shape[-1]
+    n_rows = math.prod(shape) // n_cols
+    gaussian = jax.random.normal(key, (max(n_rows, n_cols), min(n_rows, n_cols)), dtype)
+    return (gaussian.T if n_rows < n_cols else gaussian).reshape(shape)
+
+
+def orthogonalize(gaussians: Sequence[jax.Array], scales: Sequence[float]) -> list[jax.Array]:
+    """``scale * Q`` of each Gaussian draw (see ``gaussian_for_orthogonal``), all in one
+    batched Householder loop: every matrix is zero-padded to the largest shape, which leaves
+    its Q unchanged (the reflections act as the identity on the padding). One loop for all
+    layers compiles several times faster than one loop per layer."""
+    talls = []
+    for gaussian in gaussians:
+        matrix = gaussian.reshape(-1, gaussian.shape[-1])
+        talls.append(matrix.T if matrix.shape[0] < matrix.shape[1] else matrix)
+    rows = max(tall.shape[0] for tall in talls)
+    cols = max(tall.shape[1] for tall in talls)
+    padded = jnp.stack(
+        [jnp.pad(tall, ((0, rows - tall.shape[0]), (0, cols - tall.shape[1]))) for tall in talls]
+    )
+    q = jax.vmap(householder_qr_q)(padded)
+    out = []
+    for index, (gaussian, tall, scale) in enumerate(zip(gaussians, talls, scales, strict=True)):
+        matrix = q[index, : tall.shape[0], : tall.shape[1]]
+        if tall.shape != (math.prod(gaussian.shape) // gaussian.shape[-1], gaussian.shape[-1]):
+            matrix = matrix.T
+        out.append((scale * matrix).reshape(gaussian.shape).astype(gaussian.dtype))
+    return out
+
+
+HIDDEN_SCALE = math.sqrt(2.0)  # gain of the hidden layers (tanh/relu MLPs)
+HEAD_SCALES = {"actor": 0.01, "critic": 1.0}  # small policy logits, unit-scale values
+
+
+def kernel_init(deferred: bool, scale: float) -> Callable[..., jax.Array]:
+    """orthogonal(scale), or with ``deferred`` the Gaussian draw alone, which
+    ``init_params`` orthogonalizes for all layers at once."""
+    return gaussian_for_orthogonal if deferred else orthogonal(scale)
 
 
 class MLP(nn.Module):
@@ -76,12 +114,13 @@ class MLP(nn.Module):
 
     hidden_sizes: Sequence[int]
     activation: str
+    deferred_init: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATION_FNS[self.activation]
         for size in self.hidden_sizes:
-            x = act(nn.Dense(size, kernel_init=orthogonal(math.sqrt(2.0)))(x))
+            x = act(nn.Dense(size, kernel_init=kernel_init(self.deferred_init, HIDDEN_SCALE))(x))
         return x
 
 
@@ -91,11 +130,13 @@ class Actor(nn.Module):
     spec: EnvSpec
     hidden_sizes: Sequence[int]
     activation: str
+    deferred_init: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        x = MLP(self.hidden_sizes, self.activation)(obs)
-        head = nn.Dense(self.spec.action_dim, kernel_init=orthogonal(0.01))(x)
+        x = MLP(self.hidden_sizes, self.activation, self.deferred_init)(obs)
+        init = kernel_init(self.deferred_init, HEAD_SCALES["actor"])
+        head = nn.Dense(self.spec.action_dim, kernel_init=init)(x)
         if self.spec.discrete:
             return head, None
         log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
@@ -107,11 +148,13 @@ class Critic(nn.Module):
 
     hidden_sizes: Sequence[int]
     activation: str
+    deferred_init: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = MLP(self.hidden_sizes, self.activation)(obs)
-        return nn.Dense(1, kernel_init=orthogonal(1.0))(x)[..., 0]
+        x = MLP(self.hidden_sizes, self.activation, self.deferred_init)(obs)
+        init = kernel_init(self.deferred_init, HEAD_SCALES["critic"])
+        return nn.Dense(1, kernel_init=init)(x)[..., 0]
 
 
 def build_networks(
@@ -126,8 +169,24 @@ def build_networks(
 def init_params(
     key: jax.Array, spec: EnvSpec, hidden_sizes: Sequence[int], activation: str
 ) -> dict:
-    """Parameters ``{"actor": ..., "critic": ...}`` for observations of size spec.obs_dim."""
-    actor, critic = build_networks(spec, hidden_sizes, activation)
+    """Parameters ``{"actor": ..., "critic": ...}`` for observations of size spec.obs_dim.
+
+    The same values as the modules' own ``init`` (orthogonal kernels, zero biases), with the
+    QR factorisations of all layers done in one batched loop (``orthogonalize``).
+    """
     actor_key, critic_key = jax.random.split(key)
     dummy = jnp.zeros((spec.obs_dim,), jnp.float32)
-    return {"actor": actor.init(actor_key, dummy), "critic": critic.init(critic_key, dummy)}
+    hidden = tuple(hidden_sizes)
+    draws = {
+        "actor": Actor(spec, hidden, activation, deferred_init=True).init(actor_key, dummy),
+        "critic": Critic(hidden, activation, deferred_init=True).init(critic_key, dummy),
+    }
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(draws)[0], strict=True)
+    names = [tuple(getattr(entry, "key", None) for entry in path) for path in paths]
+    kernels = [index for index, name in enumerate(names) if name[-1] == "kernel"]
+    scales = [HIDDEN_SCALE if "MLP_0" in names[i] else HEAD_SCALES[names[i][0]] for i in kernels]
+    orthogonal_kernels = orthogonalize([leaves[i] for i in kernels], scales)
+    values = list(leaves)
+    for index, kernel in zip(kernels, orthogonal_kernels, strict=True):
+        values[index] = kernel
+    return jax.tree.unflatten(jax.tree.structure(draws), values)
