@@ -96,18 +96,23 @@ def update_step(
     start = RolloutCarry(
         state.env_state, state.obs, rollout_key, state.obs_stats, state.reward_normalizer
     )
-    carry, transitions = collect_rollout(agent, config, state.params, start)
-    batch = make_batch(agent, config, state.params, transitions)
-    optimized, loss_metrics = update_epochs(
-        agent,
-        config,
-        optimizer,
-        OptimizerCarry(state.params, state.opt_state),
-        batch,
-        state.kl_coef,
-        update_key,
-    )
-    kl = policy_kl(agent, optimized.params, batch)
+    # The named scopes label the compiled ops by phase for profiles (benchmarks/profile.py).
+    with jax.named_scope("rollout"):
+        carry, transitions = collect_rollout(agent, config, state.params, start)
+    with jax.named_scope("gae"):
+        batch = make_batch(agent, config, state.params, transitions)
+    with jax.named_scope("epochs"):
+        optimized, loss_metrics = update_epochs(
+            agent,
+            config,
+            optimizer,
+            OptimizerCarry(state.params, state.opt_state),
+            batch,
+            state.kl_coef,
+            update_key,
+        )
+    with jax.named_scope("post_update_kl"):
+        kl = policy_kl(agent, optimized.params, batch)
     env_steps = state.env_steps + config.batch_size
     metrics = {
         **episode_metrics(transitions),
