@@ -8,6 +8,7 @@ plain XLA ops cannot, so vmapping ``train`` over seeds never hangs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -103,24 +104,17 @@ HIDDEN_SCALE = math.sqrt(2.0)  # gain of the hidden layers (tanh/relu MLPs)
 HEAD_SCALES = {"actor": 0.01, "critic": 1.0}  # small policy logits, unit-scale values
 
 
-def kernel_init(deferred: bool, scale: float) -> Callable[..., jax.Array]:
-    """orthogonal(scale), or with ``deferred`` the Gaussian draw alone, which
-    ``init_params`` orthogonalizes for all layers at once."""
-    return gaussian_for_orthogonal if deferred else orthogonal(scale)
-
-
 class MLP(nn.Module):
     """Hidden layers of ``hidden_sizes`` with ``activation``, orthogonal(sqrt 2) init."""
 
     hidden_sizes: Sequence[int]
     activation: str
-    deferred_init: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATION_FNS[self.activation]
         for size in self.hidden_sizes:
-            x = act(nn.Dense(size, kernel_init=kernel_init(self.deferred_init, HIDDEN_SCALE))(x))
+            x = act(nn.Dense(size, kernel_init=orthogonal(HIDDEN_SCALE))(x))
         return x
 
 
@@ -130,13 +124,11 @@ class Actor(nn.Module):
     spec: EnvSpec
     hidden_sizes: Sequence[int]
     activation: str
-    deferred_init: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
-        x = MLP(self.hidden_sizes, self.activation, self.deferred_init)(obs)
-        init = kernel_init(self.deferred_init, HEAD_SCALES["actor"])
-        head = nn.Dense(self.spec.action_dim, kernel_init=init)(x)
+        x = MLP(self.hidden_sizes, self.activation)(obs)
+        head = nn.Dense(self.spec.action_dim, kernel_init=orthogonal(HEAD_SCALES["actor"]))(x)
         if self.spec.discrete:
             return head, None
         log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
@@ -148,13 +140,11 @@ class Critic(nn.Module):
 
     hidden_sizes: Sequence[int]
     activation: str
-    deferred_init: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = MLP(self.hidden_sizes, self.activation, self.deferred_init)(obs)
-        init = kernel_init(self.deferred_init, HEAD_SCALES["critic"])
-        return nn.Dense(1, kernel_init=init)(x)[..., 0]
+        x = MLP(self.hidden_sizes, self.activation)(obs)
+        return nn.Dense(1, kernel_init=orthogonal(HEAD_SCALES["critic"]))(x)[..., 0]
 
 
 def build_networks(
@@ -169,24 +159,35 @@ def build_networks(
 def init_params(
     key: jax.Array, spec: EnvSpec, hidden_sizes: Sequence[int], activation: str
 ) -> dict:
-    """Parameters ``{"actor": ..., "critic": ...}`` for observations of size spec.obs_dim.
+    """Parameters ``{"actor": ..., "critic": ...}`` for observations of size spec.obs_dim:
+    orthogonal kernels (gain sqrt 2 for hidden layers, 0.01 for the policy head, 1 for the
+    value head), zero biases and zero log_std.
 
-    The same values as the modules' own ``init`` (orthogonal kernels, zero biases), with the
-    QR factorisations of all layers done in one batched loop (``orthogonalize``).
+    The Gaussian draws of all kernels come from one PRNG call and their QR factorisations
+    from one batched loop (``orthogonalize``): each ``jax.random.normal`` call compiles to a
+    sizeable program of its own, so one call per layer made init the slowest part of
+    ``train`` to compile.
     """
-    actor_key, critic_key = jax.random.split(key)
-    dummy = jnp.zeros((spec.obs_dim,), jnp.float32)
     hidden = tuple(hidden_sizes)
-    draws = {
-        "actor": Actor(spec, hidden, activation, deferred_init=True).init(actor_key, dummy),
-        "critic": Critic(hidden, activation, deferred_init=True).init(critic_key, dummy),
-    }
-    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(draws)[0], strict=True)
+    dummy = jnp.zeros((spec.obs_dim,), jnp.float32)
+    shapes = jax.eval_shape(
+        lambda: {
+            "actor": Actor(spec, hidden, activation).init(jax.random.key(0), dummy),
+            "critic": Critic(hidden, activation).init(jax.random.key(0), dummy),
+        }
+    )
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(shapes)[0], strict=True)
     names = [tuple(getattr(entry, "key", None) for entry in path) for path in paths]
     kernels = [index for index, name in enumerate(names) if name[-1] == "kernel"]
+    sizes = [math.prod(leaves[index].shape) for index in kernels]
+    draws = jnp.split(jax.random.normal(key, (sum(sizes),)), list(itertools.accumulate(sizes))[:-1])
+    gaussians = []
+    for index, draw in zip(kernels, draws, strict=True):
+        rows, cols = leaves[index].shape
+        tall = draw.reshape(max(rows, cols), min(rows, cols))
+        gaussians.append(tall.T if rows < cols else tall)
     scales = [HIDDEN_SCALE if "MLP_0" in names[i] else HEAD_SCALES[names[i][0]] for i in kernels]
-    orthogonal_kernels = orthogonalize([leaves[i] for i in kernels], scales)
-    values = list(leaves)
-    for index, kernel in zip(kernels, orthogonal_kernels, strict=True):
+    values = [jnp.zeros(leaf.shape, leaf.dtype) for leaf in leaves]
+    for index, kernel in zip(kernels, orthogonalize(gaussians, scales), strict=True):
         values[index] = kernel
-    return jax.tree.unflatten(jax.tree.structure(draws), values)
+    return jax.tree.unflatten(jax.tree.structure(shapes), values)

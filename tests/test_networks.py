@@ -31,6 +31,35 @@ def test_householder_q_has_orthonormal_columns_and_reproduces_the_matrix():
     np.testing.assert_allclose(q @ r, matrix, atol=2e-5)
 
 
+def test_init_params_gives_scaled_orthogonal_kernels_and_zero_biases():
+    spec = make_env("Pendulum-v1").spec
+    params = init_params(jax.random.key(0), spec, (64, 32), "tanh")
+    scales = {
+        ("actor", "MLP_0", "Dense_0"): np.sqrt(2),
+        ("actor", "MLP_0", "Dense_1"): np.sqrt(2),
+        ("actor", "Dense_0"): 0.01,
+        ("critic", "MLP_0", "Dense_0"): np.sqrt(2),
+        ("critic", "MLP_0", "Dense_1"): np.sqrt(2),
+        ("critic", "Dense_0"): 1.0,
+    }
+    for path, scale in scales.items():
+        layer = params[path[0]]["params"]
+        for name in path[1:]:
+            layer = layer[name]
+        kernel = np.asarray(layer["kernel"]) / scale
+        small = min(kernel.shape)
+        gram = kernel.T @ kernel if kernel.shape[0] >= kernel.shape[1] else kernel @ kernel.T
+        np.testing.assert_allclose(gram, np.eye(small), atol=1e-5, err_msg=str(path))
+        np.testing.assert_array_equal(layer["bias"], 0.0)
+    np.testing.assert_array_equal(params["actor"]["params"]["log_std"], 0.0)
+    other = init_params(jax.random.key(1), spec, (64, 32), "tanh")
+    first = params["actor"]["params"]["MLP_0"]["Dense_0"]["kernel"]
+    assert not np.allclose(first, other["actor"]["params"]["MLP_0"]["Dense_0"]["kernel"])
+    # every layer gets its own draw
+    hidden = params["critic"]["params"]["MLP_0"]["Dense_0"]["kernel"]
+    assert not np.allclose(np.abs(first), np.abs(hidden))
+
+
 def _custom_calls(init_fn) -> set[str]:
     keys = jax.random.split(jax.random.key(0), 8)
     text = jax.jit(jax.vmap(init_fn)).lower(keys).compile().as_text()
