@@ -34,9 +34,11 @@ def learning_rate_at(config: PPOConfig, gradient_step: jax.Array) -> jax.Array:
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     """Global-norm gradient clipping, then Adam (eps 1e-5) with the (annealed) learning rate."""
-    return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(functools.partial(learning_rate_at, config), eps=1e-5),
+    return optax.flatten(
+        optax.chain(
+            optax.clip_by_global_norm(config.max_grad_norm),
+            optax.adam(functools.partial(learning_rate_at, config), eps=1e-5),
+        )
     )
 
 
@@ -164,10 +166,9 @@ def permutation(key: jax.Array, size: int) -> jax.Array:
     index_bits = max(size - 1, 1).bit_length()
     mask = jnp.uint32((1 << index_bits) - 1)
     order = jnp.arange(size, dtype=jnp.int32)
-    for round_key in jax.random.split(key, sort_rounds(size)):
-        packed = (jax.random.bits(round_key, (size,), jnp.uint32) << index_bits) | jnp.arange(
-            size, dtype=jnp.uint32
-        )
+    random_bits = jax.random.bits(key, (sort_rounds(size), size), jnp.uint32)
+    for bits in random_bits:
+        packed = (bits << index_bits) | jnp.arange(size, dtype=jnp.uint32)
         order = order[(jnp.sort(packed) & mask).astype(jnp.int32)]
     return order
 
