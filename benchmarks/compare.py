@@ -1,0 +1,544 @@
+"""ppojax against rejax on the same PPO configurations, in the same process, runs alternating.
+
+    python benchmarks/compare.py [--configs cartpole cartpole-2048 pendulum breakout]
+                                 [--seeds 1 8] [--pairs 5] [--tag cpu-2core]
+
+For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled once
+(compile time measured apart), then run ``--pairs`` times each with fresh keys, alternating
+which library goes first. A pair's ratio is ppojax's env steps/s over rejax's (run time only);
+the report gives the median ratio. Final returns come from the same evaluation for both
+libraries: 128 episodes of each trained policy (sampled actions) through ppojax's evaluator.
+
+In the same run, the speed limits of the CartPole configuration: the environment alone under
+vmap with random actions, and the rollout alone (env + policy forward pass, no update), so the
+report shows what fraction of the achievable speed the full training loop reaches. For the
+2048-env configuration it counts the FLOPs per env step and measures a matmul of the same
+shapes, for the achieved fraction of the machine's matmul throughput.
+
+rejax 0.1.3 (``pip install -e '.[bench]'``) uses gymnax's old five-value ``step``; its env is
+wrapped in ``LegacyStepAPIWrapper`` (see KNOWN-ISSUES). rejax's periodic evaluation is switched
+off for the timed runs (ppojax's training loop has none either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import machine_description  # noqa: E402
+
+import ppojax  # noqa: E402
+from ppojax.evaluate import evaluate, make_act  # noqa: E402
+from ppojax.rollout import RolloutCarry, collect_rollout  # noqa: E402
+from ppojax.train import init_state, make_agent  # noqa: E402
+
+EVAL_EPISODES = 128
+
+CONFIGS: dict[str, ppojax.PPOConfig] = {
+    # The classic CartPole config: 4 envs x 128 steps, 4 epochs x 4 minibatches, 500k steps.
+    "cartpole": ppojax.PPOConfig(),
+    # Many envs per update: 2048 envs x 16 steps, 4 epochs x 4 minibatches of 8192.
+    "cartpole-2048": ppojax.PPOConfig(num_envs=2048, num_steps=16, total_timesteps=2_097_152),
+    # ppojax's Pendulum preset (obs and reward normalization, 256-256 networks) at 500k steps.
+    "pendulum": ppojax.PPOConfig.preset("Pendulum-v1", total_timesteps=524_288),
+    # Breakout-MinAtar with an MLP on the flattened 10x10x4 frame, a short budget.
+    "breakout": ppojax.PPOConfig(
+        env_id="Breakout-MinAtar",
+        num_envs=64,
+        num_steps=128,
+        update_epochs=4,
+        num_minibatches=8,
+        total_timesteps=524_288,
+        learning_rate=5e-4,
+        hidden_sizes=(256, 256),
+        activation="relu",
+    ),
+}
+
+# Seed counts and timed pairs per configuration unless --seeds / --pairs say otherwise: the
+# classic config at 1 and 8 seeds, the heavier ones at 1 seed.
+DEFAULT_SEEDS = {"cartpole": (1, 8), "cartpole-2048": (1,), "pendulum": (1,), "breakout": (1,)}
+DEFAULT_PAIRS = {"cartpole": 5, "cartpole-2048": 3, "pendulum": 3, "breakout": 3}
+
+
+# --------------------------------------------------------------------------------------------
+# The two libraries, each as (jitted train over seeds, steps per seed, act for evaluation)
+
+
+def ppojax_runner(config: ppojax.PPOConfig):
+    train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
+
+    def run(compiled, keys):
+        return compiled(config, keys)
+
+    def lower(keys):
+        return train_seeds.lower(config, keys)
+
+    def act(out, seed: int):
+        return make_act(config, jax.tree.map(lambda leaf: leaf[seed], out.state))
+
+    def training_returns(out) -> np.ndarray:
+        returns = np.asarray(out.metrics["episode_return"])[:, -10:]
+        return np.nanmean(returns, axis=1)
+
+    return lower, run, act, training_returns
+
+
+def legacy_step_env(env: Any) -> Any:
+    """gymnax 1.0's env with the old five-value ``step`` that rejax 0.1.3 unpacks."""
+    from gymnax.wrappers import LegacyStepAPIWrapper
+
+    class LegacyStep(LegacyStepAPIWrapper):
+        def __getattr__(self, name: str) -> Any:
+            # rejax deep-copies its env; copy probes attributes of an instance whose _env is
+            # not set yet, and the wrapper's lookup of _env would recurse forever.
+            if name == "_env":
+                raise AttributeError(name)
+            return super().__getattr__(name)
+
+    return LegacyStep(env)
+
+
+def rejax_algo(config: ppojax.PPOConfig):
+    """rejax's PPO with the same hyperparameters and networks as ``config``."""
+    import gymnax
+    from rejax import PPO
+
+    env, env_params = gymnax.make(config.env_id)
+    algo = PPO.create(
+        env=legacy_step_env(env),
+        env_params=env_params,
+        num_envs=config.num_envs,
+        num_steps=config.num_steps,
+        num_epochs=config.update_epochs,
+        num_minibatches=config.num_minibatches,
+        total_timesteps=config.num_updates * config.batch_size,
+        eval_freq=config.num_updates * config.batch_size,
+        skip_initial_evaluation=True,
+        learning_rate=config.learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+        clip_eps=config.clip_eps,
+        ent_coef=config.ent_coef,
+        vf_coef=config.vf_coef,
+        normalize_observations=config.normalize_observations,
+        normalize_rewards=config.normalize_rewards,
+        agent_kwargs={"activation": config.activation, "hidden_layer_sizes": config.hidden_sizes},
+    )
+    # No evaluation inside the timed training: ppojax's loop has none either.
+    return algo.replace(eval_callback=lambda algo, ts, key: jnp.zeros(()))
+
+
+def rejax_runner(config: ppojax.PPOConfig):
+    algo = rejax_algo(config)
+    train_seeds = jax.jit(jax.vmap(algo.train))
+
+    def lower(keys):
+        return train_seeds.lower(keys)
+
+    def run(compiled, keys):
+        return compiled(keys)
+
+    def act(out, seed: int):
+        train_state = jax.tree.map(lambda leaf: leaf[seed], out[0])
+        core = jax.jit(algo.make_act(train_state))
+
+        def batched(obs, key, deterministic=False):
+            keys = jax.random.split(key, obs.shape[0])
+            return jax.vmap(core)(obs, keys)
+
+        return batched
+
+    def training_returns(out) -> np.ndarray:
+        return np.full(jax.tree.leaves(out)[0].shape[0], np.nan)
+
+    return lower, run, act, training_returns
+
+
+RUNNERS = {"ppojax": ppojax_runner, "rejax": rejax_runner}
+
+
+def keys_for(seeds: int, repeat: int) -> jax.Array:
+    return jax.random.split(jax.random.key(1000 + repeat), seeds)
+
+
+def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
+    """Compile both libraries, then ``pairs`` alternating timed runs of each."""
+    steps = seeds * config.num_updates * config.batch_size
+    libraries = {}
+    for name, make in RUNNERS.items():
+        lower, run, act, training_returns = make(config)
+        start = time.perf_counter()
+        compiled = lower(keys_for(seeds, 0)).compile()
+        compile_seconds = time.perf_counter() - start
+        libraries[name] = {
+            "compiled": compiled,
+            "run": run,
+            "act": act,
+            "training_returns": training_returns,
+            "compile_seconds": compile_seconds,
+            "run_seconds": [],
+            "out": None,
+        }
+    for repeat in range(pairs):
+        order = list(RUNNERS) if repeat % 2 == 0 else list(reversed(RUNNERS))
+        for name in order:
+            library = libraries[name]
+            keys = keys_for(seeds, repeat)
+            start = time.perf_counter()
+            library["out"] = jax.block_until_ready(library["run"](library["compiled"], keys))
+            library["run_seconds"].append(time.perf_counter() - start)
+    ratios = [
+        rejax_seconds / ppojax_seconds
+        for ppojax_seconds, rejax_seconds in zip(
+            libraries["ppojax"]["run_seconds"], libraries["rejax"]["run_seconds"], strict=True
+        )
+    ]
+    result: dict[str, Any] = {
+        "seeds": seeds,
+        "env_steps": steps,
+        "ratios": [round(ratio, 3) for ratio in ratios],
+        "median_ratio": round(statistics.median(ratios), 3),
+    }
+    for name, library in libraries.items():
+        out = library["out"]
+        final = [
+            float(np.mean(evaluate(config, library["act"](out, seed), EVAL_EPISODES, seed=seed)))
+            for seed in range(seeds)
+        ]
+        median_seconds = statistics.median(library["run_seconds"])
+        result[name] = {
+            "compile_seconds": round(library["compile_seconds"], 2),
+            "run_seconds": [round(value, 3) for value in library["run_seconds"]],
+            "env_steps_per_second": round(steps / median_seconds),
+            "eval_return_per_seed": [round(value, 1) for value in final],
+            "eval_return_mean": round(float(np.mean(final)), 1),
+            "training_return_last_10_updates": [
+                round(float(value), 1) for value in library["training_returns"](out)
+            ],
+        }
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# The limits: env alone, rollout alone, FLOPs and matmul
+
+
+def timed(function, *args, repeats: int = 3) -> tuple[float, float]:
+    """(compile seconds, median run seconds) of ``jax.jit(function)(*args)``."""
+    start = time.perf_counter()
+    compiled = jax.jit(function).lower(*args).compile()
+    compile_seconds = time.perf_counter() - start
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        seconds.append(time.perf_counter() - start)
+    return compile_seconds, statistics.median(seconds)
+
+
+def env_only(config: ppojax.PPOConfig, seeds: int) -> dict:
+    """Env steps/s of the raw gymnax env under vmap with uniformly random actions (auto-reset
+    included), the same number of steps and envs as training."""
+    import gymnax
+
+    env, env_params = gymnax.make(config.env_id)
+    envs = seeds * config.num_envs
+    steps = config.num_updates * config.num_steps
+    spec = make_agent(config).env.spec
+
+    def random_action(key):
+        if spec.discrete:
+            return jax.random.randint(key, (envs,), 0, spec.action_dim)
+        shape = (envs,) + tuple(env.action_space(env_params).shape)
+        return jax.random.uniform(key, shape, minval=-1.0, maxval=1.0)
+
+    def run(key):
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, envs), env_params)
+
+        def step(carry, _):
+            state, key, total = carry
+            key, action_key, step_key = jax.random.split(key, 3)
+            obs, state, reward, _, _, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(step_key, envs), state, random_action(action_key), env_params
+            )
+            return (state, key, total + reward.sum() + obs.sum()), None
+
+        (_, _, total), _ = jax.lax.scan(step, (state, key, jnp.float32(0)), None, steps)
+        return total
+
+    compile_seconds, seconds = timed(run, jax.random.key(0))
+    return {
+        "compile_seconds": round(compile_seconds, 2),
+        "env_steps_per_second": round(envs * steps / seconds),
+    }
+
+
+def rollout_only(config: ppojax.PPOConfig, seeds: int) -> dict:
+    """Env steps/s of ppojax's rollout (env + actor/critic forward pass + action sampling),
+    num_updates rollouts of num_steps with fixed parameters, vmapped over seeds."""
+    agent = make_agent(config)
+
+    def one_seed(key):
+        state = init_state(config, key)
+        carry = RolloutCarry(
+            state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
+        )
+
+        def rollout(carry, _):
+            carry, transitions = collect_rollout(agent, config, state.params, carry)
+            return carry, transitions.reward.sum()
+
+        _, rewards = jax.lax.scan(rollout, carry, None, config.num_updates)
+        return rewards.sum()
+
+    keys = jax.random.split(jax.random.key(0), seeds)
+    compile_seconds, seconds = timed(jax.vmap(one_seed), keys)
+    steps = seeds * config.num_updates * config.batch_size
+    return {
+        "compile_seconds": round(compile_seconds, 2),
+        "env_steps_per_second": round(steps / seconds),
+    }
+
+
+def mlp_flops(sizes: tuple[int, ...]) -> int:
+    """Multiply-adds x 2 of one sample through dense layers of ``sizes``."""
+    return sum(2 * a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+
+
+def flops_per_env_step(config: ppojax.PPOConfig) -> dict:
+    """Dense-layer FLOPs per env step: the rollout's forward pass of actor and critic, plus
+    per epoch one forward and backward pass (backward = 2 x forward) over every sample."""
+    spec = make_agent(config).env.spec
+    actor = mlp_flops((spec.obs_dim, *config.hidden_sizes, spec.action_dim))
+    critic = mlp_flops((spec.obs_dim, *config.hidden_sizes, 1))
+    forward = actor + critic
+    total = forward + config.update_epochs * 3 * forward
+    return {"forward": forward, "per_env_step": total}
+
+
+def matmul_throughput(config: ppojax.PPOConfig) -> dict:
+    """FLOP/s of the update's dense layers alone: [minibatch, a] x [a, b] products of the
+    networks' shapes, forward and both backward products, as one jitted loop."""
+    spec = make_agent(config).env.spec
+    rows = config.minibatch_size
+    shapes = []
+    for out_dim in (spec.action_dim, 1):
+        sizes = (spec.obs_dim, *config.hidden_sizes, out_dim)
+        shapes += list(zip(sizes[:-1], sizes[1:], strict=True))
+    key = jax.random.key(0)
+    inputs = [jax.random.normal(key, (rows, a)) for a, _ in shapes]
+    weights = [jax.random.normal(key, (a, b)) * 0.01 for a, b in shapes]
+    grads_out = [jax.random.normal(key, (rows, b)) for _, b in shapes]
+    loops = 200
+
+    def run(inputs, weights, grads_out):
+        def body(carry, _):
+            total = carry
+            for x, w, g in zip(inputs, weights, grads_out, strict=True):
+                y = (x + total) @ w  # forward
+                dx = g @ w.T  # backward to the input
+                dw = x.T @ (g + total)  # backward to the weights
+                total = total + y.sum() * 1e-9 + dx.sum() * 1e-9 + dw.sum() * 1e-9
+            return total, None
+
+        total, _ = jax.lax.scan(body, jnp.float32(0), None, loops)
+        return total
+
+    _, seconds = timed(run, inputs, weights, grads_out)
+    flops = loops * sum(3 * 2 * rows * a * b for a, b in shapes)
+    return {"rows": rows, "shapes": shapes, "flops_per_second": round(flops / seconds)}
+
+
+def xla_flops(config: ppojax.PPOConfig) -> float | None:
+    """FLOPs of one update as XLA's cost analysis counts them (all ops, not just matmuls)."""
+    agent = make_agent(config)
+    del agent
+    state = init_state(config, jax.random.key(0))
+    from ppojax.train import run_updates
+
+    lowered = jax.jit(functools.partial(run_updates, config, num_updates=1)).lower(state)
+    analysis = lowered.compile().cost_analysis()
+    if isinstance(analysis, list):
+        analysis = analysis[0]
+    return float(analysis.get("flops", float("nan"))) if analysis else None
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def describe(config: ppojax.PPOConfig) -> dict:
+    return {
+        field.name: getattr(config, field.name)
+        for field in dataclasses.fields(config)
+        if field.name
+        in (
+            "env_id",
+            "num_envs",
+            "num_steps",
+            "total_timesteps",
+            "update_epochs",
+            "num_minibatches",
+            "hidden_sizes",
+            "activation",
+            "learning_rate",
+            "normalize_observations",
+            "normalize_rewards",
+        )
+    }
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(name, result) for name, block in report["configs"].items() for result in block["runs"]]
+    labels = [f"{name}\n{result['seeds']} seed(s)" for name, result in rows]
+    positions = np.arange(len(rows))
+    figure, (speed, ratio) = plt.subplots(1, 2, figsize=(12, 4))
+    for offset, library in ((-0.2, "ppojax"), (0.2, "rejax")):
+        speed.bar(
+            positions + offset,
+            [result[library]["env_steps_per_second"] / 1e3 for _, result in rows],
+            width=0.4,
+            label=library,
+        )
+    limits = report["configs"].get("cartpole", {}).get("limits", {})
+    for seeds, limit in limits.items():
+        for index, (name, result) in enumerate(rows):
+            if name == "cartpole" and str(result["seeds"]) == seeds:
+                speed.plot(
+                    [index - 0.4, index + 0.4],
+                    [limit["rollout_only"]["env_steps_per_second"] / 1e3] * 2,
+                    color="black",
+                    linestyle="--",
+                )
+    speed.set_xticks(positions, labels, fontsize=8)
+    speed.set_ylabel("env steps / s (thousands), run time only")
+    speed.set_yscale("log")
+    speed.legend()
+    speed.set_title("throughput (dashed: ppojax rollout only)")
+    ratio.bar(positions, [result["median_ratio"] for _, result in rows], color="tab:green")
+    for index, (_, result) in enumerate(rows):
+        ratio.scatter([index] * len(result["ratios"]), result["ratios"], color="black", s=8)
+    ratio.axhline(1.0, color="grey", linewidth=0.8)
+    ratio.axhline(1.3, color="tab:red", linestyle=":", linewidth=0.8)
+    ratio.set_xticks(positions, labels, fontsize=8)
+    ratio.set_ylabel("ppojax / rejax env steps/s (pairs; bar = median)")
+    figure.suptitle(f"ppojax vs rejax 0.1.3 — {report['date'][:10]}, {report['machine']['cpu']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--seeds", type=int, nargs="+", help="seed counts (default per config)")
+    parser.add_argument("--pairs", type=int, help="timed runs of each library (default per config)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
+    args = parser.parse_args()
+    report: dict[str, Any] = {
+        "benchmark": "compare",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
+        "machine": machine_description(),
+        "versions": {"ppojax": ppojax.__version__, "rejax": _version("rejax")},
+        "configs": {},
+    }
+    for name in args.configs:
+        config = CONFIGS[name]
+        block: dict[str, Any] = {"config": describe(config), "runs": []}
+        for seeds in args.seeds or DEFAULT_SEEDS[name]:
+            result = compare_pair(config, seeds, args.pairs or DEFAULT_PAIRS[name])
+            block["runs"].append(result)
+            print(
+                f"{name}, {seeds} seed(s): ppojax {result['ppojax']['env_steps_per_second']:,} "
+                f"steps/s (compile {result['ppojax']['compile_seconds']} s, eval return "
+                f"{result['ppojax']['eval_return_mean']}), rejax "
+                f"{result['rejax']['env_steps_per_second']:,} (compile "
+                f"{result['rejax']['compile_seconds']} s, eval return "
+                f"{result['rejax']['eval_return_mean']}); median ratio {result['median_ratio']} "
+                f"of {result['ratios']}",
+                flush=True,
+            )
+        if name == "cartpole":
+            block["limits"] = {}
+            for run in block["runs"]:
+                seeds = run["seeds"]
+                limits = {
+                    "env_only": env_only(config, seeds),
+                    "rollout_only": rollout_only(config, seeds),
+                }
+                train_speed = run["ppojax"]["env_steps_per_second"]
+                limits["training_fraction_of_rollout_only"] = round(
+                    train_speed / limits["rollout_only"]["env_steps_per_second"], 3
+                )
+                limits["training_fraction_of_env_only"] = round(
+                    train_speed / limits["env_only"]["env_steps_per_second"], 3
+                )
+                block["limits"][str(seeds)] = limits
+                print(f"{name}, {seeds} seed(s) limits: {limits}", flush=True)
+        if name == "cartpole-2048":
+            flops = flops_per_env_step(config)
+            matmul = matmul_throughput(config)
+            achieved = {}
+            for run in block["runs"]:
+                speed = run["ppojax"]["env_steps_per_second"]
+                achieved[str(run["seeds"])] = {
+                    "flops_per_second": round(speed * flops["per_env_step"]),
+                    "fraction_of_matmul": round(
+                        speed * flops["per_env_step"] / matmul["flops_per_second"], 3
+                    ),
+                    "rejax_fraction_of_matmul": round(
+                        run["rejax"]["env_steps_per_second"]
+                        * flops["per_env_step"]
+                        / matmul["flops_per_second"],
+                        3,
+                    ),
+                }
+            block["flops"] = {
+                **flops,
+                "xla_flops_per_update": xla_flops(config),
+                "matmul": matmul,
+                "achieved": achieved,
+            }
+            print(f"{name} flops: {block['flops']}", flush=True)
+        report["configs"][name] = block
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / f"compare-{args.tag}.json"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {json_path}")
+    plot(report, args.out / f"compare-{args.tag}.png")
+
+
+def _version(package: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    main()
