@@ -26,7 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax import io
-from ppojax.config import PPOConfig
+from ppojax.config import (
+    ConfigError,
+    PPOConfig,
+    check_bool,
+    check_positive_int,
+    show,
+)
 from ppojax.sweeps import grid_points as sweep_grid_points
 from ppojax.train import init_state, make_agent, update_step
 from ppojax.types import METRIC_NAMES, Metrics, TrainState
@@ -48,13 +54,28 @@ class Experiment:
     grid: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be at least 1, got {self.seeds}")
+        if not isinstance(self.config, PPOConfig):
+            raise TypeError(f"Experiment.config must be a PPOConfig, got {show(self.config)}.")
+        check_positive_int("Experiment", "seeds", self.seeds)
+        check_seed("Experiment", "seed", self.seed)
         check_grid(self.config, self.grid)
 
     @property
     def num_runs(self) -> int:
         return self.seeds * math.prod(len(values) for values in self.grid.values())
+
+
+MAX_SEED = 2**31 - 1
+
+
+def check_seed(owner: str, name: str, seed: Any) -> None:
+    """Raise ``ConfigError`` unless ``seed`` is an int in [0, MAX_SEED] (larger ones would
+    collide: ``jax.random.key`` keeps 32 bits of them)."""
+    is_int = isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_))
+    if not is_int or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(
+            name, f"{owner}.{name} must be an int in [0, {MAX_SEED}], got {show(seed, (int,))}."
+        )
 
 
 def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]]) -> None:
@@ -307,6 +328,14 @@ class RunOptions:
     keep_checkpoints: int | None = 3
     tensorboard: bool = False
     progress_reports: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("progress", "tensorboard"):
+            check_bool("RunOptions", name, getattr(self, name))
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) is not None:
+                check_positive_int("RunOptions", name, getattr(self, name))
+        check_positive_int("RunOptions", "progress_reports", self.progress_reports)
 
 
 @dataclasses.dataclass
