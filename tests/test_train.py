@@ -36,6 +36,13 @@ def test_same_key_gives_identical_output(tiny_config, tiny_train):
     assert not np.array_equal(first.metrics["policy_loss"], other.metrics["policy_loss"])
 
 
+def test_old_style_uint32_keys_give_the_same_run_as_typed_keys(tiny_config, tiny_train):
+    typed = tiny_train(tiny_config, jax.random.key(7))
+    raw = tiny_train(tiny_config, jax.random.PRNGKey(7))
+    assert jnp.issubdtype(raw.state.key.dtype, jax.dtypes.prng_key)
+    assert_trees_equal(typed, raw)
+
+
 def test_vmap_over_seeds_equals_separate_runs(tiny_config, tiny_train):
     keys = jax.random.split(jax.random.key(0), 4)
     batched = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(tiny_config, keys)
