@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import importlib.util
 import sys
 import types
@@ -32,7 +33,24 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``ppojax train: error: ... (see ppojax train --help)``."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += close_flags(self, message.split(":", 1)[1].split())
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def close_flags(parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
+    """ " Did you mean --x?" for the first unknown ``--flag`` in ``words`` that is close to a
+    flag of ``parser`` or of its subcommands; "" when none is."""
+    flags = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                flags.update(subparser._option_string_actions)
+    for word in words:
+        close = difflib.get_close_matches(word.split("=")[0], sorted(flags), n=1, cutoff=0.75)
+        if word.startswith("--") and close:
+            return f". Did you mean {close[0]}?"
+    return ""
 
 
 def _parse_bool(text: str) -> bool:
@@ -139,7 +157,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=_parse_int, default=1, help="seeds trained at once (vmap)")
     parser.add_argument("--seed", type=_parse_int, default=0, help="base PRNG seed (default 0)")
     parser.add_argument(
-        "--config", type=Path, help="JSON file of PPOConfig fields, e.g. a run's config.json"
+        "--config",
+        type=Path,
+        help="JSON or TOML file of PPOConfig fields, e.g. a run's config.json",
     )
     parser.add_argument(
         "--out", type=Path, default=Path(DEFAULT_OUT), help="folder for run folders (runs/)"
@@ -235,12 +255,15 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace) -> PPOConfig:
-    """Preset of the env, then the --config file, then the flags."""
+    """Preset of the env, then the --config file (JSON or TOML), then the flags."""
     from ppojax import io
 
-    settings = io.read_config_file(args.config) if args.config else {}
-    env_id = args.env_id or settings.get("env_id", "CartPole-v1")
-    return io.config_from_dict({**settings, "env_id": env_id, **config_overrides(args)})
+    overrides = config_overrides(args)
+    if args.env_id is not None:
+        overrides["env_id"] = args.env_id
+    if args.config is None:
+        return io.config_from_dict(overrides)
+    return io.config_from_file(args.config, **overrides)
 
 
 def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> RunOptions:
@@ -251,6 +274,10 @@ def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> Ru
         raise ValueError("--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    if args.keep_checkpoints < 0:
+        raise ValueError(
+            f"--keep-checkpoints must be 0 (keep all) or more, got {args.keep_checkpoints}"
+        )
     base = saved or RunOptions()
     return dataclasses.replace(
         base,
@@ -275,6 +302,15 @@ def resume(args: argparse.Namespace) -> RunResult:
     return resume_experiment(args.resume, run_options(args, saved))
 
 
+def check_seed_flags(args: argparse.Namespace) -> None:
+    from ppojax.experiment import MAX_SEED
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must lie in [0, {MAX_SEED}], got {args.seed}")
+
+
 def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> int:
     """``ppojax train`` and ``ppojax sweep``: train, fill the run folder, print the result."""
     from ppojax import io
@@ -283,6 +319,7 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     if args.resume is not None:
         result = resume(args)
     else:
+        check_seed_flags(args)
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)
         run_dir = io.new_run_dir(args.out, experiment.config.env_id)
@@ -341,6 +378,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from ppojax import io
     from ppojax.evaluate import evaluate, load, render_gif
 
+    if args.episodes < 1:
+        raise ValueError(f"--episodes must be at least 1, got {args.episodes}")
     config, act = load(args.run_dir, run=args.run)
     returns = evaluate(config, act, args.episodes, args.seed, args.deterministic)
     mode = "deterministic" if args.deterministic else "sampled"

@@ -21,7 +21,9 @@ import importlib.metadata
 import json
 import os
 import platform
+import sys
 import tempfile
+import typing
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.config import PPOConfig
+from ppojax.config import ConfigError, PPOConfig
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
@@ -52,8 +54,12 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """The JSON in ``path``; a ``ValueError`` naming the file when it is not valid JSON."""
     with open(path) as file:
-        return json.load(file)
+        try:
+            return json.load(file)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
 
 
 def _plain(value: Any) -> Any:
@@ -70,30 +76,89 @@ def config_to_dict(config: PPOConfig) -> dict[str, Any]:
     return {field.name: _plain(getattr(config, field.name)) for field in dataclasses.fields(config)}
 
 
+def _optional_fields() -> set[str]:
+    """PPOConfig fields that take None (the feature off)."""
+    hints = typing.get_type_hints(PPOConfig)
+    return {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
+
+
 def config_from_dict(settings: dict[str, Any]) -> PPOConfig:
-    """A validated PPOConfig from ``settings`` (a config.json); missing fields take the env's
-    preset, unknown ones raise ``ValueError`` naming close matches."""
+    """A validated PPOConfig from ``settings`` (a config.json or .toml): missing fields take the
+    env's preset, unknown ones raise ``UnknownFieldError`` naming close matches, lists become
+    tuples, and "none" / "off" switch an optional feature off (TOML has no null)."""
     settings = dict(settings)
     env_id = settings.pop("env_id", "CartPole-v1")
     defaults = {field.name: field.default for field in dataclasses.fields(PPOConfig)}
+    optional = _optional_fields()
     for name, value in settings.items():
         # JSON has no tuples; static fields must stay hashable for jit.
         if isinstance(value, list) and isinstance(defaults.get(name), tuple):
             settings[name] = tuple(value)
+        if name in optional and isinstance(value, str) and value.lower() in ("none", "off"):
+            settings[name] = None
     return PPOConfig.preset(env_id, **settings)
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The settings in a config JSON file: an object of PPOConfig fields."""
+CONFIG_SUFFIXES = (".json", ".toml")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"field {repeated[0]!r} is given more than once")
+    return dict(pairs)
+
+
+def _parse_config_text(path: Path, text: str) -> Any:
+    """JSON or TOML by the file's suffix (never pickle or code: only data is read)."""
+    if path.suffix.lower() == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
+            import tomli as tomllib
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"config file {path} is not valid TOML: {error}") from None
     try:
-        data = read_json(path)
-    except OSError as error:
-        raise ValueError(f"cannot read config file {path}: {error.strerror}") from None
+        return json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as error:
         raise ValueError(f"config file {path} is not valid JSON: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"config file {path}: {error}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The settings in a config file: a JSON object or a TOML table of PPOConfig fields."""
+    path = Path(path)
+    if path.suffix.lower() not in CONFIG_SUFFIXES:
+        raise ValueError(
+            f"config file {path} must be a .json or .toml file of PPOConfig fields, "
+            f"got {path.suffix or 'no suffix'}"
+        )
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read config file {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not text (UTF-8)") from None
+    data = _parse_config_text(path, text)
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a JSON object of PPOConfig fields")
     return data
+
+
+def config_from_file(path: Path, **overrides: Any) -> PPOConfig:
+    """A validated PPOConfig from a JSON or TOML file of fields (the env's preset for the
+    missing ones), with ``overrides`` on top. An error in a value the file set names the file."""
+    settings = read_config_file(path)
+    try:
+        return config_from_dict({**settings, **overrides})
+    except ConfigError as error:
+        if error.field in settings and error.field not in overrides:
+            error.args = (f"config file {path}: {error}",)
+        raise
 
 
 def new_run_dir(out: Path, env_id: str) -> Path:

@@ -205,6 +205,15 @@ def test_config_file_then_flags_override_the_preset(tmp_path):
     assert config.num_steps == 256  # from the Pendulum preset
 
 
+def test_toml_config_file_with_a_flag_on_top(tmp_path):
+    (tmp_path / "c.toml").write_text('env_id = "Pendulum-v1"\nnum_envs = 8\ntarget_kl = "off"\n')
+    args = build_parser().parse_args(
+        ["train", "Acrobot-v1", "--config", str(tmp_path / "c.toml"), "--num-envs", "2"]
+    )
+    config = build_config(args)
+    assert config.env_id == "Acrobot-v1" and config.num_envs == 2 and config.target_kl is None
+
+
 def test_flags_parse_into_config_types():
     args = build_parser().parse_args(
         [

@@ -6,6 +6,7 @@ import pytest
 
 import ppojax
 from ppojax import io
+from ppojax.config import ConfigError, UnknownFieldError
 from ppojax.experiment import Experiment, init_states
 
 
@@ -30,6 +31,50 @@ def test_config_file_errors_name_the_problem(tmp_path):
         io.read_config_file(tmp_path / "list.json")
     with pytest.raises(ValueError, match="cannot read"):
         io.read_config_file(tmp_path / "missing.json")
+
+
+def test_toml_config_files_read_like_json_ones(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        'env_id = "Pendulum-v1"\nhidden_sizes = [32, 16]\nvf_clip_eps = "none"\n'
+        "learning_rate = 3e-4\nanneal_lr = false\n"
+    )
+    config = io.config_from_file(tmp_path / "c.toml", num_envs=8)
+    assert config == ppojax.PPOConfig.preset(
+        "Pendulum-v1",
+        hidden_sizes=(32, 16),
+        vf_clip_eps=None,
+        learning_rate=3e-4,
+        anneal_lr=False,
+        num_envs=8,
+    )
+
+
+def test_errors_from_a_config_file_name_the_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("gamma = 1.5\nnum_envs = 8\n")
+    with pytest.raises(ConfigError, match=f"config file {path}: PPOConfig.gamma .* got 1.5"):
+        io.config_from_file(path)
+    # The value given on top, not the file's, is the one at fault.
+    with pytest.raises(ConfigError, match="^PPOConfig.gamma .* got 2.0"):
+        io.config_from_file(path, gamma=2.0)
+    assert io.config_from_file(path, gamma=0.9).num_envs == 8
+    path.write_text("learning_rat = 1e-3\n")
+    with pytest.raises(
+        UnknownFieldError, match=f"config file {path}: .*Did you mean learning_rate"
+    ):
+        io.config_from_file(path)
+    (tmp_path / "twice.json").write_text('{"gamma": 0.9, "gamma": 0.8}')
+    with pytest.raises(ValueError, match="twice.json: field 'gamma' is given more than once"):
+        io.read_config_file(tmp_path / "twice.json")
+    (tmp_path / "c.pkl").write_bytes(b"\x80\x04N.")
+    with pytest.raises(ValueError, match=r"c.pkl must be a .json or .toml file"):
+        io.read_config_file(tmp_path / "c.pkl")
+
+
+def test_a_run_file_that_is_not_json_is_named(tmp_path):
+    (tmp_path / "run.json").write_text('{"seeds": 2')
+    with pytest.raises(ValueError, match="run.json is not valid JSON"):
+        io.read_json(tmp_path / "run.json")
 
 
 def test_write_json_leaves_no_temporary_files(tmp_path):
