@@ -28,6 +28,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "grad_norm",  # global gradient norm before clipping, mean over minibatches
     "env_steps",  # environment steps taken so far, over all envs
     "gradient_steps",  # minibatch steps taken in this update (fewer after a target_kl stop)
+    # minibatch steps the divergence guard skipped: their loss, gradients, new parameters or
+    # optimizer state held a NaN or inf (0 in a healthy run; all of them once it diverged)
+    "nonfinite_steps",
     "kl",  # analytic KL(pi_old || pi_new) after the update, mean over the rollout
     "kl_coef",  # the penalty coefficient beta used in this update
 )

@@ -116,6 +116,12 @@ class EpochCarry(NamedTuple):
     stopped: jax.Array  # True once a minibatch's approx_kl passed stop_kl
 
 
+def all_finite(*trees: Any) -> jax.Array:
+    """True (a scalar) when no float in ``trees`` is NaN or infinite."""
+    leaves = [leaf for leaf in jax.tree.leaves(trees) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]).all()
+
+
 def gradient_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -125,19 +131,29 @@ def gradient_step(
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
     """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
 
-    With ``stop_kl``, the step is skipped (parameters and optimizer state kept) when its
-    approximate KL before the step exceeds ``stop_kl`` or an earlier step stopped.
+    The step is skipped (parameters and optimizer state kept) when its loss, gradients, new
+    parameters or new optimizer state hold a NaN or inf (counted in ``nonfinite_steps``: the
+    divergence guard), and, with ``stop_kl``, when its approximate KL before the step exceeds
+    ``stop_kl`` or an earlier step stopped. A step with nothing non-finite is taken exactly as
+    computed.
     """
     old = carry.optimizer
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(old.params, minibatch)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
     new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
     metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
-    if stop_kl is None:
-        return EpochCarry(new, carry.stopped), {**metrics, "gradient_steps": jnp.float32(1)}
-    take = jnp.logical_and(~carry.stopped, metrics["approx_kl"] <= stop_kl)
+    finite = all_finite(loss, grads, new)
+    take, stopped = finite, carry.stopped
+    if stop_kl is not None:
+        kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
+        take = finite & ~carry.stopped & ~kl_stop
+        stopped = carry.stopped | kl_stop
     kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
-    return EpochCarry(kept, ~take), {**metrics, "gradient_steps": take.astype(jnp.float32)}
+    counts = {
+        "gradient_steps": take.astype(jnp.float32),
+        "nonfinite_steps": (~finite & ~carry.stopped).astype(jnp.float32),
+    }
+    return EpochCarry(kept, stopped), {**metrics, **counts}
 
 
 def shuffle_into_minibatches(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
@@ -163,7 +179,9 @@ def run_epochs(
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves) in freshly shuffled
     minibatches, one gradient step each, all skipped from the first minibatch whose approx_kl
-    exceeds ``stop_kl``. Metrics are means over the steps taken; ``gradient_steps`` counts them.
+    exceeds ``stop_kl``, and any whose result is not finite. Metrics are means over the steps
+    taken (NaN when none was); ``gradient_steps`` counts them, ``nonfinite_steps`` the steps
+    the divergence guard skipped.
     """
     step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
 
@@ -174,9 +192,16 @@ def run_epochs(
     start = EpochCarry(carry, jnp.bool_(False))
     end, metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
     taken = metrics.pop("gradient_steps")
+    skipped = metrics.pop("nonfinite_steps").sum()
     count = taken.sum()
-    means = jax.tree.map(lambda x: (x * taken).sum() / jnp.maximum(count, 1.0), metrics)
-    return end.optimizer, {**means, "gradient_steps": count}
+
+    def mean_over_taken(values: jax.Array) -> jax.Array:
+        # where, not a product with ``taken``: a skipped step's NaN times 0 is still NaN.
+        total = jnp.where(taken > 0, values, 0.0).sum()
+        return jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
+
+    means = jax.tree.map(mean_over_taken, metrics)
+    return end.optimizer, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 
 def update_epochs(

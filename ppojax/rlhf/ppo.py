@@ -41,6 +41,7 @@ PPO_METRICS = (
     "approx_kl",  # (r - 1) - log r between old and current policy, mean over gradient steps
     "clip_fraction",  # fraction of real tokens with |r - 1| > clip_eps
     "grad_norm",  # global gradient norm before clipping
+    "nonfinite_steps",  # gradient steps the divergence guard skipped (non-finite loss/grads)
 )
 
 
