@@ -326,7 +326,30 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
         print(f"run folder: {run_dir}", flush=True)
         result = run_experiment(experiment, run_dir, options)
     print_report(result)
-    return 0
+    return divergence_status(result, args.command)
+
+
+DIVERGED_EXIT_CODE = 3
+
+
+def divergence_status(result: RunResult, command: str) -> int:
+    """0, or DIVERGED_EXIT_CODE with a line on stderr when a run never recovered from
+    non-finite updates (its last update still skipped steps)."""
+    diverged = result.diverged_runs
+    if not diverged:
+        return 0
+    rows = {row["run"]: row for row in result.divergence}
+    first = min(rows[run]["first_update"] for run in diverged)
+    steps = result.experiment.config.update_epochs * result.experiment.config.num_minibatches
+    runs = ", ".join(str(run) for run in diverged)
+    sys.stderr.write(
+        f"ppojax {command}: error: run {runs} diverged and never recovered: non-finite "
+        f"updates from update {first} on, and its last update skipped "
+        f"{rows[diverged[0]]['last_update_skipped']} of {steps} steps. Its parameters are "
+        "those of its last finite step; lower the learning rate or check the env's rewards "
+        "and observations.\n"
+    )
+    return DIVERGED_EXIT_CODE
 
 
 def print_report(result: RunResult) -> None:
@@ -344,6 +367,7 @@ def print_report(result: RunResult) -> None:
     )
     print_learning_curve(result.metrics["episode_return"], config.batch_size)
     print_final_returns(result)
+    print_divergence(result)
     if result.run_dir is not None:
         print(f"run folder: {result.run_dir}")
 
@@ -371,6 +395,18 @@ def print_final_returns(result: RunResult) -> None:
         mean = float("nan") if row["mean"] is None else row["mean"]
         std = float("nan") if row["std"] is None else row["std"]
         print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
+
+
+def print_divergence(result: RunResult) -> None:
+    """One line per run whose steps the divergence guard skipped; nothing when none did."""
+    for row in result.divergence:
+        if row["nonfinite_steps"] == 0:
+            continue
+        state = "recovered" if row["recovered"] else "NOT recovered: its last update skipped steps"
+        print(
+            f"divergence guard, run {row['run']}: {row['nonfinite_steps']} minibatch step(s) "
+            f"skipped (NaN or inf), first at update {row['first_update']}; {state}"
+        )
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import datetime
 import functools
 import itertools
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -304,6 +305,13 @@ class ProgressBar:
             self.bar.update((update - self.update_number) * self.steps_per_update)
             self.update_number = update
 
+    def write(self, message: str) -> None:
+        """A line on stderr above the bar."""
+        from tqdm import tqdm
+
+        with self.lock:
+            tqdm.write(message, file=sys.stderr)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -353,6 +361,40 @@ class RunResult:
     env_steps: int
     resumed_from: int | None = None
 
+    @property
+    def divergence(self) -> list[dict[str, Any]]:
+        """Per run: the steps the divergence guard skipped, the first update that skipped any
+        and whether the run recovered (see ``divergence_report``)."""
+        return divergence_report(self.metrics.get("nonfinite_steps"))
+
+    @property
+    def diverged_runs(self) -> list[int]:
+        """The runs that never recovered: their last update skipped steps."""
+        return [row["run"] for row in self.divergence if not row["recovered"]]
+
+
+def divergence_report(nonfinite: np.ndarray | None) -> list[dict[str, Any]]:
+    """Per run, from ``nonfinite_steps`` [runs, U]: the minibatch steps the guard skipped in
+    all, the first update (counted from 1) that skipped any (None if none did), the steps its
+    last update skipped, and ``recovered``: whether that last update skipped none. A run
+    whose last update still skipped steps has not recovered, whatever happened before."""
+    if nonfinite is None:
+        return []
+    rows = []
+    for run, counts in enumerate(np.asarray(nonfinite)):
+        hits = np.flatnonzero(counts > 0)
+        last = int(counts[-1]) if counts.size else 0
+        rows.append(
+            {
+                "run": run,
+                "nonfinite_steps": int(counts.sum()),
+                "first_update": int(hits[0]) + 1 if hits.size else None,
+                "last_update_skipped": last,
+                "recovered": last == 0,
+            }
+        )
+    return rows
+
 
 class TensorBoardLog:
     """TensorBoard event files, one folder per run, every metric against env steps."""
@@ -398,6 +440,7 @@ class ChunkHandler:
             for run in self.runs
         ]
         self.chunks: list[dict[str, np.ndarray]] = []
+        self.warned_divergence = False
         # A resumed run starts from a checkpoint that is already on disk.
         self.saved_step: int | None = start or None
         self.bar = self.checkpoints = self.tensorboard = None
@@ -427,6 +470,25 @@ class ChunkHandler:
             self.save(first + count, state)
         if self.bar is not None:
             self.bar.chunk_done(first + count, metrics["episode_return"])
+        self.note_divergence(first, metrics)
+
+    def note_divergence(self, first: int, metrics: dict[str, np.ndarray]) -> None:
+        """Say on stderr, once, that the guard skipped steps (an overnight run shows it long
+        before its end): the first such update of the chunk and its run."""
+        skipped = metrics.get("nonfinite_steps")
+        if self.warned_divergence or skipped is None or not skipped.any():
+            return
+        self.warned_divergence = True
+        offset, run = np.argwhere(skipped.T > 0)[0]
+        message = (
+            f"ppojax: at update {first + offset + 1} the divergence guard skipped "
+            f"{int(skipped[run, offset])} minibatch step(s) of run {run} (a NaN or inf in the "
+            "loss, gradients or parameters); training goes on from the last finite parameters"
+        )
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def save(self, step: int, state: TrainState) -> None:
         io.save_checkpoint(self.checkpoints, step, state)
@@ -615,6 +677,8 @@ def write_report(result: RunResult) -> None:
         "env_steps_this_session": result.env_steps,
         "env_steps_per_second": round(result.env_steps / max(result.run_seconds, 1e-9)),
         "resumed_from_update": result.resumed_from,
+        "divergence": result.divergence,
+        "diverged_runs": result.diverged_runs,
         "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": io.versions(),
     }

@@ -196,14 +196,15 @@ def metrics_header(runs: Sequence[dict[str, Any]], metric_names: Sequence[str]) 
 
 def append_metrics(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
     """Append rows to the CSV at ``path``; a new file gets ``header``, an existing one keeps
-    its own column order."""
+    its own columns (a run folder from an older version lacks newer metrics: they are left
+    out of it rather than failing its resume)."""
     path = Path(path)
     if path.exists():
         with open(path, newline="") as file:
             header = next(csv.reader(file))
     is_new = not path.exists()
     with open(path, "a", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(header))
+        writer = csv.DictWriter(file, fieldnames=list(header), extrasaction="ignore")
         if is_new:
             writer.writeheader()
         writer.writerows(rows)

@@ -159,6 +159,27 @@ def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
         np.testing.assert_allclose(np.asarray(have)[2:], np.asarray(want), rtol=1e-4, atol=1e-6)
 
 
+def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, capsys):
+    """A learning rate of 1e30 sends the value loss to inf after the first step: the guard
+    skips every later step, the report says so and the exit code is 3; the saved parameters
+    are still finite (those of the last finite step)."""
+    args = ["train", *TINY, "--learning-rate", "1e30", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 3
+    captured = capsys.readouterr()
+    assert "run 0 diverged and never recovered: non-finite updates from update 1 on" in (
+        captured.err
+    )
+    assert "its last update skipped 2 of 2 steps" in captured.err
+    assert "divergence guard, run 0: 11 minibatch step(s) skipped" in captured.out
+    assert "NOT recovered" in captured.out
+    run_dir = run_folder(captured.out)
+    summary = io.read_json(run_dir / "summary.json")
+    assert summary["diverged_runs"] == [0] and summary["divergence"][0]["first_update"] == 1
+    state, _ = final_state(run_dir)
+    for leaf in jax.tree.leaves((state.params, state.opt_state)):
+        assert np.isfinite(np.asarray(leaf)).all()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
