@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import importlib.util
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -451,6 +453,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_rlhf(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = functools.partial(show_warning, warnings.showwarning)
+        return run_command(parser, args)
+
+
+def show_warning(
+    fallback: Callable[..., None], message: Any, category: type[Warning], *args: Any
+) -> None:
+    """ppojax's own warnings (a checkpoint passed over) as one plain line on stderr; others
+    as Python shows them."""
+    from ppojax.io import CheckpointWarning
+
+    if issubclass(category, CheckpointWarning):
+        sys.stderr.write(f"ppojax: warning: {message}\n")
+    else:
+        fallback(message, category, *args)
+
+
+def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.command == "envs":
             return list_env_ids()

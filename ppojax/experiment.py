@@ -18,6 +18,7 @@ import math
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -450,7 +451,7 @@ class ChunkHandler:
             description = f"{config.env_id} x{experiment.num_runs}"
             self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
         if run_dir is not None:
-            self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints)
+            self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
             if options.tensorboard:
                 self.tensorboard = TensorBoardLog(run_dir, self.runs)
 
@@ -532,17 +533,32 @@ def run_experiment(
 
 
 def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunResult:
-    """Continue the run in ``run_dir`` from its latest checkpoint to the end. The result is
-    the same as the uninterrupted run's: the chunks run the same compiled program."""
+    """Continue the run in ``run_dir`` from its newest complete checkpoint to the end. The
+    result is the same as the uninterrupted run's: the chunks run the same compiled program.
+
+    A checkpoint that does not read back (truncated, changed, half deleted) is passed over
+    for the one before it, with a ``CheckpointWarning``, and moved to
+    ``checkpoints-unreadable/``; with no complete checkpoint the run starts again at update 0.
+    Metric rows written after the checkpoint are dropped."""
     run_dir = Path(run_dir)
     experiment, saved_options = read_experiment(run_dir)
     options = options or saved_options
-    state, step = io.restore_checkpoint(run_dir, state_template(experiment))
+    state, step, unreadable = io.restore_newest(run_dir, state_template(experiment))
+    for path in io.set_aside(run_dir, unreadable):
+        warnings.warn(f"moved the unreadable checkpoint to {path}", io.CheckpointWarning, 2)
+    if state is None:
+        warnings.warn(
+            f"{run_dir} has no complete checkpoint: training again from update 0",
+            io.CheckpointWarning,
+            stacklevel=2,
+        )
+        state = init_states(experiment)
     metrics_path = run_dir / io.METRICS_FILE
     history: dict[str, np.ndarray] = {}
-    if step > 0 and metrics_path.exists():
+    if metrics_path.exists():
         io.truncate_metrics(metrics_path, step)
-        history = io.read_metrics(metrics_path)[1]
+        if step > 0:
+            history = io.read_metrics(metrics_path)[1]
     return continue_experiment(experiment, run_dir, options, state, step, history)
 
 

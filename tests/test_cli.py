@@ -1,7 +1,9 @@
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -119,6 +121,76 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(train
         np.testing.assert_array_equal(np.asarray(want), np.asarray(have))
     assert (resumed / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
     assert io.read_json(resumed / "summary.json")["resumed_from_update"] == 2
+
+
+def assert_same_final_state(run_dir, other_dir):
+    expected, _ = final_state(run_dir)
+    got, step = final_state(other_dir)
+    assert step == read_experiment(run_dir)[0].config.num_updates
+    for want, have in zip(
+        jax.tree.leaves(io.to_savable(expected)), jax.tree.leaves(io.to_savable(got)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(have))
+    assert (other_dir / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
+
+
+def test_resume_passes_over_a_corrupt_newest_checkpoint(trained, tmp_path, capsys):
+    """Checkpoint 6 (the final one) loses half of its largest file: resume says so, names
+    the file, moves it aside, restarts from checkpoint 4 and ends where the run ended."""
+    run_dir, _ = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run_dir, damaged)
+    newest = damaged / "checkpoints" / "6"
+    files = [path for path in newest.rglob("*") if path.is_file() and "manifest" not in path.name]
+    victim = max(files, key=lambda path: path.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    assert main(["train", "--resume", str(damaged), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    name = victim.relative_to(newest)
+    assert f"ppojax: warning: checkpoint {newest} is corrupt: {name} is " in err
+    assert f"using the previous complete checkpoint, {damaged / 'checkpoints' / '4'}" in err
+    assert "moved the unreadable checkpoint to" in err
+    assert [path.name[:2] for path in (damaged / "checkpoints-unreadable").iterdir()] == ["6-"]
+    assert_same_final_state(run_dir, damaged)
+    assert io.read_json(damaged / "summary.json")["resumed_from_update"] == 4
+
+
+KILLED_RUN = (
+    "train",
+    "CartPole-v1",
+    *("--num-envs", "4", "--num-steps", "16", "--total-timesteps", str(4 * 16 * 40)),
+    *("--update-epochs", "2", "--num-minibatches", "2", "--hidden-sizes", "16"),
+    *("--checkpoint-every", "2", "--no-progress"),
+)
+
+
+def complete_checkpoints(out):
+    """The checkpoints under the run folders in ``out`` whose save finished (manifest written)."""
+    return [path for path in out.glob("*/checkpoints/*") if (path / io.MANIFEST_FILE).exists()]
+
+
+def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters(tmp_path):
+    """SIGKILL (no chance to clean up, possibly in the middle of writing checkpoint 6) once
+    the second checkpoint is complete, then --resume: the final state, parameters included,
+    and metrics.csv equal an uninterrupted run's exactly."""
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "ppojax", *KILLED_RUN, "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(complete_checkpoints(out)) < 2 and process.poll() is None:
+        assert time.monotonic() < deadline, "no second checkpoint within 300 s"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    _, stderr = process.communicate()
+    assert process.returncode == -signal.SIGKILL, stderr  # killed, not finished
+    (run_dir,) = out.iterdir()
+    assert not (run_dir / "summary.json").exists()
+    resumed = run_cli("train", "--resume", str(run_dir), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    whole = run_cli(*KILLED_RUN, "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    assert_same_final_state(run_folder(whole.stdout), run_dir)
+    assert io.read_json(run_dir / "summary.json")["resumed_from_update"] >= 4
 
 
 def test_eval_reports_mean_return_and_draws_a_gif(trained, tmp_path):
