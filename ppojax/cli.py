@@ -343,13 +343,16 @@ def divergence_status(result: RunResult, command: str) -> int:
     rows = {row["run"]: row for row in result.divergence}
     first = min(rows[run]["first_update"] for run in diverged)
     steps = result.experiment.config.update_epochs * result.experiment.config.num_minibatches
-    runs = ", ".join(str(run) for run in diverged)
+    last = rows[diverged[0]]["last_update_skipped"]
+    if len(diverged) == 1:
+        who, whose, owner = f"run {diverged[0]}", "its last update", "Its parameters are its"
+    else:
+        who = f"runs {', '.join(str(run) for run in diverged)}"
+        whose, owner = f"the last update of run {diverged[0]}", "Their parameters are their"
     sys.stderr.write(
-        f"ppojax {command}: error: run {runs} diverged and never recovered: non-finite "
-        f"updates from update {first} on, and its last update skipped "
-        f"{rows[diverged[0]]['last_update_skipped']} of {steps} steps. Its parameters are "
-        "those of its last finite step; lower the learning rate or check the env's rewards "
-        "and observations.\n"
+        f"ppojax {command}: error: {who} diverged and never recovered: non-finite updates "
+        f"from update {first} on, and {whose} skipped {last} of {steps} steps. {owner} last "
+        "finite ones; lower the learning rate or check the env's rewards and observations.\n"
     )
     return DIVERGED_EXIT_CODE
 
@@ -401,13 +404,18 @@ def print_final_returns(result: RunResult) -> None:
 
 def print_divergence(result: RunResult) -> None:
     """One line per run whose steps the divergence guard skipped; nothing when none did."""
+    from ppojax.experiment import point_label
+
     for row in result.divergence:
         if row["nonfinite_steps"] == 0:
             continue
+        run = result.runs[row["run"]]
+        point = {name: value for name, value in run.items() if name not in ("run", "seed")}
+        which = ", ".join(filter(None, [f"seed {run['seed']}", point_label(point)]))
         state = "recovered" if row["recovered"] else "NOT recovered: its last update skipped steps"
         print(
-            f"divergence guard, run {row['run']}: {row['nonfinite_steps']} minibatch step(s) "
-            f"skipped (NaN or inf), first at update {row['first_update']}; {state}"
+            f"divergence guard, run {row['run']} ({which}): {row['nonfinite_steps']} minibatch "
+            f"step(s) skipped (NaN or inf), first at update {row['first_update']}; {state}"
         )
 
 

@@ -9,9 +9,17 @@ import jax
 import numpy as np
 import pytest
 
+import ppojax
 from ppojax import io
-from ppojax.cli import annotation_parser, build_config, build_parser, main
-from ppojax.experiment import read_experiment, state_template
+from ppojax.cli import (
+    annotation_parser,
+    build_config,
+    build_parser,
+    divergence_status,
+    main,
+    print_divergence,
+)
+from ppojax.experiment import Experiment, RunResult, read_experiment, run_table, state_template
 
 TINY = (
     "--total-timesteps",
@@ -238,11 +246,12 @@ def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, 
     args = ["train", *TINY, "--learning-rate", "1e30", "--no-progress", "--out", str(tmp_path)]
     assert main(args) == 3
     captured = capsys.readouterr()
-    assert "run 0 diverged and never recovered: non-finite updates from update 1 on" in (
-        captured.err
+    assert captured.err.splitlines()[-1] == (
+        "ppojax train: error: run 0 diverged and never recovered: non-finite updates from "
+        "update 1 on, and its last update skipped 2 of 2 steps. Its parameters are its last "
+        "finite ones; lower the learning rate or check the env's rewards and observations."
     )
-    assert "its last update skipped 2 of 2 steps" in captured.err
-    assert "divergence guard, run 0: 11 minibatch step(s) skipped" in captured.out
+    assert "divergence guard, run 0 (seed 0): 11 minibatch step(s) skipped" in captured.out
     assert "NOT recovered" in captured.out
     run_dir = run_folder(captured.out)
     summary = io.read_json(run_dir / "summary.json")
@@ -250,6 +259,30 @@ def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, 
     state, _ = final_state(run_dir)
     for leaf in jax.tree.leaves((state.params, state.opt_state)):
         assert np.isfinite(np.asarray(leaf)).all()
+
+
+def test_divergence_lines_name_the_seed_and_grid_point_of_each_run(capsys):
+    config = ppojax.PPOConfig(num_envs=2, num_steps=4, total_timesteps=24, update_epochs=1)
+    experiment = Experiment(config, seeds=2, grid={"learning_rate": (2.5e-4, 1e30)})
+    skipped = np.array([[0, 0, 0], [0, 1, 0], [0, 4, 4], [4, 4, 4]], np.float32)
+    result = RunResult(
+        experiment, None, run_table(experiment), None, {"nonfinite_steps": skipped}, 0, 0, 0
+    )
+    print_divergence(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "divergence guard, run 1 (seed 1, learning_rate=0.00025): 1 minibatch step(s) skipped "
+        "(NaN or inf), first at update 2; recovered",
+        "divergence guard, run 2 (seed 0, learning_rate=1e+30): 8 minibatch step(s) skipped "
+        "(NaN or inf), first at update 2; NOT recovered: its last update skipped steps",
+        "divergence guard, run 3 (seed 1, learning_rate=1e+30): 12 minibatch step(s) skipped "
+        "(NaN or inf), first at update 1; NOT recovered: its last update skipped steps",
+    ]
+    assert result.diverged_runs == [2, 3]
+    assert divergence_status(result, "sweep") == 3
+    assert "runs 2, 3 diverged and never recovered: non-finite updates from update 1 on" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
