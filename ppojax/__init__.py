@@ -1,6 +1,6 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
-from ppojax.config import PRESETS, PPOConfig
+from ppojax.config import PRESETS, ConfigError, PPOConfig
 from ppojax.envs import list_envs, make_env
 from ppojax.evaluate import load
 from ppojax.gae import compute_gae
@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "METRIC_NAMES",
+    "ConfigError",
     "PPOConfig",
     "PRESETS",
     "SweepOutput",

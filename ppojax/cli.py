@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import functools
 import importlib.util
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -32,7 +35,24 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``ppojax train: error: ... (see ppojax train --help)``."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += close_flags(self, message.split(":", 1)[1].split())
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def close_flags(parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
+    """ " Did you mean --x?" for the first unknown ``--flag`` in ``words`` that is close to a
+    flag of ``parser`` or of its subcommands; "" when none is."""
+    flags = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                flags.update(subparser._option_string_actions)
+    for word in words:
+        close = difflib.get_close_matches(word.split("=")[0], sorted(flags), n=1, cutoff=0.75)
+        if word.startswith("--") and close:
+            return f". Did you mean {close[0]}?"
+    return ""
 
 
 def _parse_bool(text: str) -> bool:
@@ -139,7 +159,9 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=_parse_int, default=1, help="seeds trained at once (vmap)")
     parser.add_argument("--seed", type=_parse_int, default=0, help="base PRNG seed (default 0)")
     parser.add_argument(
-        "--config", type=Path, help="JSON file of PPOConfig fields, e.g. a run's config.json"
+        "--config",
+        type=Path,
+        help="JSON or TOML file of PPOConfig fields, e.g. a run's config.json",
     )
     parser.add_argument(
         "--out", type=Path, default=Path(DEFAULT_OUT), help="folder for run folders (runs/)"
@@ -235,12 +257,15 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace) -> PPOConfig:
-    """Preset of the env, then the --config file, then the flags."""
+    """Preset of the env, then the --config file (JSON or TOML), then the flags."""
     from ppojax import io
 
-    settings = io.read_config_file(args.config) if args.config else {}
-    env_id = args.env_id or settings.get("env_id", "CartPole-v1")
-    return io.config_from_dict({**settings, "env_id": env_id, **config_overrides(args)})
+    overrides = config_overrides(args)
+    if args.env_id is not None:
+        overrides["env_id"] = args.env_id
+    if args.config is None:
+        return io.config_from_dict(overrides)
+    return io.config_from_file(args.config, **overrides)
 
 
 def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> RunOptions:
@@ -251,6 +276,10 @@ def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> Ru
         raise ValueError("--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
+    if args.keep_checkpoints < 0:
+        raise ValueError(
+            f"--keep-checkpoints must be 0 (keep all) or more, got {args.keep_checkpoints}"
+        )
     base = saved or RunOptions()
     return dataclasses.replace(
         base,
@@ -275,6 +304,15 @@ def resume(args: argparse.Namespace) -> RunResult:
     return resume_experiment(args.resume, run_options(args, saved))
 
 
+def check_seed_flags(args: argparse.Namespace) -> None:
+    from ppojax.experiment import MAX_SEED
+
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must lie in [0, {MAX_SEED}], got {args.seed}")
+
+
 def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> int:
     """``ppojax train`` and ``ppojax sweep``: train, fill the run folder, print the result."""
     from ppojax import io
@@ -283,13 +321,40 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     if args.resume is not None:
         result = resume(args)
     else:
+        check_seed_flags(args)
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)
         run_dir = io.new_run_dir(args.out, experiment.config.env_id)
         print(f"run folder: {run_dir}", flush=True)
         result = run_experiment(experiment, run_dir, options)
     print_report(result)
-    return 0
+    return divergence_status(result, args.command)
+
+
+DIVERGED_EXIT_CODE = 3
+
+
+def divergence_status(result: RunResult, command: str) -> int:
+    """0, or DIVERGED_EXIT_CODE with a line on stderr when a run never recovered from
+    non-finite updates (its last update still skipped steps)."""
+    diverged = result.diverged_runs
+    if not diverged:
+        return 0
+    rows = {row["run"]: row for row in result.divergence}
+    first = min(rows[run]["first_update"] for run in diverged)
+    steps = result.experiment.config.update_epochs * result.experiment.config.num_minibatches
+    last = rows[diverged[0]]["last_update_skipped"]
+    if len(diverged) == 1:
+        who, whose, owner = f"run {diverged[0]}", "its last update", "Its parameters are its"
+    else:
+        who = f"runs {', '.join(str(run) for run in diverged)}"
+        whose, owner = f"the last update of run {diverged[0]}", "Their parameters are their"
+    sys.stderr.write(
+        f"ppojax {command}: error: {who} diverged and never recovered: non-finite updates "
+        f"from update {first} on, and {whose} skipped {last} of {steps} steps. {owner} last "
+        "finite ones; lower the learning rate or check the env's rewards and observations.\n"
+    )
+    return DIVERGED_EXIT_CODE
 
 
 def print_report(result: RunResult) -> None:
@@ -307,6 +372,7 @@ def print_report(result: RunResult) -> None:
     )
     print_learning_curve(result.metrics["episode_return"], config.batch_size)
     print_final_returns(result)
+    print_divergence(result)
     if result.run_dir is not None:
         print(f"run folder: {result.run_dir}")
 
@@ -336,11 +402,30 @@ def print_final_returns(result: RunResult) -> None:
         print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
 
 
+def print_divergence(result: RunResult) -> None:
+    """One line per run whose steps the divergence guard skipped; nothing when none did."""
+    from ppojax.experiment import point_label
+
+    for row in result.divergence:
+        if row["nonfinite_steps"] == 0:
+            continue
+        run = result.runs[row["run"]]
+        point = {name: value for name, value in run.items() if name not in ("run", "seed")}
+        which = ", ".join(filter(None, [f"seed {run['seed']}", point_label(point)]))
+        state = "recovered" if row["recovered"] else "NOT recovered: its last update skipped steps"
+        print(
+            f"divergence guard, run {row['run']} ({which}): {row['nonfinite_steps']} minibatch "
+            f"step(s) skipped (NaN or inf), first at update {row['first_update']}; {state}"
+        )
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """``ppojax eval``: mean/std return of the run's policy, and a GIF when asked."""
     from ppojax import io
     from ppojax.evaluate import evaluate, load, render_gif
 
+    if args.episodes < 1:
+        raise ValueError(f"--episodes must be at least 1, got {args.episodes}")
     config, act = load(args.run_dir, run=args.run)
     returns = evaluate(config, act, args.episodes, args.seed, args.deterministic)
     mode = "deterministic" if args.deterministic else "sampled"
@@ -376,6 +461,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_rlhf(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = functools.partial(show_warning, warnings.showwarning)
+        return run_command(parser, args)
+
+
+def show_warning(
+    fallback: Callable[..., None], message: Any, category: type[Warning], *args: Any
+) -> None:
+    """ppojax's own warnings (a checkpoint passed over) as one plain line on stderr; others
+    as Python shows them."""
+    from ppojax.io import CheckpointWarning
+
+    if issubclass(category, CheckpointWarning):
+        sys.stderr.write(f"ppojax: warning: {message}\n")
+    else:
+        fallback(message, category, *args)
+
+
+def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.command == "envs":
             return list_env_ids()

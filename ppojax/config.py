@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from typing import Any
 
+import jax
+import numpy as np
 from flax import struct
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
@@ -72,8 +75,7 @@ class PPOConfig:
     reward_clip: float | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.hidden_sizes, list):
-            object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        normalize_static_fields(self)
         validate(self)
 
     @property
@@ -97,10 +99,11 @@ class PPOConfig:
     @classmethod
     def preset(cls, env_id: str, **overrides: Any) -> PPOConfig:
         """The tuned configuration for ``env_id`` (see ``PRESETS``), with overrides."""
-        settings = {**PRESETS.get(env_id, {}), "env_id": env_id, **overrides}
+        preset = PRESETS.get(env_id, {}) if isinstance(env_id, str) else {}
+        settings = {**preset, "env_id": env_id, **overrides}
         unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
-            raise ValueError(unknown_field_message(unknown[0]))
+            raise UnknownFieldError(unknown[0])
         return cls(**settings)
 
 
@@ -108,12 +111,27 @@ def _replace(self: PPOConfig, **changes: Any) -> PPOConfig:
     """A copy with ``changes`` applied, validated again; unknown names get close matches."""
     unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
     if unknown:
-        raise ValueError(unknown_field_message(unknown[0]))
+        raise UnknownFieldError(unknown[0])
     return dataclasses.replace(self, **changes)
+
+
+def _check_names(init: Any) -> Any:
+    """The dataclass ``__init__``, raising ``UnknownFieldError`` with close matches for a
+    keyword that is no field (instead of a bare TypeError)."""
+
+    @functools.wraps(init)
+    def checked_init(self: PPOConfig, *args: Any, **kwargs: Any) -> None:
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(PPOConfig)})
+        if unknown:
+            raise UnknownFieldError(unknown[0])
+        init(self, *args, **kwargs)
+
+    return checked_init
 
 
 # flax.struct.dataclass installs its own ``replace``; this one also names unknown fields.
 PPOConfig.replace = _replace  # type: ignore[method-assign]
+PPOConfig.__init__ = _check_names(PPOConfig.__init__)  # type: ignore[method-assign]
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -133,85 +151,195 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+INT_FIELDS = ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches")
+BOOL_FIELDS = (
+    "anneal_lr",
+    "normalize_advantages",
+    "adaptive_penalty",
+    "normalize_observations",
+    "normalize_rewards",
+)
+
+
+class ConfigError(ValueError):
+    """An invalid setting. ``field`` names the field at fault (None when unknown), so that a
+    caller can say where the value came from (a flag, a config file)."""
+
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UnknownFieldError(ConfigError, TypeError):
+    """A setting for a field PPOConfig does not have (a TypeError too, as for any unknown
+    keyword argument); the message names the closest fields."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, unknown_field_message(name))
+
+
 def unknown_field_message(name: str) -> str:
     names = [f.name for f in dataclasses.fields(PPOConfig)]
-    close = difflib.get_close_matches(name, names, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return f"PPOConfig has no field {name!r}.{hint} Fields: {', '.join(names)}."
+    close = difflib.get_close_matches(str(name), names, n=3)
+    hint = f"Did you mean {', '.join(close)}?" if close else f"Fields: {', '.join(names)}."
+    return f"PPOConfig has no field {name!r}. {hint}"
 
 
-def _is_concrete_number(value: Any) -> bool:
-    """True for Python / NumPy scalars; False for tracers and batched arrays (vmap sweeps)."""
-    try:
-        float(value)
-    except Exception:  # tracers, batched arrays and pytree placeholders are checked elsewhere
-        return False
-    return True
+def show(value: Any, plain: tuple[type, ...] = (int, float)) -> str:
+    """``value`` for an error message: its repr, with its type unless that is one of
+    ``plain`` (the expected ones)."""
+    if value is None or type(value) in plain:
+        return repr(value)
+    return f"{value!r} ({type(value).__name__})"
+
+
+def normalize_static_fields(config: Any) -> None:
+    """Plain Python values for static fields given as NumPy scalars, and a tuple for a
+    tuple field given as a list or array (static fields must hash and write to JSON).
+    Anything else is left as it is for ``validate`` to judge."""
+    for field in dataclasses.fields(config):
+        if field.metadata.get("pytree_node", True):
+            continue
+        value = getattr(config, field.name)
+        if isinstance(field.default, tuple) and isinstance(value, (list, np.ndarray)):
+            value = tuple(value.tolist() if isinstance(value, np.ndarray) else value)
+        if isinstance(value, tuple):
+            value = tuple(item.item() if isinstance(item, np.generic) else item for item in value)
+        elif isinstance(value, np.generic):
+            value = value.item()
+        object.__setattr__(config, field.name, value)
+
+
+def _concrete_numbers(value: Any) -> np.ndarray | None:
+    """The numbers in ``value`` (a scalar or an array of them) as float64, or None when they
+    are not known here: tracers under jit/vmap, abstract shapes, pytree placeholders."""
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return np.asarray([float(value)])
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in "iuf":
+        return np.asarray(value, np.float64)
+    return None
 
 
 def check_positive_int(owner: str, name: str, value: Any) -> None:
-    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` is an int > 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}.")
+    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is an int > 0."""
+    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if is_int and value > 0:
+        return
+    hint = ""
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        hint = f"; write {int(value)}"
+    elif isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        hint = f"; write {value.strip()} without quotes"
+    message = f"{owner}.{name} must be a positive int, got {show(value, (int,))}{hint}."
+    raise ConfigError(name, message)
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is True or False."""
+    if isinstance(value, (bool, np.bool_)):
+        return
+    raise ConfigError(name, f"{owner}.{name} must be True or False (a bool), got {show(value)}.")
+
+
+def check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is one of ``choices``."""
+    if isinstance(value, str) and value in choices:
+        return
+    close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    options = ", ".join(repr(choice) for choice in choices)
+    message = f"{owner}.{name} {show(value, (str,))} is unknown; use one of {options}.{hint}"
+    raise ConfigError(name, message)
 
 
 def check_range(
-    owner: str, name: str, value: Any, low: float, high: float, *, open_low: bool
+    owner: str,
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    open_low: bool,
+    optional: bool = False,
 ) -> None:
-    """Raise ``ValueError`` naming ``owner.name`` unless ``value`` lies in [low, high] (or
-    (low, high] with ``open_low``); traced and batched values pass (checked per point)."""
-    if not _is_concrete_number(value):
+    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is a finite number in
+    [low, high] (or (low, high] with ``open_low``), or an array of such numbers. Traced and
+    abstract values pass: they are checked where they are made (per grid point for sweeps).
+    ``optional``: the field also takes None (checked by the caller), which the message says."""
+    if math.isinf(high):
+        wanted = f"a finite number {'>' if open_low else '>='} {low:g}"
+    else:
+        wanted = f"a number in {'(' if open_low else '['}{low:g}, {high:g}]"
+    if optional:
+        wanted += " or None (off)"
+    if value is None or isinstance(value, (str, bool, np.bool_, list, tuple, dict)):
+        raise ConfigError(name, f"{owner}.{name} must be {wanted}, got {show(value)}.")
+    numbers = _concrete_numbers(value)
+    if numbers is None:
         return
-    number = float(value)
-    below = number <= low if open_low else number < low
-    if math.isnan(number) or below or number > high:
-        left = "(" if open_low else "["
-        raise ValueError(f"{owner}.{name} must lie in {left}{low}, {high}], got {value!r}.")
+    for number in numbers.ravel():
+        below = number <= low if open_low else number < low
+        if not math.isfinite(number) or below or number > high:
+            raise ConfigError(name, f"{owner}.{name} must be {wanted}, got {value!r}.")
 
 
-def check_env_id(env_id: str) -> None:
+def check_env_id(env_id: Any) -> None:
+    """Raise ``ConfigError`` unless ``env_id`` is a registered gymnax id; typos get the
+    closest ids."""
+    if not isinstance(env_id, str):
+        raise ConfigError(
+            "env_id",
+            f"PPOConfig.env_id must be a gymnax env id such as 'CartPole-v1', got {show(env_id)}.",
+        )
     import gymnax
 
     if env_id in gymnax.registered_envs:
         return
     close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3, cutoff=0.5)
     hint = f" Close matches: {', '.join(close)}." if close else ""
-    raise ValueError(
+    raise ConfigError(
+        "env_id",
         f"PPOConfig.env_id {env_id!r} is not a gymnax environment.{hint} "
-        "`ppojax.list_envs()` lists every id."
+        "ppojax.list_envs() (or ppojax envs) lists every id.",
+    )
+
+
+def check_hidden_sizes(sizes: Any) -> None:
+    valid = isinstance(sizes, tuple) and len(sizes) > 0
+    if valid and all(isinstance(size, int) and not isinstance(size, bool) for size in sizes):
+        if all(size > 0 for size in sizes):
+            return
+    raise ConfigError(
+        "hidden_sizes",
+        "PPOConfig.hidden_sizes must be a non-empty tuple of positive ints such as (64, 64), "
+        f"got {show(sizes, (tuple,))}.",
     )
 
 
 def validate(config: PPOConfig) -> None:
-    """Raise ``ValueError`` naming the field and the fix for any invalid setting."""
-    for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches"):
+    """Raise ``ConfigError`` (a ``ValueError``) naming the field, the value and the fix for any
+    invalid setting: types first, then ranges, then how the fields fit together."""
+    for name in INT_FIELDS:
         check_positive_int("PPOConfig", name, getattr(config, name))
+    for name in BOOL_FIELDS:
+        check_bool("PPOConfig", name, getattr(config, name))
     if config.batch_size % config.num_minibatches:
-        raise ValueError(
+        raise ConfigError(
+            "num_minibatches",
             f"PPOConfig.num_minibatches={config.num_minibatches} must divide "
-            f"num_envs*num_steps={config.batch_size}; choose a divisor of {config.batch_size}."
+            f"num_envs*num_steps={config.batch_size}; choose a divisor of {config.batch_size}.",
         )
     if config.num_updates < 1:
-        raise ValueError(
+        raise ConfigError(
+            "total_timesteps",
             f"PPOConfig.total_timesteps={config.total_timesteps} is smaller than one rollout "
-            f"(num_envs*num_steps={config.batch_size}); raise total_timesteps."
+            f"(num_envs*num_steps={config.batch_size}); raise total_timesteps.",
         )
-    if not config.hidden_sizes or any(
-        not isinstance(size, int) or size <= 0 for size in config.hidden_sizes
-    ):
-        raise ValueError(
-            f"PPOConfig.hidden_sizes must be a non-empty tuple of positive ints, "
-            f"got {config.hidden_sizes!r}."
-        )
-    if config.activation not in ACTIVATIONS:
-        raise ValueError(
-            f"PPOConfig.activation {config.activation!r} is unknown; use one of {ACTIVATIONS}."
-        )
-    if config.policy_objective not in POLICY_OBJECTIVES:
-        raise ValueError(
-            f"PPOConfig.policy_objective {config.policy_objective!r} is unknown; "
-            f"use one of {POLICY_OBJECTIVES}."
-        )
+    check_hidden_sizes(config.hidden_sizes)
+    check_choice("PPOConfig", "activation", config.activation, ACTIVATIONS)
+    check_choice("PPOConfig", "policy_objective", config.policy_objective, POLICY_OBJECTIVES)
     check_range("PPOConfig", "learning_rate", config.learning_rate, 0.0, math.inf, open_low=True)
     check_range("PPOConfig", "gamma", config.gamma, 0.0, 1.0, open_low=False)
     check_range("PPOConfig", "gae_lambda", config.gae_lambda, 0.0, 1.0, open_low=False)
@@ -224,5 +352,6 @@ def validate(config: PPOConfig) -> None:
     check_range("PPOConfig", "obs_clip", config.obs_clip, 0.0, math.inf, open_low=True)
     for name in ("vf_clip_eps", "target_kl", "reward_clip"):
         if getattr(config, name) is not None:
-            check_range("PPOConfig", name, getattr(config, name), 0.0, math.inf, open_low=True)
+            value = getattr(config, name)
+            check_range("PPOConfig", name, value, 0.0, math.inf, open_low=True, optional=True)
     check_env_id(config.env_id)

@@ -15,8 +15,10 @@ import datetime
 import functools
 import itertools
 import math
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax import io
-from ppojax.config import PPOConfig
+from ppojax.config import (
+    ConfigError,
+    PPOConfig,
+    check_bool,
+    check_positive_int,
+    show,
+)
 from ppojax.sweeps import grid_points as sweep_grid_points
 from ppojax.train import init_state, make_agent, update_step
 from ppojax.types import METRIC_NAMES, Metrics, TrainState
@@ -48,13 +56,28 @@ class Experiment:
     grid: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise ValueError(f"seeds must be at least 1, got {self.seeds}")
+        if not isinstance(self.config, PPOConfig):
+            raise TypeError(f"Experiment.config must be a PPOConfig, got {show(self.config)}.")
+        check_positive_int("Experiment", "seeds", self.seeds)
+        check_seed("Experiment", "seed", self.seed)
         check_grid(self.config, self.grid)
 
     @property
     def num_runs(self) -> int:
         return self.seeds * math.prod(len(values) for values in self.grid.values())
+
+
+MAX_SEED = 2**31 - 1
+
+
+def check_seed(owner: str, name: str, seed: Any) -> None:
+    """Raise ``ConfigError`` unless ``seed`` is an int in [0, MAX_SEED] (larger ones would
+    collide: ``jax.random.key`` keeps 32 bits of them)."""
+    is_int = isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_))
+    if not is_int or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(
+            name, f"{owner}.{name} must be an int in [0, {MAX_SEED}], got {show(seed, (int,))}."
+        )
 
 
 def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]]) -> None:
@@ -283,6 +306,13 @@ class ProgressBar:
             self.bar.update((update - self.update_number) * self.steps_per_update)
             self.update_number = update
 
+    def write(self, message: str) -> None:
+        """A line on stderr above the bar."""
+        from tqdm import tqdm
+
+        with self.lock:
+            tqdm.write(message, file=sys.stderr)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -308,6 +338,14 @@ class RunOptions:
     tensorboard: bool = False
     progress_reports: int = 50
 
+    def __post_init__(self) -> None:
+        for name in ("progress", "tensorboard"):
+            check_bool("RunOptions", name, getattr(self, name))
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) is not None:
+                check_positive_int("RunOptions", name, getattr(self, name))
+        check_positive_int("RunOptions", "progress_reports", self.progress_reports)
+
 
 @dataclasses.dataclass
 class RunResult:
@@ -323,6 +361,40 @@ class RunResult:
     run_seconds: float
     env_steps: int
     resumed_from: int | None = None
+
+    @property
+    def divergence(self) -> list[dict[str, Any]]:
+        """Per run: the steps the divergence guard skipped, the first update that skipped any
+        and whether the run recovered (see ``divergence_report``)."""
+        return divergence_report(self.metrics.get("nonfinite_steps"))
+
+    @property
+    def diverged_runs(self) -> list[int]:
+        """The runs that never recovered: their last update skipped steps."""
+        return [row["run"] for row in self.divergence if not row["recovered"]]
+
+
+def divergence_report(nonfinite: np.ndarray | None) -> list[dict[str, Any]]:
+    """Per run, from ``nonfinite_steps`` [runs, U]: the minibatch steps the guard skipped in
+    all, the first update (counted from 1) that skipped any (None if none did), the steps its
+    last update skipped, and ``recovered``: whether that last update skipped none. A run
+    whose last update still skipped steps has not recovered, whatever happened before."""
+    if nonfinite is None:
+        return []
+    rows = []
+    for run, counts in enumerate(np.asarray(nonfinite)):
+        hits = np.flatnonzero(counts > 0)
+        last = int(counts[-1]) if counts.size else 0
+        rows.append(
+            {
+                "run": run,
+                "nonfinite_steps": int(counts.sum()),
+                "first_update": int(hits[0]) + 1 if hits.size else None,
+                "last_update_skipped": last,
+                "recovered": last == 0,
+            }
+        )
+    return rows
 
 
 class TensorBoardLog:
@@ -369,6 +441,7 @@ class ChunkHandler:
             for run in self.runs
         ]
         self.chunks: list[dict[str, np.ndarray]] = []
+        self.warned_divergence = False
         # A resumed run starts from a checkpoint that is already on disk.
         self.saved_step: int | None = start or None
         self.bar = self.checkpoints = self.tensorboard = None
@@ -378,7 +451,7 @@ class ChunkHandler:
             description = f"{config.env_id} x{experiment.num_runs}"
             self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
         if run_dir is not None:
-            self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints)
+            self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
             if options.tensorboard:
                 self.tensorboard = TensorBoardLog(run_dir, self.runs)
 
@@ -398,6 +471,25 @@ class ChunkHandler:
             self.save(first + count, state)
         if self.bar is not None:
             self.bar.chunk_done(first + count, metrics["episode_return"])
+        self.note_divergence(first, metrics)
+
+    def note_divergence(self, first: int, metrics: dict[str, np.ndarray]) -> None:
+        """Say on stderr, once, that the guard skipped steps (an overnight run shows it long
+        before its end): the first such update of the chunk and its run."""
+        skipped = metrics.get("nonfinite_steps")
+        if self.warned_divergence or skipped is None or not skipped.any():
+            return
+        self.warned_divergence = True
+        offset, run = np.argwhere(skipped.T > 0)[0]
+        message = (
+            f"ppojax: at update {first + offset + 1} the divergence guard skipped "
+            f"{int(skipped[run, offset])} minibatch step(s) of run {run} (a NaN or inf in the "
+            "loss, gradients or parameters); training goes on from the last finite parameters"
+        )
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def save(self, step: int, state: TrainState) -> None:
         io.save_checkpoint(self.checkpoints, step, state)
@@ -441,17 +533,32 @@ def run_experiment(
 
 
 def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunResult:
-    """Continue the run in ``run_dir`` from its latest checkpoint to the end. The result is
-    the same as the uninterrupted run's: the chunks run the same compiled program."""
+    """Continue the run in ``run_dir`` from its newest complete checkpoint to the end. The
+    result is the same as the uninterrupted run's: the chunks run the same compiled program.
+
+    A checkpoint that does not read back (truncated, changed, half deleted) is passed over
+    for the one before it, with a ``CheckpointWarning``, and moved to
+    ``checkpoints-unreadable/``; with no complete checkpoint the run starts again at update 0.
+    Metric rows written after the checkpoint are dropped."""
     run_dir = Path(run_dir)
     experiment, saved_options = read_experiment(run_dir)
     options = options or saved_options
-    state, step = io.restore_checkpoint(run_dir, state_template(experiment))
+    state, step, unreadable = io.restore_newest(run_dir, state_template(experiment))
+    for path in io.set_aside(run_dir, unreadable):
+        warnings.warn(f"moved the unreadable checkpoint to {path}", io.CheckpointWarning, 2)
+    if state is None:
+        warnings.warn(
+            f"{run_dir} has no complete checkpoint: training again from update 0",
+            io.CheckpointWarning,
+            stacklevel=2,
+        )
+        state = init_states(experiment)
     metrics_path = run_dir / io.METRICS_FILE
     history: dict[str, np.ndarray] = {}
-    if step > 0 and metrics_path.exists():
+    if metrics_path.exists():
         io.truncate_metrics(metrics_path, step)
-        history = io.read_metrics(metrics_path)[1]
+        if step > 0:
+            history = io.read_metrics(metrics_path)[1]
     return continue_experiment(experiment, run_dir, options, state, step, history)
 
 
@@ -586,6 +693,8 @@ def write_report(result: RunResult) -> None:
         "env_steps_this_session": result.env_steps,
         "env_steps_per_second": round(result.env_steps / max(result.run_seconds, 1e-9)),
         "resumed_from_update": result.resumed_from,
+        "divergence": result.divergence,
+        "diverged_runs": result.diverged_runs,
         "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": io.versions(),
     }

@@ -17,11 +17,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import sys
 import tempfile
+import typing
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.config import PPOConfig
+from ppojax.config import ConfigError, PPOConfig
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
@@ -42,18 +45,25 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON atomically (temp file in the same folder, then rename)."""
+    """Write ``data`` as indented JSON atomically (temp file in the same folder, flushed to
+    disk, then renamed over ``path``): a crash leaves the old file or the new one."""
     path = Path(path)
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(handle, "w") as file:
         json.dump(data, file, indent=2, allow_nan=True)
         file.write("\n")
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(temp_name, path)
 
 
 def read_json(path: Path) -> Any:
+    """The JSON in ``path``; a ``ValueError`` naming the file when it is not valid JSON."""
     with open(path) as file:
-        return json.load(file)
+        try:
+            return json.load(file)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
 
 
 def _plain(value: Any) -> Any:
@@ -70,30 +80,89 @@ def config_to_dict(config: PPOConfig) -> dict[str, Any]:
     return {field.name: _plain(getattr(config, field.name)) for field in dataclasses.fields(config)}
 
 
+def _optional_fields() -> set[str]:
+    """PPOConfig fields that take None (the feature off)."""
+    hints = typing.get_type_hints(PPOConfig)
+    return {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
+
+
 def config_from_dict(settings: dict[str, Any]) -> PPOConfig:
-    """A validated PPOConfig from ``settings`` (a config.json); missing fields take the env's
-    preset, unknown ones raise ``ValueError`` naming close matches."""
+    """A validated PPOConfig from ``settings`` (a config.json or .toml): missing fields take the
+    env's preset, unknown ones raise ``UnknownFieldError`` naming close matches, lists become
+    tuples, and "none" / "off" switch an optional feature off (TOML has no null)."""
     settings = dict(settings)
     env_id = settings.pop("env_id", "CartPole-v1")
     defaults = {field.name: field.default for field in dataclasses.fields(PPOConfig)}
+    optional = _optional_fields()
     for name, value in settings.items():
         # JSON has no tuples; static fields must stay hashable for jit.
         if isinstance(value, list) and isinstance(defaults.get(name), tuple):
             settings[name] = tuple(value)
+        if name in optional and isinstance(value, str) and value.lower() in ("none", "off"):
+            settings[name] = None
     return PPOConfig.preset(env_id, **settings)
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The settings in a config JSON file: an object of PPOConfig fields."""
+CONFIG_SUFFIXES = (".json", ".toml")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"field {repeated[0]!r} is given more than once")
+    return dict(pairs)
+
+
+def _parse_config_text(path: Path, text: str) -> Any:
+    """JSON or TOML by the file's suffix (never pickle or code: only data is read)."""
+    if path.suffix.lower() == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:
+            import tomli as tomllib
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"config file {path} is not valid TOML: {error}") from None
     try:
-        data = read_json(path)
-    except OSError as error:
-        raise ValueError(f"cannot read config file {path}: {error.strerror}") from None
+        return json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as error:
         raise ValueError(f"config file {path} is not valid JSON: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"config file {path}: {error}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The settings in a config file: a JSON object or a TOML table of PPOConfig fields."""
+    path = Path(path)
+    if path.suffix.lower() not in CONFIG_SUFFIXES:
+        raise ValueError(
+            f"config file {path} must be a .json or .toml file of PPOConfig fields, "
+            f"got {path.suffix or 'no suffix'}"
+        )
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read config file {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not text (UTF-8)") from None
+    data = _parse_config_text(path, text)
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a JSON object of PPOConfig fields")
     return data
+
+
+def config_from_file(path: Path, **overrides: Any) -> PPOConfig:
+    """A validated PPOConfig from a JSON or TOML file of fields (the env's preset for the
+    missing ones), with ``overrides`` on top. An error in a value the file set names the file."""
+    settings = read_config_file(path)
+    try:
+        return config_from_dict({**settings, **overrides})
+    except ConfigError as error:
+        if error.field in settings and error.field not in overrides:
+            error.args = (f"config file {path}: {error}",)
+        raise
 
 
 def new_run_dir(out: Path, env_id: str) -> Path:
@@ -131,14 +200,15 @@ def metrics_header(runs: Sequence[dict[str, Any]], metric_names: Sequence[str]) 
 
 def append_metrics(path: Path, header: Sequence[str], rows: Iterable[dict[str, Any]]) -> None:
     """Append rows to the CSV at ``path``; a new file gets ``header``, an existing one keeps
-    its own column order."""
+    its own columns (a run folder from an older version lacks newer metrics: they are left
+    out of it rather than failing its resume)."""
     path = Path(path)
     if path.exists():
         with open(path, newline="") as file:
             header = next(csv.reader(file))
     is_new = not path.exists()
     with open(path, "a", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(header))
+        writer = csv.DictWriter(file, fieldnames=list(header), extrasaction="ignore")
         if is_new:
             writer.writeheader()
         writer.writerows(rows)
@@ -151,10 +221,14 @@ def truncate_metrics(path: Path, last_update: int) -> None:
         rows = list(csv.reader(file))
     header, body = rows[0], rows[1:]
     column = header.index("update")
-    kept = [row for row in body if int(row[column]) <= last_update]
+    # A run killed while appending can leave its last row cut short.
+    whole = [row for row in body if len(row) == len(header) and row[column].isdigit()]
+    kept = [row for row in whole if int(row[column]) <= last_update]
     handle, temp_name = tempfile.mkstemp(dir=Path(path).parent, prefix=".metrics.")
     with os.fdopen(handle, "w", newline="") as file:
         csv.writer(file).writerows([header, *kept])
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(temp_name, path)
 
 
@@ -248,43 +322,193 @@ def from_savable(saved: Any, template: Any) -> Any:
     )
 
 
-def open_checkpoints(run_dir: Path, keep: int | None = None) -> Any:
-    """An orbax CheckpointManager over ``run_dir/checkpoints`` keeping the newest ``keep``
-    (all when None). Orbax writes each step to a temporary folder and renames it when
-    complete, so a crash never leaves a half-written checkpoint that looks finished."""
-    import orbax.checkpoint as ocp
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete or does not read back; ``step`` names it."""
 
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=False
-    )
-    return ocp.CheckpointManager(Path(run_dir).resolve() / CHECKPOINT_DIR, options=options)
+    def __init__(self, step: int | None, message: str) -> None:
+        super().__init__(message)
+        self.step = step
 
 
-def save_checkpoint(manager: Any, step: int, state: Any) -> None:
+class CheckpointWarning(UserWarning):
+    """A checkpoint was passed over for an older one (or a run restarted from update 0)."""
+
+
+MANIFEST_FILE = "ppojax_manifest.json"
+CORRUPT_DIR = "checkpoints-unreadable"
+
+
+def file_manifest(folder: Path) -> dict[str, list[Any]]:
+    """{path relative to ``folder``: [size in bytes, SHA-256]} of every file below it."""
+    manifest = {}
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and path.name != MANIFEST_FILE:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            manifest[str(path.relative_to(folder))] = [path.stat().st_size, digest]
+    return manifest
+
+
+def verify_checkpoint(step_dir: Path, step: int | None = None) -> None:
+    """Raise ``CheckpointError`` naming the first file of ``step_dir`` that is missing,
+    truncated or changed since it was saved (against its manifest). A checkpoint without a
+    manifest (killed between orbax's commit and the manifest, or saved by an older ppojax) is
+    left to orbax's own checks when it is read."""
+    manifest_path = Path(step_dir) / MANIFEST_FILE
+    if not manifest_path.exists():
+        return
+    try:
+        expected = read_json(manifest_path)["files"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(step, f"checkpoint {step_dir} has an unreadable manifest") from None
+    for name, (size, digest) in expected.items():
+        path = Path(step_dir) / name
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != size:
+            problem = f"is {path.stat().st_size} bytes, {size} when saved (truncated?)"
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            problem = "has changed since it was saved (SHA-256 differs)"
+        else:
+            continue
+        raise CheckpointError(step, f"checkpoint {step_dir} is corrupt: {name} {problem}")
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class Checkpoints:
+    """The orbax checkpoints of a run folder, ``checkpoints/<step>/``, each the whole state.
+
+    Saving is crash-safe: orbax writes a step into a temporary folder and renames it when it
+    is complete; then a manifest (size and SHA-256 of every file) is written into it,
+    atomically; only then are checkpoints beyond the newest ``keep`` (None: all) deleted. A
+    kill at any moment therefore leaves every earlier checkpoint whole, and a checkpoint
+    damaged later is found by its manifest. ``clean`` removes temporary folders a killed run
+    left (only for the one process that writes the run).
+    """
+
+    def __init__(self, run_dir: Path, keep: int | None = None, clean: bool = False) -> None:
+        import orbax.checkpoint as ocp
+
+        self.shown = Path(run_dir) / CHECKPOINT_DIR  # the path as the user gave it
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=None,
+            create=True,
+            enable_async_checkpointing=False,
+            cleanup_tmp_directories=clean,
+        )
+        self.manager = ocp.CheckpointManager(self.shown.resolve(), options=options)
+        self.keep = keep
+
+    def steps(self) -> list[int]:
+        """The complete (committed) checkpoints, oldest first."""
+        return sorted(self.manager.all_steps())
+
+    def save(self, step: int, state: Any) -> None:
+        import orbax.checkpoint as ocp
+
+        self.manager.save(step, args=ocp.args.StandardSave(to_savable(state)), force=True)
+        self.manager.wait_until_finished()
+        step_dir = self.shown / str(step)
+        write_json(step_dir / MANIFEST_FILE, {"step": step, "files": file_manifest(step_dir)})
+        if self.keep:
+            for old in self.steps()[: -self.keep]:
+                self.manager.delete(old)
+
+    def restore(self, step: int, template: Any) -> Any:
+        """The state saved at ``step``; ``CheckpointError`` naming the file if it is damaged."""
+        import orbax.checkpoint as ocp
+
+        step_dir = self.shown / str(step)
+        if step not in self.steps():
+            raise CheckpointError(step, f"{step_dir} is not a complete checkpoint")
+        verify_checkpoint(step_dir, step)
+        abstract = jax.eval_shape(to_savable, template)
+        try:
+            saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as error:  # orbax, tensorstore and JSON errors alike
+            message = f"checkpoint {step_dir} does not read back: {_first_line(error)}"
+            raise CheckpointError(step, message) from error
+        return from_savable(saved, template)
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def open_checkpoints(run_dir: Path, keep: int | None = None, clean: bool = False) -> Checkpoints:
+    """The checkpoints of ``run_dir`` keeping the newest ``keep`` (all when None)."""
+    return Checkpoints(run_dir, keep, clean)
+
+
+def save_checkpoint(checkpoints: Checkpoints, step: int, state: Any) -> None:
     """Save ``state`` (any pytree of arrays, keys included) as checkpoint ``step``."""
-    import orbax.checkpoint as ocp
-
-    manager.save(step, args=ocp.args.StandardSave(to_savable(state)), force=True)
-    manager.wait_until_finished()
+    checkpoints.save(step, state)
 
 
-def restore_checkpoint(run_dir: Path, template: Any, step: int | None = None) -> tuple[Any, int]:
-    """The state saved at ``step`` (the latest when None) and that step.
+def restore_newest(run_dir: Path, template: Any) -> tuple[Any | None, int, list[int]]:
+    """The newest checkpoint that reads back whole: (state, its step, the newer steps that did
+    not). Each passed-over checkpoint gets a ``CheckpointWarning`` naming what is wrong with
+    it and the one used instead. (None, 0, unreadable) when no checkpoint reads back.
 
     ``template`` gives the pytree structure, shapes and dtypes (e.g. from ``jax.eval_shape``).
     """
-    import orbax.checkpoint as ocp
-
-    manager = open_checkpoints(run_dir)
+    if not (Path(run_dir) / CHECKPOINT_DIR).is_dir():
+        return None, 0, []
+    checkpoints = Checkpoints(run_dir)
     try:
-        step = manager.latest_step() if step is None else step
-        if step is None:
-            raise ValueError(f"{Path(run_dir) / CHECKPOINT_DIR} holds no checkpoint")
-        abstract = jax.eval_shape(to_savable, template)
-        saved = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        errors: list[CheckpointError] = []
+        for step in reversed(checkpoints.steps()):
+            try:
+                state = checkpoints.restore(step, template)
+            except CheckpointError as error:
+                errors.append(error)
+                continue
+            for error in errors:
+                warnings.warn(
+                    f"{error}; using the previous complete checkpoint, "
+                    f"{checkpoints.shown / str(step)}",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
+            return state, step, [int(error.step) for error in errors]
     finally:
-        manager.close()
-    return from_savable(saved, template), int(step)
+        checkpoints.close()
+    for error in errors:
+        warnings.warn(f"{error}; no older checkpoint reads back", CheckpointWarning, stacklevel=2)
+    return None, 0, [int(error.step) for error in errors]
+
+
+def restore_checkpoint(run_dir: Path, template: Any, step: int | None = None) -> tuple[Any, int]:
+    """The state saved at ``step`` and that step. With ``step`` None, the newest checkpoint
+    that reads back whole (see ``restore_newest``); a ``ValueError`` when there is none."""
+    if step is None:
+        state, step, unreadable = restore_newest(run_dir, template)
+        if state is None:
+            reason = "none reads back" if unreadable else "holds no checkpoint"
+            raise CheckpointError(None, f"{Path(run_dir) / CHECKPOINT_DIR} {reason}")
+        return state, step
+    if not (Path(run_dir) / CHECKPOINT_DIR).is_dir():
+        raise CheckpointError(step, f"{Path(run_dir) / CHECKPOINT_DIR} holds no checkpoint")
+    checkpoints = Checkpoints(run_dir)
+    try:
+        return checkpoints.restore(step, template), step
+    finally:
+        checkpoints.close()
+
+
+def set_aside(run_dir: Path, steps: Sequence[int]) -> list[Path]:
+    """Move checkpoints ``steps`` of ``run_dir`` to ``checkpoints-unreadable/<step>-<time>``
+    (kept for a look, out of the way of the run that saves those steps again)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for step in steps:
+        target = Path(run_dir) / CORRUPT_DIR / f"{step}-{stamp}"
+        target.parent.mkdir(exist_ok=True)
+        os.replace(Path(run_dir) / CHECKPOINT_DIR / str(step), target)
+        moved.append(target)
+    return moved
 
 
 def versions() -> dict[str, str]:

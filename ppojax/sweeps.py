@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ppojax.config import PPOConfig, unknown_field_message
 from ppojax.parallel import grid_mesh, put_global
 from ppojax.train import train
-from ppojax.types import Metrics, TrainState
+from ppojax.types import Metrics, TrainState, check_key_batch
 
 
 class SweepOutput(NamedTuple):
@@ -97,6 +97,7 @@ def sweep(
     value lists; points are their cartesian product, or the lists side by side when
     ``zipped``. With ``mesh`` the points x seeds runs are split across its devices.
     """
+    check_key_batch(keys)
     points = grid_points(config, grid, zipped=zipped)
     configs = point_configs(config, points)
     if mesh is not None:

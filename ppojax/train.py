@@ -17,10 +17,11 @@ from ppojax.losses import explained_variance
 from ppojax.networks import build_networks, init_params
 from ppojax.parallel import check_divisible, constrain_env_axis
 from ppojax.rollout import Agent, RolloutCarry, collect_rollout, episode_metrics, reset_envs
-from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition
+from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition, as_key
 from ppojax.update import (
     OptimizerCarry,
     adaptive_kl_update,
+    init_optimizer,
     learning_rate_at,
     make_optimizer,
     policy_kl,
@@ -36,14 +37,14 @@ def make_agent(config: PPOConfig) -> Agent:
 
 
 def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
-    """Fresh parameters, optimizer state and reset environments."""
+    """Fresh parameters, optimizer state and reset environments; ``key`` as for ``train``."""
     agent = make_agent(config)
-    key, params_key, env_key = jax.random.split(key, 3)
+    key, params_key, env_key = jax.random.split(as_key(key, "ppojax.init_state"), 3)
     params = init_params(params_key, agent.env.spec, config.hidden_sizes, config.activation)
     obs, env_state = reset_envs(agent, env_key, config.num_envs)
     return TrainState(
         params=params,
-        opt_state=make_optimizer(config).init(params),
+        opt_state=init_optimizer(make_optimizer(config), params),
         env_state=env_state,
         obs=obs,
         obs_stats=RunningStats.zeros((agent.env.spec.obs_dim,)),
@@ -177,8 +178,10 @@ def train(config: PPOConfig, key: jax.Array, mesh: Mesh | None = None) -> TrainO
     structure, and ``jax.vmap(train, in_axes=(None, 0))(config, keys)`` runs several seeds.
     Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``).
     ``mesh`` (static under jit: ``jax.jit(train, static_argnames="mesh")``) splits the run's
-    environments across devices; num_envs must be a multiple of the device count.
+    environments across devices; num_envs must be a multiple of the device count. ``key`` is
+    one ``jax.random.key(seed)`` or one raw ``jax.random.PRNGKey(seed)`` (same result).
     """
+    key = as_key(key)
     if mesh is not None:
         check_divisible(config.num_envs, mesh, "PPOConfig.num_envs")
     state = constrain_envs(init_state(config, key), mesh)

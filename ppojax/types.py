@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from ppojax.envs.normalize import RewardNormalizer, RunningStats
@@ -27,6 +28,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "grad_norm",  # global gradient norm before clipping, mean over minibatches
     "env_steps",  # environment steps taken so far, over all envs
     "gradient_steps",  # minibatch steps taken in this update (fewer after a target_kl stop)
+    # minibatch steps the divergence guard skipped: their loss, gradients, new parameters or
+    # optimizer state held a NaN or inf (0 in a healthy run; all of them once it diverged)
+    "nonfinite_steps",
     "kl",  # analytic KL(pi_old || pi_new) after the update, mean over the rollout
     "kl_coef",  # the penalty coefficient beta used in this update
 )
@@ -96,3 +100,63 @@ class TrainOutput(NamedTuple):
 
     state: TrainState
     metrics: Metrics
+
+
+def _raw_key_shape() -> tuple[int, ...]:
+    """Shape of the raw uint32 data of one key of the default PRNG implementation ([2])."""
+    return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape
+
+
+def _describe_key(key: Any) -> str:
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"the int {key} (a seed? pass jax.random.key({key}))"
+    if dtype is None or shape is None:
+        return f"{key!r} ({type(key).__name__})"
+    is_int = jnp.issubdtype(dtype, jnp.integer)
+    seed = " (a seed? pass jax.random.key(seed))" if shape == () and is_int else ""
+    return f"an array of dtype {dtype} and shape {tuple(shape)}{seed}"
+
+
+def as_key(key: Any, caller: str = "ppojax.train") -> jax.Array:
+    """``key`` as one typed PRNG key: a ``jax.random.key(seed)`` as it is, or the raw uint32
+    data of one (``jax.random.PRNGKey(seed)``, [2]) wrapped, which draws the same numbers.
+
+    A batch of keys is a ``ValueError`` that points to ``jax.vmap``; anything else that is not
+    a key (a seed, floats, the wrong shape) is a ``TypeError`` saying what was expected.
+    """
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    raw_shape = _raw_key_shape()
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if shape == ():
+            return key
+        batch = shape
+    elif dtype == jnp.uint32 and shape == raw_shape:
+        return jax.random.wrap_key_data(key)
+    elif dtype == jnp.uint32 and shape is not None and shape[-len(raw_shape) :] == raw_shape:
+        batch = shape[: -len(raw_shape)]
+    else:
+        raise TypeError(
+            f"{caller} needs one PRNG key: jax.random.key(seed), or the uint32{list(raw_shape)} "
+            f"of jax.random.PRNGKey(seed); got {_describe_key(key)}."
+        )
+    raise ValueError(
+        f"{caller} takes one PRNG key, got a batch of keys of shape {tuple(batch)}; train "
+        f"several seeds with jax.vmap({caller}, in_axes=(None, 0))(config, keys) or "
+        "ppojax.sweep(config, keys)."
+    )
+
+
+def check_key_batch(keys: Any, caller: str = "ppojax.sweep") -> None:
+    """Raise unless ``keys`` is a batch [S] of PRNG keys (typed [S], or raw uint32 [S, 2])."""
+    dtype, shape = getattr(keys, "dtype", None), getattr(keys, "shape", None)
+    typed = dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    raw_shape = _raw_key_shape()
+    if typed and len(shape) == 1:
+        return
+    if not typed and dtype == jnp.uint32 and shape is not None and shape[1:] == raw_shape:
+        return
+    raise TypeError(
+        f"{caller} needs a batch of PRNG keys [num_seeds] such as "
+        f"jax.random.split(jax.random.key(0), 4); got {_describe_key(keys)}."
+    )

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from ppojax import losses
 from ppojax.config import PPOConfig
@@ -34,11 +35,9 @@ def learning_rate_at(config: PPOConfig, gradient_step: jax.Array) -> jax.Array:
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
     """Global-norm gradient clipping, then Adam (eps 1e-5) with the (annealed) learning rate."""
-    return optax.flatten(
-        optax.chain(
-            optax.clip_by_global_norm(config.max_grad_norm),
-            optax.adam(functools.partial(learning_rate_at, config), eps=1e-5),
-        )
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(functools.partial(learning_rate_at, config), eps=1e-5),
     )
 
 
@@ -118,6 +117,12 @@ class EpochCarry(NamedTuple):
     stopped: jax.Array  # True once a minibatch's approx_kl passed stop_kl
 
 
+def init_optimizer(optimizer: optax.GradientTransformation, params: Params) -> Any:
+    """The optimizer state ``gradient_step`` works with: over the parameters raveled into one
+    flat vector (``jax.flatten_util.ravel_pytree``)."""
+    return optimizer.init(ravel_pytree(params)[0])
+
+
 def gradient_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -127,21 +132,38 @@ def gradient_step(
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
     """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
 
-    With ``stop_kl``, the step is skipped (parameters and optimizer state kept) when its
-    approximate KL before the step exceeds ``stop_kl`` or an earlier step stopped.
+    The optimizer runs on the parameters and gradients raveled into one flat vector (its
+    state comes from ``init_optimizer``): clipping and Adam are then a few kernels per step
+    instead of a few per parameter array, and so is the divergence guard. The step is skipped
+    (parameters and optimizer state kept) when its loss, the norm of its gradients or its new
+    parameters are not finite (counted in ``nonfinite_steps``; the optimizer state is then
+    finite too, as it only adds the finite gradients and their squares), and, with
+    ``stop_kl``, when its approximate KL before the step exceeds ``stop_kl`` or an earlier
+    step stopped. A step with nothing non-finite is taken exactly as computed.
     """
     old = carry.optimizer
+    flat_params, unravel = ravel_pytree(old.params)
     with jax.named_scope("loss_and_grad"):
-        grads, metrics = jax.grad(loss_fn, has_aux=True)(old.params, minibatch)
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     with jax.named_scope("optimizer"):
-        updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
-        new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
-    metrics = {**metrics, "grad_norm": optax.tree.norm(grads)}
-    if stop_kl is None:
-        return EpochCarry(new, carry.stopped), {**metrics, "gradient_steps": jnp.float32(1)}
-    take = jnp.logical_and(~carry.stopped, metrics["approx_kl"] <= stop_kl)
-    kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
-    return EpochCarry(kept, ~take), {**metrics, "gradient_steps": take.astype(jnp.float32)}
+        flat_grads = ravel_pytree(grads)[0]
+        grad_norm = optax.tree.norm(flat_grads)
+        updates, opt_state = optimizer.update(flat_grads, old.opt_state, flat_params)
+        new_params = flat_params + updates
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(new_params).all()
+    take, stopped = finite, carry.stopped
+    if stop_kl is not None:
+        kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
+        take = finite & ~carry.stopped & ~kl_stop
+        stopped = carry.stopped | kl_stop
+    kept_state = jax.tree.map(lambda n, o: jnp.where(take, n, o), opt_state, old.opt_state)
+    kept = OptimizerCarry(unravel(jnp.where(take, new_params, flat_params)), kept_state)
+    counts = {
+        "grad_norm": grad_norm,
+        "gradient_steps": take.astype(jnp.float32),
+        "nonfinite_steps": (~finite & ~carry.stopped).astype(jnp.float32),
+    }
+    return EpochCarry(kept, stopped), {**metrics, **counts}
 
 
 def sort_rounds(size: int) -> int:
@@ -194,7 +216,9 @@ def run_epochs(
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves) in freshly shuffled
     minibatches, one gradient step each, all skipped from the first minibatch whose approx_kl
-    exceeds ``stop_kl``. Metrics are means over the steps taken; ``gradient_steps`` counts them.
+    exceeds ``stop_kl``, and any whose result is not finite. Metrics are means over the steps
+    taken (NaN when none was); ``gradient_steps`` counts them, ``nonfinite_steps`` the steps
+    the divergence guard skipped.
     """
     step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
 
@@ -206,9 +230,16 @@ def run_epochs(
     start = EpochCarry(carry, jnp.bool_(False))
     end, metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
     taken = metrics.pop("gradient_steps")
+    skipped = metrics.pop("nonfinite_steps").sum()
     count = taken.sum()
-    means = jax.tree.map(lambda x: (x * taken).sum() / jnp.maximum(count, 1.0), metrics)
-    return end.optimizer, {**means, "gradient_steps": count}
+
+    def mean_over_taken(values: jax.Array) -> jax.Array:
+        # where, not a product with ``taken``: a skipped step's NaN times 0 is still NaN.
+        total = jnp.where(taken > 0, values, 0.0).sum()
+        return jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
+
+    means = jax.tree.map(mean_over_taken, metrics)
+    return end.optimizer, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 
 def update_epochs(

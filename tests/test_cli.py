@@ -1,15 +1,25 @@
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
 
+import ppojax
 from ppojax import io
-from ppojax.cli import annotation_parser, build_config, build_parser, main
-from ppojax.experiment import read_experiment, state_template
+from ppojax.cli import (
+    annotation_parser,
+    build_config,
+    build_parser,
+    divergence_status,
+    main,
+    print_divergence,
+)
+from ppojax.experiment import Experiment, RunResult, read_experiment, run_table, state_template
 
 TINY = (
     "--total-timesteps",
@@ -121,6 +131,76 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(train
     assert io.read_json(resumed / "summary.json")["resumed_from_update"] == 2
 
 
+def assert_same_final_state(run_dir, other_dir):
+    expected, _ = final_state(run_dir)
+    got, step = final_state(other_dir)
+    assert step == read_experiment(run_dir)[0].config.num_updates
+    for want, have in zip(
+        jax.tree.leaves(io.to_savable(expected)), jax.tree.leaves(io.to_savable(got)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(have))
+    assert (other_dir / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
+
+
+def test_resume_passes_over_a_corrupt_newest_checkpoint(trained, tmp_path, capsys):
+    """Checkpoint 6 (the final one) loses half of its largest file: resume says so, names
+    the file, moves it aside, restarts from checkpoint 4 and ends where the run ended."""
+    run_dir, _ = trained
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run_dir, damaged)
+    newest = damaged / "checkpoints" / "6"
+    files = [path for path in newest.rglob("*") if path.is_file() and "manifest" not in path.name]
+    victim = max(files, key=lambda path: path.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    assert main(["train", "--resume", str(damaged), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    name = victim.relative_to(newest)
+    assert f"ppojax: warning: checkpoint {newest} is corrupt: {name} is " in err
+    assert f"using the previous complete checkpoint, {damaged / 'checkpoints' / '4'}" in err
+    assert "moved the unreadable checkpoint to" in err
+    assert [path.name[:2] for path in (damaged / "checkpoints-unreadable").iterdir()] == ["6-"]
+    assert_same_final_state(run_dir, damaged)
+    assert io.read_json(damaged / "summary.json")["resumed_from_update"] == 4
+
+
+KILLED_RUN = (
+    "train",
+    "CartPole-v1",
+    *("--num-envs", "4", "--num-steps", "16", "--total-timesteps", str(4 * 16 * 40)),
+    *("--update-epochs", "2", "--num-minibatches", "2", "--hidden-sizes", "16"),
+    *("--checkpoint-every", "2", "--no-progress"),
+)
+
+
+def complete_checkpoints(out):
+    """The checkpoints under the run folders in ``out`` whose save finished (manifest written)."""
+    return [path for path in out.glob("*/checkpoints/*") if (path / io.MANIFEST_FILE).exists()]
+
+
+def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters(tmp_path):
+    """SIGKILL (no chance to clean up, possibly in the middle of writing checkpoint 6) once
+    the second checkpoint is complete, then --resume: the final state, parameters included,
+    and metrics.csv equal an uninterrupted run's exactly."""
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "ppojax", *KILLED_RUN, "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while len(complete_checkpoints(out)) < 2 and process.poll() is None:
+        assert time.monotonic() < deadline, "no second checkpoint within 300 s"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    _, stderr = process.communicate()
+    assert process.returncode == -signal.SIGKILL, stderr  # killed, not finished
+    (run_dir,) = out.iterdir()
+    assert not (run_dir / "summary.json").exists()
+    resumed = run_cli("train", "--resume", str(run_dir), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    whole = run_cli(*KILLED_RUN, "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    assert_same_final_state(run_folder(whole.stdout), run_dir)
+    assert io.read_json(run_dir / "summary.json")["resumed_from_update"] >= 4
+
+
 def test_eval_reports_mean_return_and_draws_a_gif(trained, tmp_path):
     run_dir, _ = trained
     gif = tmp_path / "episode.gif"
@@ -157,6 +237,52 @@ def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
         jax.tree.leaves(plain.params), jax.tree.leaves(swept.params), strict=True
     ):
         np.testing.assert_allclose(np.asarray(have)[2:], np.asarray(want), rtol=1e-4, atol=1e-6)
+
+
+def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, capsys):
+    """A learning rate of 1e30 sends the value loss to inf after the first step: the guard
+    skips every later step, the report says so and the exit code is 3; the saved parameters
+    are still finite (those of the last finite step)."""
+    args = ["train", *TINY, "--learning-rate", "1e30", "--no-progress", "--out", str(tmp_path)]
+    assert main(args) == 3
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == (
+        "ppojax train: error: run 0 diverged and never recovered: non-finite updates from "
+        "update 1 on, and its last update skipped 2 of 2 steps. Its parameters are its last "
+        "finite ones; lower the learning rate or check the env's rewards and observations."
+    )
+    assert "divergence guard, run 0 (seed 0): 11 minibatch step(s) skipped" in captured.out
+    assert "NOT recovered" in captured.out
+    run_dir = run_folder(captured.out)
+    summary = io.read_json(run_dir / "summary.json")
+    assert summary["diverged_runs"] == [0] and summary["divergence"][0]["first_update"] == 1
+    state, _ = final_state(run_dir)
+    for leaf in jax.tree.leaves((state.params, state.opt_state)):
+        assert np.isfinite(np.asarray(leaf)).all()
+
+
+def test_divergence_lines_name_the_seed_and_grid_point_of_each_run(capsys):
+    config = ppojax.PPOConfig(num_envs=2, num_steps=4, total_timesteps=24, update_epochs=1)
+    experiment = Experiment(config, seeds=2, grid={"learning_rate": (2.5e-4, 1e30)})
+    skipped = np.array([[0, 0, 0], [0, 1, 0], [0, 4, 4], [4, 4, 4]], np.float32)
+    result = RunResult(
+        experiment, None, run_table(experiment), None, {"nonfinite_steps": skipped}, 0, 0, 0
+    )
+    print_divergence(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "divergence guard, run 1 (seed 1, learning_rate=0.00025): 1 minibatch step(s) skipped "
+        "(NaN or inf), first at update 2; recovered",
+        "divergence guard, run 2 (seed 0, learning_rate=1e+30): 8 minibatch step(s) skipped "
+        "(NaN or inf), first at update 2; NOT recovered: its last update skipped steps",
+        "divergence guard, run 3 (seed 1, learning_rate=1e+30): 12 minibatch step(s) skipped "
+        "(NaN or inf), first at update 1; NOT recovered: its last update skipped steps",
+    ]
+    assert result.diverged_runs == [2, 3]
+    assert divergence_status(result, "sweep") == 3
+    assert "runs 2, 3 diverged and never recovered: non-finite updates from update 1 on" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
@@ -203,6 +329,15 @@ def test_config_file_then_flags_override_the_preset(tmp_path):
     config = build_config(args)
     assert config.env_id == "Pendulum-v1" and config.num_envs == 8 and config.gamma == 0.9
     assert config.num_steps == 256  # from the Pendulum preset
+
+
+def test_toml_config_file_with_a_flag_on_top(tmp_path):
+    (tmp_path / "c.toml").write_text('env_id = "Pendulum-v1"\nnum_envs = 8\ntarget_kl = "off"\n')
+    args = build_parser().parse_args(
+        ["train", "Acrobot-v1", "--config", str(tmp_path / "c.toml"), "--num-envs", "2"]
+    )
+    config = build_config(args)
+    assert config.env_id == "Acrobot-v1" and config.num_envs == 2 and config.target_kl is None
 
 
 def test_flags_parse_into_config_types():

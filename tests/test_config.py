@@ -1,8 +1,10 @@
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import ppojax
-from ppojax.config import PRESETS
+from ppojax.config import PRESETS, ConfigError, UnknownFieldError
 
 
 def test_defaults_are_the_classic_cartpole_config():
@@ -47,17 +49,68 @@ def test_hyperparameters_are_leaves_and_shapes_are_static():
         ({"target_kl": 0.0}, "target_kl"),
         ({"obs_clip": -1.0}, "obs_clip"),
         ({"reward_clip": 0.0}, "reward_clip"),
+        ({"num_envs": "8"}, "num_envs"),
+        ({"num_envs": True}, "num_envs"),
+        ({"num_steps": 128.0}, "num_steps"),
+        ({"anneal_lr": "false"}, "anneal_lr"),
+        ({"normalize_observations": 1}, "normalize_observations"),
+        ({"learning_rate": float("inf")}, "learning_rate"),
+        ({"learning_rate": "3e-4"}, "learning_rate"),
+        ({"learning_rate": None}, "learning_rate"),
+        ({"learning_rate": True}, "learning_rate"),
+        ({"gamma": float("nan")}, "gamma"),
+        ({"target_kl": [0.01]}, "target_kl"),
+        ({"target_kl": float("inf")}, "target_kl"),
+        ({"hidden_sizes": 64}, "hidden_sizes"),
+        ({"hidden_sizes": "64,64"}, "hidden_sizes"),
+        ({"hidden_sizes": (64, True)}, "hidden_sizes"),
+        ({"env_id": 3}, "env_id"),
+        ({"activation": None}, "activation"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):
-    with pytest.raises(ValueError, match=f"PPOConfig.{field}"):
+    with pytest.raises(ConfigError, match=f"PPOConfig.{field}") as error:
         ppojax.PPOConfig(**changes)
+    assert error.value.field == field and isinstance(error.value, ValueError)
+    assert repr(next(iter(changes.values())))[:8] in str(error.value)  # names the bad value
 
 
-def test_unknown_env_id_lists_close_matches():
+def test_numpy_values_become_plain_python_values():
+    config = ppojax.PPOConfig(
+        num_envs=np.int64(8), hidden_sizes=np.array([32, 16]), anneal_lr=np.bool_(False)
+    )
+    assert type(config.num_envs) is int and type(config.anneal_lr) is bool
+    assert config.hidden_sizes == (32, 16) and type(config.hidden_sizes[0]) is int
+    assert ppojax.PPOConfig(learning_rate=np.float32(1e-3)).learning_rate == np.float32(1e-3)
+
+
+def test_arrays_of_values_are_checked_elementwise_and_traced_values_pass():
+    config = ppojax.PPOConfig(learning_rate=np.array([1e-3, 3e-4]))
+    np.testing.assert_allclose(config.learning_rate, [1e-3, 3e-4])
+    with pytest.raises(ConfigError, match="PPOConfig.gamma"):
+        ppojax.PPOConfig(gamma=np.array([0.9, 1.1]))
+    with pytest.raises(ConfigError, match="PPOConfig.learning_rate"):
+        ppojax.PPOConfig(learning_rate=jnp.array([1e-3, jnp.nan]))
+    # Inside jit and vmap the values are tracers, checked where they were made.
+    doubled = jax.jit(lambda config: config.learning_rate * 2)(ppojax.PPOConfig())
+    np.testing.assert_allclose(doubled, 5e-4)
+
+
+def test_unknown_keywords_name_close_matches():
+    with pytest.raises(UnknownFieldError, match="Did you mean learning_rate") as error:
+        ppojax.PPOConfig(lerning_rate=1e-3)
+    assert isinstance(error.value, TypeError) and isinstance(error.value, ValueError)
+    assert error.value.field == "lerning_rate"
+    with pytest.raises(UnknownFieldError, match="Did you mean gamma"):
+        ppojax.PPOConfig.preset("Pendulum-v1", gama=0.9)
+
+
+def test_unknown_env_id_and_choices_list_close_matches():
     with pytest.raises(ValueError, match="PPOConfig.env_id") as error:
         ppojax.PPOConfig(env_id="Cartpole-v1")
     assert "CartPole-v1" in str(error.value)
+    with pytest.raises(ValueError, match="Did you mean 'clip_penalty'"):
+        ppojax.PPOConfig(policy_objective="clip-penalty")
 
 
 def test_replace_validates_and_rejects_unknown_fields():

@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gymnax.environments import spaces
 
 from ppojax.envs import PPOEnv, list_envs, make_env
 
@@ -74,3 +75,55 @@ def test_unknown_env_id_lists_close_matches():
     with pytest.raises(ValueError, match="CartPole-v1"):
         make_env("CartPole-v2")
     assert "CartPole-v1" in list_envs()
+
+
+class OtherSpaces:
+    """Pendulum's dynamics behind other spaces (every registered gymnax env has a Discrete or
+    Box action space, so an unsupported one is made here)."""
+
+    def __init__(self, action_space, observation_space=None):
+        self.base, self.params = gymnax.make("Pendulum-v1")
+        self.spaces = action_space, observation_space
+
+    def action_space(self, params):
+        return self.spaces[0]
+
+    def observation_space(self, params):
+        return self.spaces[1] or self.base.observation_space(params)
+
+
+@pytest.mark.parametrize(
+    "action_space, observation_space, message",
+    [
+        (spaces.Tuple([spaces.Discrete(2)] * 2), None, "Tuple.*is not supported"),
+        (spaces.Dict({"a": spaces.Discrete(2)}), None, "Dict.*is not supported"),
+        (spaces.Box(0, 5, (2,), jnp.int32), None, "needs a Box of float actions"),
+        (spaces.Box(0.0, 1.0, (0,)), None, "needs a Box of float actions"),
+        (spaces.Box(1.0, -1.0, (2,)), None, "low > high"),
+        (spaces.Box(jnp.nan, 1.0, (2,)), None, "NaN bounds"),
+        (spaces.Discrete(0), None, "has no actions"),
+        (spaces.Discrete(2), spaces.Dict({"a": spaces.Discrete(2)}), "observation space Dict"),
+    ],
+)
+def test_spaces_the_policy_cannot_handle_are_clear_errors(action_space, observation_space, message):
+    with pytest.raises(ValueError, match=f"MyEnv: .*{message}"):
+        env = OtherSpaces(action_space, observation_space)
+        PPOEnv(env, env.params, name="MyEnv")
+
+
+def test_unbounded_and_matrix_shaped_boxes_are_supported():
+    base = OtherSpaces(spaces.Box(-jnp.inf, jnp.inf, (2, 3)))
+    env = PPOEnv(base, base.params)
+    assert env.spec.action_dim == 6 and not env.spec.discrete
+    assert env.spec.action_low == (-np.inf,) * 6
+    clipped = env._env_action(jnp.arange(6.0) * 1e30)
+    assert clipped.shape == (2, 3) and np.isfinite(np.asarray(clipped)).all()
+
+
+def test_an_env_that_cannot_be_built_names_its_id(monkeypatch):
+    def offline(env_id, **kwargs):
+        raise OSError("<urlopen error [Errno -2] Name or service not known>")
+
+    monkeypatch.setattr(gymnax, "make", offline)
+    with pytest.raises(ValueError, match="gymnax could not build 'MNISTBandit-bsuite': <urlopen"):
+        make_env("MNISTBandit-bsuite")

@@ -1,8 +1,13 @@
+import importlib
+
+import gymnax
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ppojax
+from ppojax.envs import PPOEnv
 from ppojax.experiment import (
     Experiment,
     chunk_length,
@@ -95,3 +100,76 @@ def test_an_interrupted_run_keeps_its_checkpoints_and_resumes(tmp_path, monkeypa
     result = experiment.resume_experiment(tmp_path)
     assert result.resumed_from == 2 and result.metrics["episode_return"].shape == (2, 6)
     np.testing.assert_array_equal(result.state.update_step, [6, 6])
+
+
+class NaNRewardAt:
+    """CartPole whose reward is NaN at its ``at``-th step (counted over episodes: the
+    counter lives beside gymnax's state, which its auto-reset leaves alone)."""
+
+    def __init__(self, at: int) -> None:
+        self.env, self.params = gymnax.make("CartPole-v1")
+        self.at = at
+
+    def reset(self, key, params):
+        obs, state = self.env.reset(key, params)
+        return obs, (state, jnp.int32(0))
+
+    def step(self, key, state, action, params):
+        inner, count = state
+        obs, inner, reward, terminated, truncated, info = self.env.step(key, inner, action, params)
+        reward = jnp.where(count + 1 == self.at, jnp.nan, reward)
+        return obs, (inner, count + 1), reward, terminated, truncated, info
+
+    def observation_space(self, params):
+        return self.env.observation_space(params)
+
+    def action_space(self, params):
+        return self.env.action_space(params)
+
+
+def test_a_nan_reward_skips_one_update_is_reported_and_the_run_recovers(
+    tmp_path, monkeypatch, capsys
+):
+    """A NaN reward at env step 40 (in update 3 of 16-step rollouts) reaches GAE and every
+    minibatch of update 3: the guard skips all its steps, summary.json and the result name
+    update 3, and with the normalizers left clean the run trains on, finite, to the end."""
+    from ppojax import experiment, io
+
+    train_module = importlib.import_module("ppojax.train")  # ppojax.train is the function
+    env = NaNRewardAt(40)
+    monkeypatch.setattr(
+        train_module, "make_env", lambda env_id: PPOEnv(env, env.params, "NaNReward")
+    )
+    config = CONFIG.replace(
+        num_steps=16,
+        total_timesteps=2 * 16 * 6,
+        normalize_rewards=True,
+        normalize_observations=True,
+    )
+    options = experiment.RunOptions(progress=False)
+    result = experiment.run_experiment(Experiment(config, seeds=2), tmp_path, options)
+    steps = config.update_epochs * config.num_minibatches
+    skipped = result.metrics["nonfinite_steps"]
+    np.testing.assert_array_equal(skipped, [[0, 0, steps, 0, 0, 0]] * 2)
+    np.testing.assert_array_equal(result.metrics["gradient_steps"][:, 2], [0, 0])
+    expected = [
+        {
+            "run": run,
+            "nonfinite_steps": steps,
+            "first_update": 3,
+            "last_update_skipped": 0,
+            "recovered": True,
+        }
+        for run in (0, 1)
+    ]
+    assert result.divergence == expected and result.diverged_runs == []
+    summary = io.read_json(tmp_path / io.SUMMARY_FILE)
+    assert summary["divergence"] == expected and summary["diverged_runs"] == []
+    state = result.state
+    for leaf in jax.tree.leaves((state.params, state.opt_state, state.obs_stats)):
+        assert np.isfinite(np.asarray(leaf)).all()
+    assert np.isfinite(np.asarray(state.reward_normalizer.return_stats.var)).all()
+    assert (result.metrics["gradient_steps"][:, 3:] == steps).all()  # trained on afterwards
+    assert f"at update 3 the divergence guard skipped {steps} minibatch step(s) of run 0" in (
+        capsys.readouterr().err
+    )

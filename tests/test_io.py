@@ -6,6 +6,7 @@ import pytest
 
 import ppojax
 from ppojax import io
+from ppojax.config import ConfigError, UnknownFieldError
 from ppojax.experiment import Experiment, init_states
 
 
@@ -30,6 +31,50 @@ def test_config_file_errors_name_the_problem(tmp_path):
         io.read_config_file(tmp_path / "list.json")
     with pytest.raises(ValueError, match="cannot read"):
         io.read_config_file(tmp_path / "missing.json")
+
+
+def test_toml_config_files_read_like_json_ones(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        'env_id = "Pendulum-v1"\nhidden_sizes = [32, 16]\nvf_clip_eps = "none"\n'
+        "learning_rate = 3e-4\nanneal_lr = false\n"
+    )
+    config = io.config_from_file(tmp_path / "c.toml", num_envs=8)
+    assert config == ppojax.PPOConfig.preset(
+        "Pendulum-v1",
+        hidden_sizes=(32, 16),
+        vf_clip_eps=None,
+        learning_rate=3e-4,
+        anneal_lr=False,
+        num_envs=8,
+    )
+
+
+def test_errors_from_a_config_file_name_the_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("gamma = 1.5\nnum_envs = 8\n")
+    with pytest.raises(ConfigError, match=f"config file {path}: PPOConfig.gamma .* got 1.5"):
+        io.config_from_file(path)
+    # The value given on top, not the file's, is the one at fault.
+    with pytest.raises(ConfigError, match="^PPOConfig.gamma .* got 2.0"):
+        io.config_from_file(path, gamma=2.0)
+    assert io.config_from_file(path, gamma=0.9).num_envs == 8
+    path.write_text("learning_rat = 1e-3\n")
+    with pytest.raises(
+        UnknownFieldError, match=f"config file {path}: .*Did you mean learning_rate"
+    ):
+        io.config_from_file(path)
+    (tmp_path / "twice.json").write_text('{"gamma": 0.9, "gamma": 0.8}')
+    with pytest.raises(ValueError, match="twice.json: field 'gamma' is given more than once"):
+        io.read_config_file(tmp_path / "twice.json")
+    (tmp_path / "c.pkl").write_bytes(b"\x80\x04N.")
+    with pytest.raises(ValueError, match=r"c.pkl must be a .json or .toml file"):
+        io.read_config_file(tmp_path / "c.pkl")
+
+
+def test_a_run_file_that_is_not_json_is_named(tmp_path):
+    (tmp_path / "run.json").write_text('{"seeds": 2')
+    with pytest.raises(ValueError, match="run.json is not valid JSON"):
+        io.read_json(tmp_path / "run.json")
 
 
 def test_write_json_leaves_no_temporary_files(tmp_path):
@@ -130,3 +175,89 @@ def test_restoring_without_a_checkpoint_is_a_clear_error(tmp_path, batched_state
 def test_versions_name_the_stack():
     found = io.versions()
     assert {"python", "ppojax", "jax", "orbax-checkpoint", "backend"} <= set(found)
+
+
+def _save_three(directory, state, keep=None):
+    checkpoints = io.open_checkpoints(directory, keep=keep)
+    for step in (1, 2, 3):
+        io.save_checkpoint(checkpoints, step, state)
+    checkpoints.close()
+    return directory / io.CHECKPOINT_DIR
+
+
+def _largest_file(folder):
+    return max(
+        (path for path in folder.rglob("*") if path.is_file()), key=lambda p: p.stat().st_size
+    )
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "truncate-no-manifest"])
+def test_a_damaged_checkpoint_names_its_file_and_the_previous_one_is_used(
+    tmp_path, batched_state, damage
+):
+    folder = _save_three(tmp_path, batched_state)
+    newest = folder / "3"
+    victim = _largest_file(newest)
+    name = str(victim.relative_to(newest))
+    if damage.startswith("truncate"):
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    elif damage == "flip":
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    else:
+        victim.unlink()
+    if damage.endswith("no-manifest"):  # orbax's own read fails instead of the manifest check
+        (newest / io.MANIFEST_FILE).unlink()
+        message, expected = "does not read back", "does not read back"
+    else:
+        problem = {
+            "truncate": "truncated",
+            "flip": "changed since it was saved",
+            "delete": "missing",
+        }
+        message, expected = name, problem[damage]
+    template = jax.eval_shape(lambda: batched_state)
+    with pytest.warns(
+        io.CheckpointWarning, match="using the previous complete checkpoint"
+    ) as caught:
+        restored, step = io.restore_checkpoint(tmp_path, template)
+    assert step == 2 and message in str(caught[0].message) and expected in str(caught[0].message)
+    assert str(newest) in str(caught[0].message) and str(folder / "2") in str(caught[0].message)
+    np.testing.assert_array_equal(restored.update_step, batched_state.update_step)
+    with pytest.raises(io.CheckpointError, match=f"checkpoint {newest} .*{expected}"):
+        io.restore_checkpoint(tmp_path, template, step=3)
+
+
+def test_a_failed_save_keeps_the_checkpoint_before_it(tmp_path, batched_state, monkeypatch):
+    """Old checkpoints go only after the new one is complete: a save that dies half-way (here
+    orbax raising) leaves the previous checkpoint in place, even with keep=1."""
+    checkpoints = io.open_checkpoints(tmp_path, keep=1)
+    io.save_checkpoint(checkpoints, 1, batched_state)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints.manager, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint(checkpoints, 2, batched_state)
+    checkpoints.close()
+    assert [path.name for path in (tmp_path / io.CHECKPOINT_DIR).iterdir()] == ["1"]
+    _, step = io.restore_checkpoint(tmp_path, jax.eval_shape(lambda: batched_state))
+    assert step == 1
+
+
+def test_every_saved_checkpoint_has_a_manifest_of_its_files(tmp_path, batched_state):
+    folder = _save_three(tmp_path, batched_state, keep=2)
+    manifest = io.read_json(folder / "3" / io.MANIFEST_FILE)
+    assert manifest["step"] == 3 and manifest["files"] == io.file_manifest(folder / "3")
+    assert any(name.startswith("default/") for name in manifest["files"])
+
+
+def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    write_chunks(tmp_path / "m.csv", [(0, 5)])
+    with open(tmp_path / "m.csv", "a") as file:
+        file.write("0,0,0.1,")  # the start of update 6's row
+    io.truncate_metrics(tmp_path / "m.csv", 5)
+    _, metrics = io.read_metrics(tmp_path / "m.csv")
+    assert metrics["episode_return"].shape == (2, 5)

@@ -53,11 +53,13 @@ def test_cartpole_is_solved_by_ppo_penalty_with_adaptive_beta():
 
 
 def test_pendulum_with_observation_and_reward_normalization_within_one_million_steps():
+    """3 of 4 seeds must reach -250: with this preset about one seed in ten stays stuck near
+    -600 to -1000, and which one depends on the last bits of the arithmetic (measured on
+    seeds split from key(1): 1 stuck of 8 before the divergence guard existed, a different
+    1 of 8 after it), so a mean over 4 seeds fails whenever an unrelated change moves a bit."""
     config = ppojax.PPOConfig.preset("Pendulum-v1")
     assert config.total_timesteps <= 1_000_000
     assert config.normalize_observations and config.normalize_rewards
     returns = final_returns(config, seeds=4)
     print("Pendulum-v1 mean return over the last 10 updates, per seed:", returns)
-    # PPO on Pendulum leaves an occasional seed stuck near -500 at this budget (3 of 16 seeds
-    # across two measurements); the preset must solve the others.
     assert (returns >= -250).sum() >= 3, returns

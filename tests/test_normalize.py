@@ -55,3 +55,26 @@ def test_reward_normalization_matches_a_numpy_running_computation():
         scaled.append(out)
     expected = reward_normalizer_reference(rewards, dones, 0.9)
     np.testing.assert_allclose(np.array(scaled)[1:], expected[1:], rtol=1e-4)
+
+
+def test_a_batch_with_nan_or_inf_is_left_out_of_the_statistics():
+    stats = update_stats(RunningStats.zeros((2,)), jnp.array([[1.0, 2.0], [3.0, 4.0]]))
+    for bad in (jnp.nan, jnp.inf):
+        unchanged = update_stats(stats, jnp.array([[bad, 0.0], [5.0, 6.0]]))
+        for name in ("mean", "var", "count"):
+            np.testing.assert_array_equal(getattr(unchanged, name), getattr(stats, name))
+
+
+def test_a_nan_reward_passes_through_but_leaves_the_normalizer_usable():
+    """The NaN reaches the loss (where the update guard skips it) but neither the statistics
+    nor the env's discounted return keep it, so later rewards scale as if it never came."""
+    rewards = np.array([[1.0, 2.0], [np.nan, 1.0], [0.5, -1.0], [2.0, 0.0]], np.float32)
+    normalizer = RewardNormalizer.zeros(2)
+    scaled = []
+    for reward in rewards:
+        out, normalizer = normalize_reward(normalizer, jnp.asarray(reward), jnp.zeros(2, bool), 0.9)
+        scaled.append(np.asarray(out))
+    assert np.isnan(scaled[1][0]) and np.isfinite(scaled[1][1])
+    assert np.isfinite(scaled[2]).all() and np.isfinite(scaled[3]).all()
+    assert float(normalizer.return_stats.count) == 6  # the batch holding the NaN left out
+    assert float(normalizer.discounted_return[0]) == np.float32(0.5 * 0.9 + 2.0)  # restarted

@@ -36,6 +36,32 @@ def test_same_key_gives_identical_output(tiny_config, tiny_train):
     assert not np.array_equal(first.metrics["policy_loss"], other.metrics["policy_loss"])
 
 
+def test_old_style_uint32_keys_give_the_same_run_as_typed_keys(tiny_config, tiny_train):
+    typed = tiny_train(tiny_config, jax.random.key(7))
+    raw = tiny_train(tiny_config, jax.random.PRNGKey(7))
+    assert jnp.issubdtype(raw.state.key.dtype, jax.dtypes.prng_key)
+    assert_trees_equal(typed, raw)
+
+
+def test_a_diverging_run_skips_its_steps_and_leaves_the_runs_beside_it_alone(tiny_config):
+    """A learning rate of 1e30 drives one run's value loss to inf: the guard skips its steps
+    and its parameters stay finite, while the run vmapped beside it is bit for bit the same as
+    beside a healthy twin (one compiled program for both sweeps)."""
+    keys = jax.random.split(jax.random.key(0), 2)
+    healthy = ppojax.sweep(tiny_config, keys, learning_rate=[2.5e-4, 2.5e-4])
+    mixed = ppojax.sweep(tiny_config, keys, learning_rate=[2.5e-4, 1e30])
+    assert_trees_equal(
+        jax.tree.map(lambda leaf: leaf[0], (healthy.state, healthy.metrics)),
+        jax.tree.map(lambda leaf: leaf[0], (mixed.state, mixed.metrics)),
+    )
+    assert not np.asarray(healthy.metrics["nonfinite_steps"]).any()
+    skipped = np.asarray(mixed.metrics["nonfinite_steps"][1])  # [seeds, updates]
+    steps = tiny_config.update_epochs * tiny_config.num_minibatches
+    assert (skipped[:, 1:] == steps).all() and (skipped[:, 0] > 0).all()
+    for leaf in jax.tree.leaves((mixed.state.params, mixed.state.opt_state)):
+        assert np.isfinite(np.asarray(leaf)).all()
+
+
 def test_vmap_over_seeds_equals_separate_runs(tiny_config, tiny_train):
     keys = jax.random.split(jax.random.key(0), 4)
     batched = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(tiny_config, keys)

@@ -1,11 +1,20 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import ppojax
 from ppojax.types import Batch
-from ppojax.update import learning_rate_at, permutation, shuffle_into_minibatches, sort_rounds
+from ppojax.update import (
+    OptimizerCarry,
+    init_optimizer,
+    learning_rate_at,
+    permutation,
+    run_epochs,
+    shuffle_into_minibatches,
+    sort_rounds,
+)
 
 
 def test_shuffle_is_a_permutation_split_into_minibatches():
@@ -187,3 +196,84 @@ def test_clip_penalty_adds_the_kl_term_to_the_clipped_surrogate(env_id):
     np.testing.assert_allclose(parts["policy_loss"], clipped + 0.7 * kl.mean(), rtol=1e-4)
     plain, *_ = _penalty_case(env_id, "clip")
     np.testing.assert_allclose(plain["policy_loss"], clipped, rtol=1e-4, atol=1e-6)
+
+
+def _guarded_epoch(loss_fn, optimizer, x, stop_kl=None):
+    """One epoch of one-sample minibatches over x [N, 3] from w = 0."""
+    params = {"w": jnp.zeros(3)}
+    carry = OptimizerCarry(params, init_optimizer(optimizer, params))
+    return run_epochs(
+        loss_fn,
+        optimizer,
+        carry,
+        x,
+        jax.random.key(3),
+        num_epochs=1,
+        num_minibatches=x.shape[0],
+        stop_kl=stop_kl,
+    )
+
+
+def _manual_epoch(loss_fn, optimizer, x, skip):
+    """The same epoch as a Python loop that leaves out sample ``skip``."""
+    params = {"w": jnp.zeros(3)}
+    state = optimizer.init(params)
+    order = permutation(jax.random.split(jax.random.key(3), 1)[0], x.shape[0])
+    for index in np.asarray(order):
+        if index != skip:
+            grads, _ = jax.grad(loss_fn, has_aux=True)(params, x[index : index + 1])
+            updates, state = optimizer.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+    return params
+
+
+def _nan_loss(params, x):  # NaN loss, finite (zero) gradient where x holds a NaN marker
+    loss = jnp.sum(jnp.square(params["w"] - jnp.nan_to_num(x)))
+    return loss + jnp.where(jnp.isnan(x).any(), jnp.nan, 0.0), {"approx_kl": jnp.float32(0)}
+
+
+def _nan_gradient_loss(params, x):  # finite loss, NaN gradient (sqrt at 0) at the marker
+    offset = jnp.where(jnp.isnan(x).any(), 0.0, 1.0)  # d sqrt(|u|)/du is infinite at u = 0
+    kink = jnp.sqrt(jnp.abs(params["w"] - params["w"] + offset)).sum()
+    loss = jnp.sum(jnp.square(params["w"] - jnp.nan_to_num(x))) + kink
+    return loss, {"approx_kl": jnp.float32(0)}
+
+
+def _overflow_loss(params, x):  # bounded loss, finite gradient; the SGD step overflows params
+    scale = jnp.where(jnp.isnan(x).any(), 1e10, 1e-30)  # steps of about 1 with lr 1e30
+    loss = scale * jnp.sum(jnp.sin(params["w"]) * jnp.nan_to_num(x, nan=1.0))
+    return loss, {"approx_kl": jnp.float32(0)}
+
+
+@pytest.mark.parametrize(
+    "loss_fn, optimizer",
+    [
+        (_nan_loss, optax.adam(0.1)),
+        (_nan_gradient_loss, optax.adam(0.1)),
+        (_overflow_loss, optax.sgd(1e30)),
+    ],
+    ids=["nan-loss", "nan-gradients", "inf-parameters"],
+)
+def test_guard_skips_steps_whose_loss_gradients_or_parameters_are_not_finite(loss_fn, optimizer):
+    x = jnp.array([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [jnp.nan, 0.0, 0.0], [-2.0, 1.0, 0.0]])
+    carry, metrics = _guarded_epoch(loss_fn, optimizer, x)
+    assert float(metrics["nonfinite_steps"]) == 1 and float(metrics["gradient_steps"]) == 3
+    assert all(np.isfinite(float(value)) for value in metrics.values())
+    expected = _manual_epoch(loss_fn, optimizer, x, skip=2)
+    np.testing.assert_allclose(carry.params["w"], expected["w"], rtol=1e-6)
+    counts = [int(leaf) for leaf in jax.tree.leaves(carry.opt_state) if leaf.dtype == jnp.int32]
+    assert all(count == 3 for count in counts)  # Adam's step count skips the bad step too
+
+
+def test_an_update_whose_every_step_is_skipped_keeps_the_parameters_and_logs_nan():
+    x = jnp.full((4, 3), jnp.nan)
+    carry, metrics = _guarded_epoch(_nan_loss, optax.adam(0.1), x)
+    np.testing.assert_array_equal(carry.params["w"], np.zeros(3))
+    assert float(metrics["nonfinite_steps"]) == 4 and float(metrics["gradient_steps"]) == 0
+    assert np.isnan(float(metrics["grad_norm"]))  # no step taken: no mean to report
+
+
+def test_a_skipped_step_does_not_count_as_a_target_kl_stop():
+    x = jnp.array([[jnp.nan, 0.0, 0.0], [1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [-2.0, 1.0, 0.0]])
+    _, metrics = _guarded_epoch(_nan_loss, optax.adam(0.1), x, stop_kl=1e9)
+    assert float(metrics["gradient_steps"]) == 3 and float(metrics["nonfinite_steps"]) == 1

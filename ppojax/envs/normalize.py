@@ -26,7 +26,10 @@ class RunningStats:
 
 def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
     """Merge ``batch`` [N, *shape] into ``stats``:
-    mean' = mean + d n/(c + n), M2' = var c + var_b n + d^2 c n/(c + n), with d = mean_b - mean."""
+    mean' = mean + d n/(c + n), M2' = var c + var_b n + d^2 c n/(c + n), with d = mean_b - mean.
+
+    A batch holding a NaN or inf is left out (``stats`` returned unchanged): merged in, it
+    would turn the statistics, and every normalized value after it, into NaN for good."""
     batch_count = batch.shape[0]
     batch_mean = batch.mean(axis=0)
     batch_var = batch.var(axis=0)
@@ -35,7 +38,9 @@ def update_stats(stats: RunningStats, batch: jax.Array) -> RunningStats:
     mean = stats.mean + delta * batch_count / total
     m2 = stats.var * stats.count + batch_var * batch_count
     m2 = m2 + jnp.square(delta) * stats.count * batch_count / total
-    return RunningStats(mean, m2 / total, total)
+    merged = RunningStats(mean, m2 / total, total)
+    finite = jnp.isfinite(batch).all()
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old), merged, stats)
 
 
 def normalize_obs(
@@ -65,8 +70,11 @@ def normalize_reward(
     eps: float = 1e-8,
 ) -> tuple[jax.Array, RewardNormalizer]:
     """reward [B] / sqrt(Var[G] + eps) with G_t = gamma G_{t-1} + r_t per env (G = 0 after an
-    episode ends); the statistics of G include this step's returns."""
+    episode ends); the statistics of G include this step's returns. A NaN or inf reward stays
+    in the scaled reward (the update guard then skips the update it reaches) but restarts that
+    env's G at 0 and is left out of the statistics, so later rewards scale normally."""
     discounted = normalizer.discounted_return * gamma + reward
     stats = update_stats(normalizer.return_stats, discounted)
     scaled = reward / jnp.sqrt(stats.var + eps)
-    return scaled, RewardNormalizer(stats, jnp.where(done, 0.0, discounted))
+    restart = jnp.logical_or(done, ~jnp.isfinite(discounted))
+    return scaled, RewardNormalizer(stats, jnp.where(restart, 0.0, discounted))

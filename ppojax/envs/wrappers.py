@@ -59,31 +59,69 @@ def list_envs() -> list[str]:
     return list(gymnax.registered_envs)
 
 
-def _space_spec(obs_space: Any, action_space: Any) -> EnvSpec:
+def _obs_dim(name: str, obs_space: Any) -> int:
     from gymnax.environments import spaces
 
-    obs_dim = int(math.prod(obs_space.shape))
+    if not isinstance(obs_space, (spaces.Box, spaces.Discrete)):
+        raise ValueError(
+            f"{name}: observation space {obs_space!r} is not supported; ppojax flattens Box "
+            "and Discrete observations into one vector. Wrap the env so that it returns one Box."
+        )
+    return int(math.prod(obs_space.shape))
+
+
+def _box_bounds(name: str, action_space: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bounds of a Box action space as float32 vectors [size], checked: the Gaussian
+    policy samples floats, which the env then gets clipped to [low, high]."""
+    if size == 0 or not np.issubdtype(np.dtype(action_space.dtype), np.floating):
+        raise ValueError(
+            f"{name}: action space {action_space!r} is not supported; the Gaussian policy "
+            "needs a Box of float actions with at least one dimension."
+        )
+    low = np.broadcast_to(np.asarray(action_space.low, np.float32), (size,))
+    high = np.broadcast_to(np.asarray(action_space.high, np.float32), (size,))
+    if np.isnan(low).any() or np.isnan(high).any() or (low > high).any():
+        raise ValueError(
+            f"{name}: action space {action_space!r} has NaN bounds or low > high "
+            f"(low {low.tolist()}, high {high.tolist()}); fix the env's action_space."
+        )
+    return low, high
+
+
+def _space_spec(name: str, obs_space: Any, action_space: Any) -> EnvSpec:
+    """The EnvSpec of an env's spaces; a ``ValueError`` naming the env and the space for
+    spaces the actor cannot produce actions for (ppojax's policies are a Categorical for
+    Discrete and a diagonal Gaussian, clipped to the bounds, for Box; unbounded Box
+    dimensions are left unclipped)."""
+    from gymnax.environments import spaces
+
+    obs_dim = _obs_dim(name, obs_space)
     if isinstance(action_space, spaces.Discrete):
+        if int(action_space.n) < 1:
+            raise ValueError(f"{name}: action space {action_space!r} has no actions.")
         return EnvSpec(obs_dim, True, int(action_space.n), None, None)
     if isinstance(action_space, spaces.Box):
         shape = tuple(action_space.shape) or (1,)
         size = int(math.prod(shape))
-        low = np.broadcast_to(np.asarray(action_space.low, np.float32), (size,))
-        high = np.broadcast_to(np.asarray(action_space.high, np.float32), (size,))
+        low, high = _box_bounds(name, action_space, size)
         return EnvSpec(obs_dim, False, size, tuple(map(float, low)), tuple(map(float, high)))
     raise ValueError(
-        f"action space {type(action_space).__name__} is not supported; ppojax trains on "
-        "Discrete and Box action spaces."
+        f"{name}: action space {action_space!r} is not supported; ppojax trains on Discrete "
+        "actions (Categorical policy) and Box actions (Gaussian policy). Wrap the env so that "
+        "it takes one of those (for example one Box for a Tuple of Boxes)."
     )
 
 
 class PPOEnv:
     """A single gymnax env with PPO's bookkeeping; vmap its methods over environments."""
 
-    def __init__(self, env: Any, env_params: Any):
+    def __init__(self, env: Any, env_params: Any, name: str | None = None):
         self.env = env
         self.env_params = env_params
-        self.spec = _space_spec(env.observation_space(env_params), env.action_space(env_params))
+        name = name or type(env).__name__
+        self.spec = _space_spec(
+            name, env.observation_space(env_params), env.action_space(env_params)
+        )
         self._action_shape = tuple(env.action_space(env_params).shape)
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, EpisodeState]:
@@ -184,5 +222,8 @@ def make_env(env_id: str, **env_kwargs: Any) -> PPOEnv:
     check_env_id(env_id)
     import gymnax
 
-    env, env_params = gymnax.make(env_id, **env_kwargs)
-    return PPOEnv(env, env_params)
+    try:
+        env, env_params = gymnax.make(env_id, **env_kwargs)
+    except OSError as error:  # the few envs that download their data (MNISTBandit-bsuite)
+        raise ValueError(f"gymnax could not build {env_id!r}: {error}") from None
+    return PPOEnv(env, env_params, env_id)

@@ -13,7 +13,7 @@ from typing import Any
 
 from flax import struct
 
-from ppojax.config import check_positive_int, check_range
+from ppojax.config import check_bool, check_choice, check_positive_int, check_range
 
 KL_ESTIMATORS = ("k1", "k3")
 
@@ -115,11 +115,9 @@ def _check_shapes(config: RLHFConfig) -> None:
 def validate(config: RLHFConfig) -> None:
     """Raise ``ValueError`` naming the field and the fix for any invalid setting."""
     _check_shapes(config)
-    if config.kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(
-            f"RLHFConfig.kl_estimator {config.kl_estimator!r} is unknown; use one of "
-            f"{KL_ESTIMATORS}."
-        )
+    for name in ("separate_critic", "adaptive_kl"):
+        check_bool("RLHFConfig", name, getattr(config, name))
+    check_choice("RLHFConfig", "kl_estimator", config.kl_estimator, KL_ESTIMATORS)
     positive = ("temperature", "sft_learning_rate", "rm_learning_rate", "learning_rate")
     for name in positive + ("max_grad_norm", "clip_eps", "vf_clip_eps", "target_kl"):
         check_range("RLHFConfig", name, getattr(config, name), 0.0, math.inf, open_low=True)
