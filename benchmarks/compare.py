@@ -524,9 +524,10 @@ def main() -> None:
             }
             print(f"{name} flops: {block['flops']}", flush=True)
         report["configs"][name] = block
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / f"compare-{args.tag}.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+        # written after every configuration, so a long run that stops keeps what it measured
+        args.out.mkdir(parents=True, exist_ok=True)
+        json_path = args.out / f"compare-{args.tag}.json"
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {json_path}")
     plot(report, args.out / f"compare-{args.tag}.png")
 
