@@ -21,7 +21,6 @@ from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition, as
 from ppojax.update import (
     OptimizerCarry,
     adaptive_kl_update,
-    init_optimizer,
     learning_rate_at,
     make_optimizer,
     policy_kl,
@@ -44,7 +43,7 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
     obs, env_state = reset_envs(agent, env_key, config.num_envs)
     return TrainState(
         params=params,
-        opt_state=init_optimizer(make_optimizer(config), params),
+        opt_state=make_optimizer(config).init(params),
         env_state=env_state,
         obs=obs,
         obs_stats=RunningStats.zeros((agent.env.spec.obs_dim,)),

@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from ppojax import losses
 from ppojax.config import PPOConfig
@@ -117,12 +116,6 @@ class EpochCarry(NamedTuple):
     stopped: jax.Array  # True once a minibatch's approx_kl passed stop_kl
 
 
-def init_optimizer(optimizer: optax.GradientTransformation, params: Params) -> Any:
-    """The optimizer state ``gradient_step`` works with: over the parameters raveled into one
-    flat vector (``jax.flatten_util.ravel_pytree``)."""
-    return optimizer.init(ravel_pytree(params)[0])
-
-
 def gradient_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -132,32 +125,29 @@ def gradient_step(
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
     """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
 
-    The optimizer runs on the parameters and gradients raveled into one flat vector (its
-    state comes from ``init_optimizer``): clipping and Adam are then a few kernels per step
-    instead of a few per parameter array, and so is the divergence guard. The step is skipped
-    (parameters and optimizer state kept) when its loss, the norm of its gradients or its new
-    parameters are not finite (counted in ``nonfinite_steps``; the optimizer state is then
-    finite too, as it only adds the finite gradients and their squares), and, with
-    ``stop_kl``, when its approximate KL before the step exceeds ``stop_kl`` or an earlier
-    step stopped. A step with nothing non-finite is taken exactly as computed.
+    The step is skipped (parameters and optimizer state kept) when its loss, the global norm
+    of its gradients or the global norm of its parameter update is not finite (counted in
+    ``nonfinite_steps``: the divergence guard). Those three scalars cover every NaN or inf in
+    the gradients, the new parameters (old ones are finite plus a finite update) and the new
+    optimizer state (it only adds the finite gradients and their squares), at the cost of one
+    norm more than the step computes anyway. With ``stop_kl``, the step is also skipped when
+    its approximate KL before the step exceeds ``stop_kl`` or an earlier step stopped. A step
+    with nothing non-finite is taken exactly as computed.
     """
     old = carry.optimizer
-    flat_params, unravel = ravel_pytree(old.params)
     with jax.named_scope("loss_and_grad"):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     with jax.named_scope("optimizer"):
-        flat_grads = ravel_pytree(grads)[0]
-        grad_norm = optax.tree.norm(flat_grads)
-        updates, opt_state = optimizer.update(flat_grads, old.opt_state, flat_params)
-        new_params = flat_params + updates
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(new_params).all()
+        grad_norm = optax.tree.norm(grads)
+        updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
+        new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
     take, stopped = finite, carry.stopped
     if stop_kl is not None:
         kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
         take = finite & ~carry.stopped & ~kl_stop
         stopped = carry.stopped | kl_stop
-    kept_state = jax.tree.map(lambda n, o: jnp.where(take, n, o), opt_state, old.opt_state)
-    kept = OptimizerCarry(unravel(jnp.where(take, new_params, flat_params)), kept_state)
+    kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
     counts = {
         "grad_norm": grad_norm,
         "gradient_steps": take.astype(jnp.float32),

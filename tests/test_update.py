@@ -8,7 +8,6 @@ import ppojax
 from ppojax.types import Batch
 from ppojax.update import (
     OptimizerCarry,
-    init_optimizer,
     learning_rate_at,
     permutation,
     run_epochs,
@@ -201,7 +200,7 @@ def test_clip_penalty_adds_the_kl_term_to_the_clipped_surrogate(env_id):
 def _guarded_epoch(loss_fn, optimizer, x, stop_kl=None):
     """One epoch of one-sample minibatches over x [N, 3] from w = 0."""
     params = {"w": jnp.zeros(3)}
-    carry = OptimizerCarry(params, init_optimizer(optimizer, params))
+    carry = OptimizerCarry(params, optimizer.init(params))
     return run_epochs(
         loss_fn,
         optimizer,

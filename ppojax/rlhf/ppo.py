@@ -25,7 +25,7 @@ from ppojax.rlhf.reward import reward_scores
 from ppojax.rlhf.sampling import TokenStats, response_stats, sample_responses
 from ppojax.rlhf.sft import make_adam, zero_value_head
 from ppojax.rlhf.task import EOS, gold_score, sample_prompts
-from ppojax.update import OptimizerCarry, init_optimizer, run_epochs
+from ppojax.update import OptimizerCarry, run_epochs
 
 PPO_METRICS = (
     "reward_score",  # mean reward-model score of the sampled responses
@@ -85,7 +85,7 @@ def init_rlhf_state(
         params["critic"] = zero_value_head(sft_params)
     return RLHFState(
         params=params,
-        opt_state=init_optimizer(make_optimizer(config), params),
+        opt_state=make_optimizer(config).init(params),
         ref_params=sft_params,
         reward_params=reward_params,
         kl_coef=jnp.asarray(kl_coef, jnp.float32),
