@@ -240,9 +240,9 @@ def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
 
 
 def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, capsys):
-    """A learning rate of 1e30 sends the value loss to inf after the first step: the guard
-    skips every later step, the report says so and the exit code is 3; the saved parameters
-    are still finite (those of the last finite step)."""
+    """A learning rate of 1e30 makes every step's update overflow float32 (its norm is inf):
+    the guard skips all 12 steps, the report says so and the exit code is 3; the saved
+    parameters are still finite (the initial ones)."""
     args = ["train", *TINY, "--learning-rate", "1e30", "--no-progress", "--out", str(tmp_path)]
     assert main(args) == 3
     captured = capsys.readouterr()
@@ -251,7 +251,7 @@ def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, 
         "update 1 on, and its last update skipped 2 of 2 steps. Its parameters are its last "
         "finite ones; lower the learning rate or check the env's rewards and observations."
     )
-    assert "divergence guard, run 0 (seed 0): 11 minibatch step(s) skipped" in captured.out
+    assert "divergence guard, run 0 (seed 0): 12 minibatch step(s) skipped" in captured.out
     assert "NOT recovered" in captured.out
     run_dir = run_folder(captured.out)
     summary = io.read_json(run_dir / "summary.json")
