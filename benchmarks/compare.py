@@ -44,7 +44,7 @@ from throughput import machine_description  # noqa: E402
 
 import ppojax  # noqa: E402
 from ppojax.evaluate import evaluate, make_act  # noqa: E402
-from ppojax.rollout import RolloutCarry, collect_rollout  # noqa: E402
+from ppojax.rollout import collect_rollout, rollout_start  # noqa: E402
 from ppojax.train import init_state, make_agent  # noqa: E402
 
 EVAL_EPISODES = 128
@@ -297,9 +297,7 @@ def rollout_only(config: ppojax.PPOConfig, seeds: int) -> dict:
 
     def one_seed(key):
         state = init_state(config, key)
-        carry = RolloutCarry(
-            state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
-        )
+        carry = rollout_start(state)
 
         def rollout(carry, _):
             carry, transitions = collect_rollout(agent, config, state.params, carry)
@@ -368,8 +366,6 @@ def matmul_throughput(config: ppojax.PPOConfig) -> dict:
 
 def xla_flops(config: ppojax.PPOConfig) -> float | None:
     """FLOPs of one update as XLA's cost analysis counts them (all ops, not just matmuls)."""
-    agent = make_agent(config)
-    del agent
     state = init_state(config, jax.random.key(0))
     from ppojax.train import run_updates
 

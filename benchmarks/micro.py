@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import ppojax
-from ppojax.rollout import RolloutCarry, collect_rollout
+from ppojax.rollout import collect_rollout, rollout_start
 from ppojax.train import init_state, make_agent, make_batch
 from ppojax.update import (
     EpochCarry,
@@ -126,9 +126,7 @@ def rollout() -> None:
             carry, transitions = collect_rollout(agent, config, state.params, carry)
             return carry, transitions.reward.sum()
 
-        start = RolloutCarry(
-            state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
-        )
+        start = rollout_start(state)
         return jax.lax.scan(body, start, None, updates)[1].sum()
 
     micro = fastest(run, state, repeats=updates * config.num_steps)
@@ -144,9 +142,7 @@ def gradient_steps() -> None:
 
         def setup(key):
             state = init_state(config, key)
-            start = RolloutCarry(
-                state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
-            )
+            start = rollout_start(state)
             _, transitions = collect_rollout(agent, config, state.params, start)
             batch = make_batch(agent, config, state.params, transitions)
             return state, jax.tree.map(lambda x: x[: config.minibatch_size], batch)

@@ -27,16 +27,10 @@ def deterministic_action(spec: EnvSpec, head: jax.Array) -> jax.Array:
     return head
 
 
-def noise_shape(spec: EnvSpec) -> tuple[int, ...]:
-    """Shape of the noise ``sample_from_noise`` takes for one action."""
-    return (spec.action_dim,)
-
-
 def draw_action_noise(spec: EnvSpec, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Noise for ``shape`` actions at once: standard Gumbel (discrete) or standard normal."""
-    if spec.discrete:
-        return jax.random.gumbel(key, shape + noise_shape(spec))
-    return jax.random.normal(key, shape + noise_shape(spec))
+    draw = jax.random.gumbel if spec.discrete else jax.random.normal
+    return draw(key, shape + (spec.action_dim,))
 
 
 def sample_from_noise(

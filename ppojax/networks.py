@@ -59,44 +59,41 @@ def orthogonal(scale: float = 1.0) -> Callable[..., jax.Array]:
     ``jax.nn.initializers.orthogonal(scale)`` for the same key, without LAPACK."""
 
     def init(key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32) -> jax.Array:
-        return orthogonalize([gaussian_for_orthogonal(key, shape, dtype)], [scale])[0]
+        gaussian = jax.random.normal(key, tall_shape(shape), dtype)
+        return orthogonalize([gaussian], [tuple(shape)], [scale])[0]
 
     return init
 
 
-def gaussian_for_orthogonal(
-    key: jax.Array, shape: Sequence[int], dtype: jnp.dtype = jnp.float32
-) -> jax.Array:
-    """The Gaussian matrix ``orthogonal`` draws for ``key``, laid out in ``shape``."""
+def tall_shape(shape: Sequence[int]) -> tuple[int, int]:
+    """The [m, n] (m >= n) Gaussian matrix ``orthogonal`` draws for a kernel of ``shape``."""
     if len(shape) < 2:
         raise ValueError(f"orthogonal init needs a 2-D or larger shape, got {shape}")
-    n_cols = shape[-1]
-    n_rows = math.prod(shape) // n_cols
-    gaussian = jax.random.normal(key, (max(n_rows, n_cols), min(n_rows, n_cols)), dtype)
-    return (gaussian.T if n_rows < n_cols else gaussian).reshape(shape)
+    cols = shape[-1]
+    rows = math.prod(shape) // cols
+    return max(rows, cols), min(rows, cols)
 
 
-def orthogonalize(gaussians: Sequence[jax.Array], scales: Sequence[float]) -> list[jax.Array]:
-    """``scale * Q`` of each Gaussian draw (see ``gaussian_for_orthogonal``), all in one
-    batched Householder loop: every matrix is zero-padded to the largest shape, which leaves
-    its Q unchanged (the reflections act as the identity on the padding). One loop for all
-    layers compiles several times faster than one loop per layer."""
-    talls = []
-    for gaussian in gaussians:
-        matrix = gaussian.reshape(-1, gaussian.shape[-1])
-        talls.append(matrix.T if matrix.shape[0] < matrix.shape[1] else matrix)
-    rows = max(tall.shape[0] for tall in talls)
-    cols = max(tall.shape[1] for tall in talls)
+def orthogonalize(
+    gaussians: Sequence[jax.Array], shapes: Sequence[tuple[int, ...]], scales: Sequence[float]
+) -> list[jax.Array]:
+    """``scale * Q`` of each Gaussian draw (of ``tall_shape(shape)``), laid out in ``shape``
+    (transposed where the kernel is wider than tall), all in one batched Householder loop:
+    every matrix is zero-padded to the largest shape, which leaves its Q unchanged (the
+    reflections act as the identity on the padding). One loop for all layers compiles
+    several times faster than one loop per layer."""
+    rows = max(gaussian.shape[0] for gaussian in gaussians)
+    cols = max(gaussian.shape[1] for gaussian in gaussians)
     padded = jnp.stack(
-        [jnp.pad(tall, ((0, rows - tall.shape[0]), (0, cols - tall.shape[1]))) for tall in talls]
+        [jnp.pad(g, ((0, rows - g.shape[0]), (0, cols - g.shape[1]))) for g in gaussians]
     )
     q = jax.vmap(householder_qr_q)(padded)
     out = []
-    for index, (gaussian, tall, scale) in enumerate(zip(gaussians, talls, scales, strict=True)):
-        matrix = q[index, : tall.shape[0], : tall.shape[1]]
-        if tall.shape != (math.prod(gaussian.shape) // gaussian.shape[-1], gaussian.shape[-1]):
+    for index, (gaussian, shape, scale) in enumerate(zip(gaussians, shapes, scales, strict=True)):
+        matrix = q[index, : gaussian.shape[0], : gaussian.shape[1]]
+        if math.prod(shape) // shape[-1] < shape[-1]:
             matrix = matrix.T
-        out.append((scale * matrix).reshape(gaussian.shape).astype(gaussian.dtype))
+        out.append((scale * matrix).reshape(shape).astype(gaussian.dtype))
     return out
 
 
@@ -179,15 +176,14 @@ def init_params(
     paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(shapes)[0], strict=True)
     names = [tuple(getattr(entry, "key", None) for entry in path) for path in paths]
     kernels = [index for index, name in enumerate(names) if name[-1] == "kernel"]
-    sizes = [math.prod(leaves[index].shape) for index in kernels]
+    kernel_shapes = [leaves[index].shape for index in kernels]
+    sizes = [math.prod(tall_shape(shape)) for shape in kernel_shapes]
     draws = jnp.split(jax.random.normal(key, (sum(sizes),)), list(itertools.accumulate(sizes))[:-1])
-    gaussians = []
-    for index, draw in zip(kernels, draws, strict=True):
-        rows, cols = leaves[index].shape
-        tall = draw.reshape(max(rows, cols), min(rows, cols))
-        gaussians.append(tall.T if rows < cols else tall)
+    gaussians = [
+        draw.reshape(tall_shape(shape)) for draw, shape in zip(draws, kernel_shapes, strict=True)
+    ]
     scales = [HIDDEN_SCALE if "MLP_0" in names[i] else HEAD_SCALES[names[i][0]] for i in kernels]
     values = [jnp.zeros(leaf.shape, leaf.dtype) for leaf in leaves]
-    for index, kernel in zip(kernels, orthogonalize(gaussians, scales), strict=True):
+    for index, kernel in zip(kernels, orthogonalize(gaussians, kernel_shapes, scales), strict=True):
         values[index] = kernel
     return jax.tree.unflatten(jax.tree.structure(shapes), values)

@@ -25,7 +25,7 @@ from ppojax.envs.normalize import (
 )
 from ppojax.envs.wrappers import EpisodeState
 from ppojax.networks import Actor, Critic
-from ppojax.types import Params, Transition
+from ppojax.types import Params, TrainState, Transition
 
 
 class Agent(NamedTuple):
@@ -42,6 +42,13 @@ class RolloutCarry(NamedTuple):
     key: jax.Array
     obs_stats: RunningStats
     reward_normalizer: RewardNormalizer
+
+
+def rollout_start(state: TrainState, key: jax.Array | None = None) -> RolloutCarry:
+    """A rollout's starting carry from ``state``: its envs, observations and normalizers, and
+    ``key`` (``state.key`` when None)."""
+    key = state.key if key is None else key
+    return RolloutCarry(state.env_state, state.obs, key, state.obs_stats, state.reward_normalizer)
 
 
 def reset_envs(agent: Agent, key: jax.Array, num_envs: int) -> tuple[jax.Array, Any]:

@@ -16,7 +16,7 @@ from ppojax.gae import compute_gae
 from ppojax.losses import explained_variance
 from ppojax.networks import build_networks, init_params
 from ppojax.parallel import check_divisible, constrain_env_axis
-from ppojax.rollout import Agent, RolloutCarry, collect_rollout, episode_metrics, reset_envs
+from ppojax.rollout import Agent, collect_rollout, episode_metrics, reset_envs, rollout_start
 from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition, as_key
 from ppojax.update import (
     OptimizerCarry,
@@ -93,9 +93,7 @@ def update_step(
 ) -> tuple[TrainState, Metrics]:
     """One rollout, GAE, and ``update_epochs`` epochs of minibatch updates."""
     key, rollout_key, update_key = jax.random.split(state.key, 3)
-    start = RolloutCarry(
-        state.env_state, state.obs, rollout_key, state.obs_stats, state.reward_normalizer
-    )
+    start = rollout_start(state, rollout_key)
     # The named scopes label the compiled ops by phase for profiles (benchmarks/profile.py).
     with jax.named_scope("rollout"):
         carry, transitions = collect_rollout(agent, config, state.params, start)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax.rollout import RolloutCarry, collect_rollout, episode_metrics, reset_envs
+from ppojax.rollout import collect_rollout, episode_metrics, reset_envs, rollout_start
 from ppojax.train import init_state, make_agent
 
 
@@ -13,9 +13,7 @@ def rollout():
     agent = make_agent(config)
     state = init_state(config, jax.random.key(0))
     run = jax.jit(lambda params, carry: collect_rollout(agent, config, params, carry))
-    start = RolloutCarry(
-        state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
-    )
+    start = rollout_start(state)
     carry, transitions = run(state.params, start)
     return config, state, carry, jax.tree.map(np.asarray, transitions)
 
@@ -81,9 +79,7 @@ def test_reset_envs_gives_distinct_starts():
 def _rollout(config, key=0):
     agent = make_agent(config)
     state = init_state(config, jax.random.key(key))
-    start = RolloutCarry(
-        state.env_state, state.obs, state.key, state.obs_stats, state.reward_normalizer
-    )
+    start = rollout_start(state)
     run = jax.jit(lambda params, carry: collect_rollout(agent, config, params, carry))
     carry, transitions = run(state.params, start)
     return carry, jax.tree.map(np.asarray, transitions)
