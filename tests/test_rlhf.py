@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tolerance import assert_close, assert_trees_close
 
 from ppojax.rlhf import (
     PPOBatch,
@@ -143,12 +144,15 @@ def test_kv_cache_sampling_matches_full_forward(config, params, prompts, tempera
     tokens, log_probs = jax.jit(naive_sample, static_argnums=(0, 4))(
         model, params, prompts, key, config.response_len, temperature
     )
+    # Cached and naive sampling are two programs whose logits agree to float32 rounding; the
+    # Gumbel-argmax draw picks the same token unless two candidates tie within that, and the
+    # log-probs (of order 1-3: log-softmax over a small vocabulary) agree to ulps of 1-3.
     np.testing.assert_array_equal(samples.tokens, tokens)
     np.testing.assert_allclose(samples.log_probs, log_probs, atol=1e-5)
     stats = jax.jit(response_stats, static_argnums=0)(
         model, params, prompts, samples.tokens, temperature
     )
-    np.testing.assert_allclose(
+    np.testing.assert_allclose(  # one forward pass against the cache: as above, atol ~80 ulps
         jnp.where(samples.mask, stats.log_probs, 0.0), samples.log_probs, atol=1e-5
     )
     np.testing.assert_array_equal(samples.mask, response_mask(samples.tokens))
@@ -271,17 +275,20 @@ def test_padding_changes_no_loss(config, prompts):
     loss_fn = jax.jit(ppo_loss, static_argnums=(0, 1))
     loss, metrics = loss_fn(model, config, full, batch)
     padded_loss, padded_metrics = loss_fn(model, config, full, padded)
-    np.testing.assert_allclose(padded_loss, loss, rtol=1e-5)
-    chex.assert_trees_all_close(padded_metrics, metrics, rtol=1e-5, atol=1e-7)
+    # Other shapes, so another program: the loss and metrics are masked means of per-token
+    # terms of order 1 (ratios near 1, advantages, log-probs), some near zero (the policy loss,
+    # approx_kl), so ulps of 1 rather than of each value.
+    assert_close(padded_loss, loss, ulps=128)
+    assert_trees_close(padded_metrics, metrics, ulps=128)
     targets = target_responses(prompts, 5)
     sft_fn = jax.jit(sft_loss, static_argnums=0)
-    np.testing.assert_allclose(
+    np.testing.assert_allclose(  # a cross-entropy of order log(vocabulary), far from zero
         sft_fn(model, params, prompts, pad_right(targets, extra, PAD)),
         sft_fn(model, params, prompts, targets),
         rtol=1e-5,
     )
     scores_fn = jax.jit(reward_scores, static_argnums=0)
-    np.testing.assert_allclose(
+    np.testing.assert_allclose(  # scores of order 1 from other shapes: ~8 ulps of 1 and 80 of each
         scores_fn(model, params, prompts, pad_right(responses, extra, PAD)),
         scores_fn(model, params, prompts, responses),
         rtol=1e-5,
@@ -289,10 +296,12 @@ def test_padding_changes_no_loss(config, prompts):
     )
 
 
-# With one minibatch the loss sees the batch in the shape the rollout did, and the ratio is
-# exactly 1; a smaller minibatch changes the matmul shapes and so the float rounding.
+# With one minibatch the loss sees the batch in the shape the rollout did (the same program
+# for the log-probs), and the ratio is exactly 1; a smaller minibatch changes the matmul
+# shapes and so the float rounding: log-probs of order 1-3 then differ by ulps of them, and
+# 1e-5 is ~80 ulps of 1. approx_kl ~ mean(log_ratio^2) / 2 is second order in that.
 @pytest.mark.parametrize(
-    "separate_critic, num_minibatches, tolerance", [(False, 1, 0.0), (True, 2, 1e-6)]
+    "separate_critic, num_minibatches, tolerance", [(False, 1, 0.0), (True, 2, 1e-5)]
 )
 def test_first_minibatch_has_ratio_one_and_zero_kl_when_policy_is_reference(
     config, params, reward_params, prompts, separate_critic, num_minibatches, tolerance
@@ -315,7 +324,7 @@ def test_first_minibatch_has_ratio_one_and_zero_kl_when_policy_is_reference(
     np.testing.assert_allclose(jnp.exp(log_ratio), 1.0, rtol=0, atol=tolerance)
     _, loss_metrics = jax.jit(ppo_loss, static_argnums=(0, 1))(model, config, state.params, first)
     assert float(loss_metrics["clip_fraction"]) == 0.0
-    np.testing.assert_allclose(loss_metrics["approx_kl"], 0.0, atol=1e-4 * tolerance)
+    np.testing.assert_allclose(loss_metrics["approx_kl"], 0.0, atol=tolerance**2)
     chex.assert_shape([batch.advantages, batch.returns, batch.log_probs], (8, 5))
     masked_advantages = batch.advantages[batch.mask]
     np.testing.assert_allclose(masked_advantages.mean(), 0.0, atol=1e-5)
