@@ -83,11 +83,13 @@ def saves_in_flight(run_dir: Path) -> list[str]:
 
 def cached_env(cache: Path | None) -> dict[str, str]:
     """The environment for the CLI processes: JAX's persistent compilation cache in ``cache``
-    for every compiled function, however quick to compile (None: no cache)."""
+    for every compiled function, however quick to compile (None: no cache). The CLI's own
+    cache in the user's folder stays off, so the soak never writes there."""
+    environment = {**os.environ, "PPOJAX_NO_COMPILE_CACHE": "1"}
     if cache is None:
-        return dict(os.environ)
+        return environment
     return {
-        **os.environ,
+        **environment,
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
