@@ -10,9 +10,10 @@ relu, 64 envs x 128 steps, 4 epochs x 8 minibatches, lr 5e-4, ``--timesteps`` en
 Reported per run: the mean episode return of the last 10 updates per seed, and env steps/s of
 the compiled run (compile timed apart).
 
-Recurrent part: the classic CartPole config (4 envs x 128 steps, 4 x 4) feed-forward, with a
-GRU and with an LSTM of 64 units, ``--cartpole-timesteps`` steps: compile time, steps/s
-(median of ``--repeats`` runs with fresh keys) and final returns.
+Recurrent part (run first): the classic CartPole config (4 envs x 128 steps, 4 x 4)
+feed-forward, with a GRU and with an LSTM of 64 units, ``--cartpole-timesteps`` steps:
+compile time, steps/s (median of ``--repeats`` runs with fresh keys) and final returns. The
+JSON is rewritten after every result, so a long run that is stopped keeps what it measured.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
@@ -80,27 +82,27 @@ def timed_runs(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
     }
 
 
-def minatar_results(timesteps: int, seeds: int) -> list[dict]:
-    results = []
+def minatar_results(timesteps: int, seeds: int, save: Callable[[], None]) -> Iterator[dict]:
+    """CNN and MLP on each MinAtar env; ``save`` runs after each result (long runs)."""
     for env_id in MINATAR_ENVS:
         for name, settings in ENCODERS.items():
             config = ppojax.PPOConfig(
                 env_id=env_id, total_timesteps=timesteps, **MINATAR, **settings
             )
             result = {"env_id": env_id, "encoder": name, **settings, **timed_runs(config, seeds, 1)}
-            print(json.dumps(result))
-            results.append(result)
-    return results
+            print(json.dumps(result), flush=True)
+            yield result
+            save()
 
 
-def recurrent_results(timesteps: int, repeats: int) -> list[dict]:
-    results = []
+def recurrent_results(timesteps: int, repeats: int, save: Callable[[], None]) -> Iterator[dict]:
+    """Feed-forward, GRU and LSTM policies on the classic CartPole config."""
     for name, settings in CORES.items():
         config = ppojax.PPOConfig(total_timesteps=timesteps, **settings)
         result = {"core": name, **settings, **timed_runs(config, 1, repeats)}
-        print(json.dumps(result))
-        results.append(result)
-    return results
+        print(json.dumps(result), flush=True)
+        yield result
+        save()
 
 
 def main() -> None:
@@ -121,13 +123,21 @@ def main() -> None:
         "machine": machine_description(),
         "note": args.note,
         "minatar_config": {**MINATAR, "total_timesteps": args.timesteps},
-        "minatar": [] if args.skip_minatar else minatar_results(args.timesteps, args.seeds),
-        "recurrent_cartpole": recurrent_results(args.cartpole_timesteps, args.repeats),
+        "recurrent_cartpole": [],
+        "minatar": [],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"encoders-{args.tag}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+
+    def save() -> None:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {path}", flush=True)
+
+    for result in recurrent_results(args.cartpole_timesteps, args.repeats, save):
+        report["recurrent_cartpole"].append(result)
+    if not args.skip_minatar:
+        for result in minatar_results(args.timesteps, args.seeds, save):
+            report["minatar"].append(result)
 
 
 if __name__ == "__main__":

@@ -143,9 +143,8 @@ class Torso(nn.Module):
     def __call__(self, obs: Any, state: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
         s = self.settings
         if s.encoder == "cnn":
-            x = CNN(s.cnn_channels, s.cnn_kernel_size, s.cnn_stride, s.hidden_sizes, s.activation)(
-                obs
-            )
+            cnn = CNN(s.cnn_channels, s.cnn_kernel_size, s.cnn_stride, s.hidden_sizes, s.activation)
+            x = cnn(obs)
         else:
             x = MLP(s.hidden_sizes, s.activation)(flatten_observation(obs))
         if s.recurrent is None:
