@@ -33,7 +33,7 @@ class KVCache(NamedTuple):
     count: jax.Array
 
 
-def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, heads: int):
+def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, heads: int) -> KVCache:
     """An all-zero cache of ``length`` positions."""
     shape = (num_layers, batch_size, length, heads, d_model // heads)
     zeros = jnp.zeros(shape, jnp.float32)
@@ -46,7 +46,9 @@ class CausalSelfAttention(nn.Module):
     num_heads: int
 
     @nn.compact
-    def __call__(self, x, keys, values, key_mask, start):
+    def __call__(
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array, start: Any
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         batch_size, chunk, d_model = x.shape
         head_dim = d_model // self.num_heads
         qkv = nn.Dense(3 * d_model, use_bias=False, name="qkv")(x)
@@ -72,7 +74,9 @@ class Block(nn.Module):
     num_heads: int
 
     @nn.compact
-    def __call__(self, x, keys, values, key_mask, start):
+    def __call__(
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array, start: Any
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         attended, keys, values = CausalSelfAttention(self.num_heads)(
             nn.LayerNorm()(x), keys, values, key_mask, start
         )
@@ -94,7 +98,9 @@ class TransformerLM(nn.Module):
     num_layers: int
 
     @nn.compact
-    def __call__(self, tokens, mask, cache: KVCache | None = None, start: Any = 0):
+    def __call__(
+        self, tokens: jax.Array, mask: jax.Array, cache: KVCache | None = None, start: Any = 0
+    ) -> tuple[jax.Array, jax.Array, KVCache]:
         batch_size, chunk = tokens.shape
         mask = mask.astype(bool)
         if cache is None:
@@ -146,12 +152,16 @@ def transformer(
     def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return module.apply(params, tokens, mask)[1]
 
-    def prefill(params: dict, prompts: jax.Array, prompt_mask: jax.Array, total_len: int):
+    def prefill(
+        params: dict, prompts: jax.Array, prompt_mask: jax.Array, total_len: int
+    ) -> tuple[jax.Array, KVCache]:
         cache = empty_cache(prompts.shape[0], total_len, num_layers, d_model, num_heads)
         logits, _, cache = module.apply(params, prompts, prompt_mask, cache, 0)
         return logits[:, -1], cache
 
-    def decode(params: dict, cache: KVCache, tokens: jax.Array, index: Any):
+    def decode(
+        params: dict, cache: KVCache, tokens: jax.Array, index: Any
+    ) -> tuple[jax.Array, KVCache]:
         mask = jnp.ones((tokens.shape[0], 1), bool)
         logits, _, cache = module.apply(params, tokens[:, None], mask, cache, index)
         return logits[:, 0], cache
