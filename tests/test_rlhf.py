@@ -23,6 +23,7 @@ from ppojax.rlhf import (
     update_kl_coef,
 )
 from ppojax.rlhf.lora import adapted_kernels, init_adapters, merge
+from ppojax.rlhf.rollout import advantages_and_returns, score
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
 from ppojax.rlhf.tasks.sorting import gold, sorting_targets
@@ -275,3 +276,45 @@ def test_library_never_imports_a_task():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_reward_weights_and_missing_eos_penalty_make_the_score():
+    config = RLHFConfig(reward_weights=(2.0, 0.5), missing_eos_penalty=0.25, eos_id=EOS)
+    responses = jnp.array([[3, EOS, PAD], [3, 4, 5], [EOS, PAD, PAD]])
+    mask = jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], bool)
+    prompts = jnp.ones((3, 2), jnp.int32)
+
+    def first(prompts, prompt_mask, responses, response_mask):
+        return jnp.array([1.0, 2.0, 3.0])
+
+    def second(prompts, prompt_mask, responses, response_mask):
+        return response_mask.sum(axis=1)
+
+    rewards, scores, emitted_eos = score(
+        config, (first, second), (prompts, prompts > 0, responses, mask)
+    )
+    np.testing.assert_array_equal(rewards, [[1, 2, 3], [2, 3, 1]])
+    np.testing.assert_array_equal(emitted_eos, [True, False, True])
+    np.testing.assert_allclose(scores, [2 + 1.0, 4 + 1.5 - 0.25, 6 + 0.5])
+
+
+def test_whiten_advantages_normalizes_over_real_tokens_only_when_asked():
+    mask = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+    values = jnp.array([[0.5, 0.2, 0.1, 9.0], [0.3, 0.0, 9.0, 9.0]])
+    scores, kl = jnp.array([1.0, -1.0]), jnp.zeros((2, 4))
+    whitened = RLHFConfig(gae_lambda=1.0)
+
+    def both():
+        on = advantages_and_returns(whitened, scores, kl, values, mask, 0.0)[0]
+        off = advantages_and_returns(
+            whitened.replace(whiten_advantages=False), scores, kl, values, mask, 0.0
+        )[0]
+        return on, off
+
+    on, off = jax.jit(both)()
+    # gamma = lambda = 1: A_t = score - V_t on real tokens.
+    np.testing.assert_allclose(off, [[0.5, 0.8, 0.9, 0], [-1.3, -1.0, 0, 0]], rtol=1e-6)
+    real = np.asarray(off)[np.asarray(mask)]
+    expected = (real - real.mean()) / (real.std() + 1e-8)
+    np.testing.assert_allclose(np.asarray(on)[np.asarray(mask)], expected, rtol=1e-5)
+    assert (np.asarray(on)[~np.asarray(mask)] == 0).all()

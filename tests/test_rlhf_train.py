@@ -156,7 +156,7 @@ def test_left_padding_to_two_widths_changes_nothing():
 
 
 def test_vmap_over_beta_and_seeds_compiles_once_and_warmup_trains_the_critic_only():
-    config = config_for("ppo", critic_warmup_steps=1)
+    config = config_for("ppo", critic_warmup_steps=1, adaptive_kl=True, target_kl=1.0)
     trainer = trainer_for(config)
     prompts, mask = prompt_batch(jax.random.key(6), 8)
     step = chex.assert_max_traces(trainer.step, n=1)
@@ -177,6 +177,8 @@ def test_vmap_over_beta_and_seeds_compiles_once_and_warmup_trains_the_critic_onl
         states.params["critic"]["params"]["value"]["kernel"],
     )
     np.testing.assert_array_equal(warm_metrics["objective/kl"], 0.0)  # policy = reference
+    # KL 0 is far under target: the controller's error clips at -0.2, n = 8 rows.
+    np.testing.assert_allclose(warm.kl_coef, betas * (1 - 0.2 * 8 / 1000.0), rtol=1e-6)
     for layer in ("hidden", "logits"):  # the policy's value head is unused: a separate critic
         old, new = warm.params["policy"]["params"][layer], after.params["policy"]["params"][layer]
         assert (old["kernel"] != new["kernel"]).any()
