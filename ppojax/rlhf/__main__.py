@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from ppojax import io
+from ppojax import cache, io
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rm-steps", type=int, default=300, help="sorting: reward-model steps")
     parser.add_argument("--small", action="store_true", help="a tiny task and model (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh instead of loading it from the compilation cache "
+        "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
+    )
     for field in dataclasses.fields(RLHFConfig):
         if field.name not in TASK_FIELDS:
             parser.add_argument(
@@ -168,6 +174,8 @@ def prepare(settings: dict[str, Any], frozen: dict[str, Any]):
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, make or reopen the run folder, train, print where it went."""
     args = build_parser().parse_args(argv)
+    if not args.no_compile_cache and not cache.disabled_by_environment():
+        cache.enable_compile_cache()
     if args.resume is not None:
         run_dir = args.resume
         if not (run_dir / io.CONFIG_FILE).exists():
