@@ -262,22 +262,25 @@ def plot(path: Path, document: dict) -> None:
 
     figure, axes = plt.subplots(3, 2, figsize=(11, 10))
     for row, (task, score) in enumerate((("sorting", "gold"), ("reversal", "checker"))):
+        if task not in document:  # a stage that did not finish: its panels stay empty
+            continue
         for algorithm in ("ppo", "grpo", "rloo"):
             curves = document[task][algorithm]["curves"]
             axes[row, 0].plot(curves[f"rewards/{score}/mean"], label=algorithm)
             axes[row, 1].plot(curves["objective/kl"], label=algorithm)
         axes[row, 0].set_title(f"{task}: {score} score (training batches)")
         axes[row, 1].set_title(f"{task}: KL to the reference")
-    sweep = document["sorting"]["ppo_beta_sweep"]
-    for beta in BETAS:
-        axes[2, 1].plot(sweep[str(beta)]["kl_curve"], label=f"beta {beta:g}")
-    golds = [sweep[str(beta)]["eval"]["score"] for beta in BETAS]
-    axes[2, 0].bar([f"{beta:g}" for beta in BETAS], golds)
+    sweep = document.get("sorting", {}).get("ppo_beta_sweep")
+    if sweep is not None:
+        for beta in BETAS:
+            axes[2, 1].plot(sweep[str(beta)]["kl_curve"], label=f"beta {beta:g}")
+        golds = [sweep[str(beta)]["eval"]["score"] for beta in BETAS]
+        axes[2, 0].bar([f"{beta:g}" for beta in BETAS], golds)
     axes[2, 0].set_title("sorting PPO: held-out gold against beta")
     axes[2, 1].set_title("sorting PPO: KL against step, per beta")
     for axis in axes.ravel():
         axis.grid(alpha=0.3)
-        if axis is not axes[2, 0]:
+        if axis is not axes[2, 0] and axis.lines:
             axis.set_xlabel("step")
             axis.legend(fontsize="small")
     figure.tight_layout()
