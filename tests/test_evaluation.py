@@ -11,7 +11,7 @@ import ppojax
 from ppojax.config import ConfigError
 from ppojax.evaluate import evaluate, make_act
 from ppojax.evaluation import EVAL_METRIC_NAMES, eval_key
-from ppojax.experiment import ProgressBar
+from ppojax.experiment import ProgressBar, TensorBoardLog
 from ppojax.train import init_state, make_agent, update_step
 from ppojax.update import make_optimizer
 
@@ -172,3 +172,27 @@ def test_progress_bar_shows_the_latest_evaluation_return():
     bar.chunk_done(3, np.array([[30.0], [np.nan]]), np.array([[np.nan], [np.nan]]))
     assert bar.bar.postfix == "return 30.0, eval 150.0"
     bar.close()
+
+
+class RecordingWriter:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, name, value, step):
+        self.scalars.append((name, value, step))
+
+
+def test_tensorboard_leaves_out_the_updates_without_an_evaluation(tmp_path):
+    pytest.importorskip("tensorboardX")
+    log = TensorBoardLog(tmp_path, [{"run": 0, "seed": 0}])
+    log.close()
+    log.writers = [RecordingWriter()]
+    metrics = {
+        "episode_return": np.array([[np.nan, 12.0, 14.0]]),
+        "eval_return": np.array([[np.nan, 30.0, np.nan]]),
+    }
+    log.write(4, metrics, batch_size=8)
+    scalars = log.writers[0].scalars
+    assert [entry for entry in scalars if entry[0] == "eval_return"] == [("eval_return", 30.0, 48)]
+    # a training metric keeps its NaN (no episode ended), as before
+    assert [step for name, _, step in scalars if name == "episode_return"] == [40, 48, 56]
