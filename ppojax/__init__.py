@@ -3,6 +3,7 @@
 from ppojax.config import PRESETS, ConfigError, PPOConfig
 from ppojax.envs import list_envs, make_env
 from ppojax.evaluate import load
+from ppojax.evaluation import EVAL_METRIC_NAMES
 from ppojax.gae import compute_gae
 from ppojax.sweeps import SweepOutput, best_point, sweep, sweep_table
 from ppojax.train import init_state, run_updates, train
@@ -12,6 +13,7 @@ from ppojax.update import adaptive_kl_update
 __version__ = "0.1.0"
 
 __all__ = [
+    "EVAL_METRIC_NAMES",
     "METRIC_NAMES",
     "ConfigError",
     "PPOConfig",

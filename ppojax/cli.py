@@ -187,7 +187,20 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tensorboard", action="store_true", help="also write TensorBoard event files"
     )
+    add_wandb_flags(parser)
     add_config_flags(parser)
+
+
+def add_wandb_flags(parser: argparse.ArgumentParser) -> None:
+    """--wandb and where its runs go (see ppojax.wandb_logger)."""
+    parser.add_argument(
+        "--wandb", action="store_true", help="also log to Weights & Biases (one W&B run per run)"
+    )
+    parser.add_argument("--wandb-project", metavar="NAME", help="W&B project (default ppojax)")
+    parser.add_argument("--wandb-entity", metavar="NAME", help="W&B entity (default: yours)")
+    parser.add_argument(
+        "--wandb-name", metavar="NAME", help="W&B group of the runs (default: the run folder's)"
+    )
 
 
 def add_cache_flag(parser: argparse.ArgumentParser) -> None:
@@ -306,7 +319,27 @@ def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> Ru
         checkpoint_every=args.checkpoint_every or base.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints or None,
         tensorboard=args.tensorboard or base.tensorboard,
+        wandb=wandb_options(args),
     )
+
+
+def wandb_options(args: argparse.Namespace) -> Any:
+    """WandbOptions from --wandb and its flags; None without --wandb."""
+    from ppojax.wandb_logger import WandbOptions
+
+    given = {
+        name: getattr(args, f"wandb_{name}")
+        for name in ("project", "entity", "name")
+        if getattr(args, f"wandb_{name}") is not None
+    }
+    if not args.wandb:
+        if given:
+            flags = ", ".join(f"--wandb-{name}" for name in given)
+            raise ValueError(f"{flags} apply only with --wandb; add --wandb")
+        return None
+    if importlib.util.find_spec("wandb") is None:
+        raise ValueError("--wandb needs wandb: pip install 'ppojax[wandb]'")
+    return WandbOptions(**given)
 
 
 def resume(args: argparse.Namespace) -> RunResult:
@@ -393,6 +426,7 @@ def print_report(result: RunResult) -> None:
     )
     print_learning_curve(result.metrics["episode_return"], config.batch_size)
     print_final_returns(result)
+    print_final_eval_returns(result)
     print_divergence(result)
     if result.run_dir is not None:
         print(f"run folder: {result.run_dir}")
@@ -429,6 +463,23 @@ def print_final_returns(result: RunResult) -> None:
 
     print("final return (mean of the last 10 updates):")
     for row in final_return_table(result):
+        label = point_label(row["point"]) or "per seed"
+        seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
+        mean = float("nan") if row["mean"] is None else row["mean"]
+        std = float("nan") if row["std"] is None else row["std"]
+        print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
+
+
+def print_final_eval_returns(result: RunResult) -> None:
+    """Each seed's last evaluation return, per grid point; nothing without evaluation."""
+    from ppojax.experiment import final_return_table, point_label
+
+    if "eval_return" not in result.metrics:
+        return
+    config = result.experiment.config
+    mode = "deterministic" if config.eval_deterministic else "sampled"
+    print(f"final evaluation return ({config.eval_episodes} episodes, {mode} actions):")
+    for row in final_return_table(result, "eval_return"):
         label = point_label(row["point"]) or "per seed"
         seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
         mean = float("nan") if row["mean"] is None else row["mean"]

@@ -33,9 +33,9 @@ class PPOConfig:
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
     hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
-    normalize_rewards. Traced fields (sweepable with vmap): every float. The optional ones
-    (vf_clip_eps, target_kl, reward_clip) switch their feature off with ``None``, which changes
-    the program.
+    normalize_rewards, eval_every, eval_episodes, eval_deterministic. Traced fields (sweepable
+    with vmap): every float. The optional ones (vf_clip_eps, target_kl, reward_clip,
+    eval_every) switch their feature off with ``None``, which changes the program.
 
     policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
     with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when
@@ -56,6 +56,11 @@ class PPOConfig:
     feeding both heads instead of one each; off by default, because the value loss then pulls
     on the policy's features and the balance depends on vf_coef and the reward scale, while
     separate torsos train the classic-control presets as tuned.
+
+    eval_every: every that many updates and after the last one (None: never, and the program
+    is exactly the one without evaluation) the compiled loop plays eval_episodes whole
+    episodes of the current policy on fresh envs, its mode when eval_deterministic, else
+    samples; see ``ppojax.evaluation``.
     """
 
     env_id: str = static("CartPole-v1")
@@ -86,6 +91,9 @@ class PPOConfig:
     target_kl: float | None = None
     obs_clip: float = 10.0
     reward_clip: float | None = None
+    eval_every: int | None = static(None)
+    eval_episodes: int = static(10)
+    eval_deterministic: bool = static(True)
 
     encoder: str = static("mlp")
     cnn_channels: tuple[int, ...] = static((16,))
@@ -404,4 +412,20 @@ def validate(config: PPOConfig) -> None:
         if getattr(config, name) is not None:
             value = getattr(config, name)
             check_range("PPOConfig", name, value, 0.0, math.inf, open_low=True, optional=True)
+    check_evaluation(config)
     check_env_id(config.env_id)
+
+
+def check_evaluation(config: PPOConfig) -> None:
+    """Raise ``ConfigError`` for evaluation settings that are no positive ints or bool."""
+    check_positive_int("PPOConfig", "eval_episodes", config.eval_episodes)
+    check_bool("PPOConfig", "eval_deterministic", config.eval_deterministic)
+    every = config.eval_every
+    if every is None:
+        return
+    if not isinstance(every, (int, np.integer)) or isinstance(every, (bool, np.bool_)) or every < 1:
+        raise ConfigError(
+            "eval_every",
+            f"PPOConfig.eval_every must be a positive int (updates between evaluations) or None "
+            f"(no evaluation), got {show(every, (int,))}.",
+        )

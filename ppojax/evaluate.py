@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,9 @@ import numpy as np
 from ppojax import io
 from ppojax.config import PPOConfig
 from ppojax.envs import PPOEnv, make_env
+from ppojax.evaluation import Act, EvalCarry, eval_start, eval_step, max_episode_steps, run_episodes
 from ppojax.experiment import read_experiment, run_table, state_template
-from ppojax.networks import initial_hidden, observation_template, reset_hidden
+from ppojax.networks import initial_hidden, observation_template
 from ppojax.rollout import Agent, policy_step
 from ppojax.train import make_agent
 from ppojax.types import TrainState
@@ -43,8 +43,6 @@ RENDERABLE_ENVS = (
 
 # The classic-control ones among them, which gymnax draws with gymnasium and pygame.
 PYGAME_ENVS = RENDERABLE_ENVS[:5]
-
-Act = Callable[..., jax.Array]
 
 
 def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PPOConfig, Act]:
@@ -125,38 +123,23 @@ def _act(
     return action, hidden
 
 
-def max_episode_steps(env: PPOEnv) -> int:
-    """gymnax's time limit for the env (every gymnax env truncates its episodes)."""
-    return int(getattr(env.env_params, "max_steps_in_episode", 1000))
-
-
-def episode_rollout(
+def episode_frames(
     env: PPOEnv,
     act: Act,
     key: jax.Array,
-    episodes: int,
     deterministic: bool,
     hidden: jax.Array | None = None,
-) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
-    """``episodes`` envs stepped for the env's time limit: per step [T, N] the env state before
-    the step, the reward, whether an episode ended, and the return of the one that did. With
-    ``hidden`` [N, S] (a recurrent policy's initial state) ``act`` takes and returns it."""
-    reset_key, key = jax.random.split(key)
-    obs, state = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
+) -> tuple[Any, ...]:
+    """One env stepped for the env's time limit by the evaluation's own step
+    (``ppojax.evaluation.eval_step``): per step [T, 1] the env state before the step, the
+    reward, and whether the first episode has ended by then. ``hidden`` [1, S] is a recurrent
+    policy's initial state."""
 
-    def step(carry: tuple[Any, Any, jax.Array | None, jax.Array], _: None):
-        obs, state, hidden, key = carry
-        key, act_key, step_key = jax.random.split(key, 3)
-        if hidden is None:
-            action = act(obs, act_key, deterministic=deterministic)
-        else:
-            action, hidden = act(obs, hidden, act_key, deterministic=deterministic)
-        result, next_state = jax.vmap(env.step)(jax.random.split(step_key, episodes), state, action)
-        ended = result.terminated | result.truncated
-        outputs = (state.env_state, result.reward, ended, result.episode_return)
-        return (result.obs, next_state, reset_hidden(hidden, ended), key), outputs
+    def step(carry: EvalCarry, _: None) -> tuple[EvalCarry, tuple[Any, ...]]:
+        new_carry, result = eval_step(env, act, deterministic, carry)
+        return new_carry, (carry.env_state.env_state, result.reward, new_carry.finished)
 
-    _, outputs = jax.lax.scan(step, (obs, state, hidden, key), None, max_episode_steps(env))
+    _, outputs = jax.lax.scan(step, eval_start(env, key, 1, hidden), None, max_episode_steps(env))
     return outputs
 
 
@@ -168,19 +151,26 @@ def start_hidden(config: PPOConfig, episodes: int) -> jax.Array | None:
 
 
 def evaluate(
-    config: PPOConfig, act: Act, episodes: int = 10, seed: int = 0, deterministic: bool = False
+    config: PPOConfig,
+    act: Act,
+    episodes: int = 10,
+    seed: int = 0,
+    deterministic: bool = False,
+    key: jax.Array | None = None,
 ) -> np.ndarray:
-    """Returns [episodes] of ``episodes`` episodes run in parallel, one per env."""
+    """Returns [episodes] of ``episodes`` episodes run in parallel, one per env, from
+    ``jax.random.key(seed)`` or ``key`` when given. The same function
+    (``ppojax.evaluation.run_episodes``) evaluates inside training: the in-loop evaluation
+    after an update is ``evaluate(config, act, eval_episodes, key=eval_key(state.key))``."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     env = make_env(config.env_id)
     rollout = jax.jit(
-        functools.partial(episode_rollout, env, act, episodes=episodes, deterministic=deterministic)
+        functools.partial(run_episodes, env, act, episodes=episodes, deterministic=deterministic)
     )
+    key = jax.random.key(seed) if key is None else key
     hidden = start_hidden(config, episodes)
-    _, _, ended, episode_return = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))
-    first_end = np.argmax(ended, axis=0)
-    return episode_return[first_end, np.arange(episodes)]
+    return np.asarray(jax.device_get(rollout(key, hidden=hidden).returns))
 
 
 def render_gif(
@@ -207,11 +197,9 @@ def render_gif(
     from gymnax.visualize import Visualizer
 
     env = make_env(config.env_id)
-    rollout = jax.jit(
-        functools.partial(episode_rollout, env, act, episodes=1, deterministic=deterministic)
-    )
+    rollout = jax.jit(functools.partial(episode_frames, env, act, deterministic=deterministic))
     hidden = start_hidden(config, 1)
-    states, rewards, ended, _ = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))
+    states, rewards, ended = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))
     frames = min(int(np.argmax(ended[:, 0])) + 1, max_frames)
     sequence = [jax.tree.map(lambda leaf, t=t: leaf[t, 0], states) for t in range(frames)]
     returns = np.cumsum(rewards[:frames, 0])

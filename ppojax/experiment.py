@@ -37,10 +37,12 @@ from ppojax.config import (
     check_positive_int,
     show,
 )
+from ppojax.evaluation import EVAL_METRIC_NAMES
 from ppojax.sweeps import grid_points as sweep_grid_points
-from ppojax.train import init_state, make_agent, update_step
+from ppojax.train import eval_due, init_state, make_agent, train_step
 from ppojax.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.update import make_optimizer
+from ppojax.wandb_logger import WandbLog, WandbOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +134,15 @@ def state_template(experiment: Experiment) -> TrainState:
     return jax.eval_shape(functools.partial(init_states, experiment))
 
 
-Reporter = Callable[[jax.Array, jax.Array], None]
+Reporter = Callable[..., None]
 
 
-def update_one_run(config: PPOConfig, state: TrainState) -> tuple[TrainState, Metrics]:
-    """One update of one run (the function vmapped over runs)."""
-    return update_step(make_agent(config), make_optimizer(config), config, state)
+def update_one_run(
+    config: PPOConfig, state: TrainState, eval_due: jax.Array | None
+) -> tuple[TrainState, Metrics]:
+    """One update of one run (the function vmapped over runs; ``eval_due`` is not batched, so
+    that updates without an evaluation skip it)."""
+    return train_step(make_agent(config), make_optimizer(config), config, state, eval_due)
 
 
 def run_chunk(
@@ -153,27 +158,31 @@ def run_chunk(
     """Up to ``length`` updates (static) of every run from ``state`` [runs] (after ``first``
     updates), of which the first ``count`` run. ``config`` is batched along ``config_axes``.
     After every update whose number is a multiple of ``report_every``,
-    ``report(update number, episode_return [runs])`` runs on the host.
+    ``report(update number, episode_return [runs])`` runs on the host; with evaluation, also
+    after every evaluation, as ``report(update number, episode_return, eval_return)``.
 
     The scan is outside the vmap over runs so that a report is one callback, not one per run.
     Metrics are [runs, length]; entries past ``count`` are zeros to be dropped.
     """
-    step = jax.vmap(update_one_run, in_axes=(config_axes, 0))
-    _, metric_shapes = jax.eval_shape(step, config, state)
+    step = jax.vmap(update_one_run, in_axes=(config_axes, 0, None))
+    _, metric_shapes = jax.eval_shape(step, config, state, jnp.bool_(False))
 
     def skip(carry: TrainState) -> tuple[TrainState, Metrics]:
         return carry, jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), metric_shapes)
 
     def body(carry: TrainState, index: jax.Array) -> tuple[TrainState, Metrics]:
-        carry, metrics = jax.lax.cond(index < count, functools.partial(step, config), skip, carry)
+        update = first + index + 1
+        evaluates = eval_due(config, update)
+        carry, metrics = jax.lax.cond(
+            index < count, lambda state: step(config, state, evaluates), skip, carry
+        )
         if report is not None:
-            update = first + index + 1
-            due = (index < count) & (update % report_every == 0)
-            jax.lax.cond(
-                due,
-                lambda: jax.debug.callback(report, update, metrics["episode_return"]),
-                lambda: None,
-            )
+            due = update % report_every == 0
+            due = (index < count) & (due if evaluates is None else due | evaluates)
+            values = [
+                metrics[name] for name in ("episode_return", "eval_return") if name in metrics
+            ]
+            jax.lax.cond(due, lambda: jax.debug.callback(report, update, *values), lambda: None)
         return carry, metrics
 
     state, metrics = jax.lax.scan(body, state, jnp.arange(length))
@@ -250,16 +259,17 @@ def _deliver(
 ) -> None:
     metrics = jax.device_get(metrics)
     # Documented metrics first, in their documented order, then any others.
-    names = [name for name in METRIC_NAMES if name in metrics]
+    names = [name for name in METRIC_NAMES + EVAL_METRIC_NAMES if name in metrics]
     names += sorted(set(metrics) - set(names))
     host = {name: np.asarray(metrics[name])[:, :count] for name in names}
     on_chunk(first, state, host)
 
 
 class ProgressBar:
-    """A tqdm bar over env steps (all runs together) with steps/s and the latest mean return,
-    fed by ``report`` from inside the compiled loop and by ``chunk_done`` after each chunk.
-    ``open`` shows it, once compiling is done, so that steps/s counts training only."""
+    """A tqdm bar over env steps (all runs together) with steps/s, the latest mean return and
+    the latest mean evaluation return (with ``eval_every``), fed by ``report`` from inside the
+    compiled loop and by ``chunk_done`` after each chunk. ``open`` shows it, once compiling is
+    done, so that steps/s counts training only."""
 
     def __init__(
         self, num_updates: int, start: int, steps_per_update: int, description: str
@@ -270,6 +280,7 @@ class ProgressBar:
         # Reports arrive on an XLA thread while the main thread may be finishing a chunk.
         self.lock = threading.Lock()
         self.bar: Any = None
+        self.shown: dict[str, float] = {}
 
     def open(self) -> None:
         from tqdm import tqdm
@@ -284,24 +295,36 @@ class ProgressBar:
             mininterval=0.5,
         )
 
-    def report(self, update: jax.Array, episode_returns: jax.Array) -> None:
-        """Every run's mean episode return [runs] at ``update`` (NaN where none ended)."""
-        returns = np.asarray(episode_returns)
+    def report(
+        self, update: jax.Array, episode_returns: jax.Array, eval_returns: Any = None
+    ) -> None:
+        """Every run's mean episode return [runs] at ``update`` (NaN where none ended), and
+        its evaluation return [runs] (NaN without an evaluation at this update)."""
         with self.lock:
-            if np.isfinite(returns).any():
-                self.show_return(float(np.nanmean(returns)))
+            self.show_return("return", np.asarray(episode_returns))
+            if eval_returns is not None:
+                self.show_return("eval", np.asarray(eval_returns))
             self.advance(int(update))
 
-    def chunk_done(self, update: int, returns: np.ndarray) -> None:
-        """A chunk ended at ``update``; ``returns`` [runs, updates] are its episode returns."""
-        latest = latest_finite(returns)
+    def chunk_done(
+        self, update: int, returns: np.ndarray, eval_returns: np.ndarray | None = None
+    ) -> None:
+        """A chunk ended at ``update``; ``returns`` [runs, updates] are its episode returns,
+        ``eval_returns`` [runs, updates] its evaluation returns."""
         with self.lock:
-            if np.isfinite(latest).any():
-                self.show_return(float(np.nanmean(latest)))
+            self.show_return("return", latest_finite(returns))
+            if eval_returns is not None:
+                self.show_return("eval", latest_finite(eval_returns))
             self.advance(update)
 
-    def show_return(self, value: float) -> None:
-        self.bar.set_postfix_str(f"return {value:.1f}", refresh=False)
+    def show_return(self, label: str, values: np.ndarray) -> None:
+        """Show the mean of the finite ``values`` [runs] as ``label``; keep the old one if
+        none is finite."""
+        if not np.isfinite(values).any():
+            return
+        self.shown[label] = float(np.nanmean(values))
+        text = ", ".join(f"{name} {value:.1f}" for name, value in self.shown.items())
+        self.bar.set_postfix_str(text, refresh=False)
 
     def advance(self, update: int) -> None:
         if update > self.update_number:
@@ -332,13 +355,15 @@ def latest_finite(returns: np.ndarray) -> np.ndarray:
 class RunOptions:
     """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
     run), checkpoints every N updates (the final state is always saved when there is a run
-    folder), how many to keep (None: all), TensorBoard."""
+    folder), how many to keep (None: all), TensorBoard, Weights & Biases (``wandb``: where to
+    log, None: not at all; see ``ppojax.wandb_logger``)."""
 
     progress: bool = True
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = 3
     tensorboard: bool = False
     progress_reports: int = 50
+    wandb: WandbOptions | None = None
 
     def __post_init__(self) -> None:
         for name in ("progress", "tensorboard"):
@@ -347,6 +372,10 @@ class RunOptions:
             if getattr(self, name) is not None:
                 check_positive_int("RunOptions", name, getattr(self, name))
         check_positive_int("RunOptions", "progress_reports", self.progress_reports)
+        if self.wandb is not None and not isinstance(self.wandb, WandbOptions):
+            raise TypeError(
+                f"RunOptions.wandb must be WandbOptions or None, got {show(self.wandb)}"
+            )
 
 
 @dataclasses.dataclass
@@ -417,7 +446,10 @@ class TensorBoardLog:
             for offset in range(next(iter(metrics.values())).shape[1]):
                 step = (first + offset + 1) * batch_size
                 for name, values in metrics.items():
-                    writer.add_scalar(name, float(values[run, offset]), step)
+                    value = float(values[run, offset])
+                    # NaN marks an update without an evaluation: no point to draw.
+                    if name not in EVAL_METRIC_NAMES or np.isfinite(value):
+                        writer.add_scalar(name, value, step)
 
     def close(self) -> None:
         for writer in self.writers:
@@ -446,7 +478,7 @@ class ChunkHandler:
         self.warned_divergence = False
         # A resumed run starts from a checkpoint that is already on disk.
         self.saved_step: int | None = start or None
-        self.bar = self.checkpoints = self.tensorboard = None
+        self.bar = self.checkpoints = self.tensorboard = self.wandb = None
         config = experiment.config
         if options.progress:
             steps_per_update = experiment.num_runs * config.batch_size
@@ -458,6 +490,8 @@ class ChunkHandler:
             )
             if options.tensorboard:
                 self.tensorboard = TensorBoardLog(run_dir, self.runs)
+        if options.wandb is not None:
+            self.wandb = WandbLog(options.wandb, config, self.runs, run_dir)
 
     def __call__(self, first: int, state: TrainState, metrics: dict[str, np.ndarray]) -> None:
         count = next(iter(metrics.values())).shape[1]
@@ -470,11 +504,15 @@ class ChunkHandler:
             )
         if self.tensorboard is not None:
             self.tensorboard.write(first, metrics, config.batch_size)
+        if self.wandb is not None:
+            self.wandb.log(first, metrics)
         every = self.options.checkpoint_every
         if self.checkpoints is not None and every and (first + count) % every == 0:
             self.save(first + count, state)
         if self.bar is not None:
-            self.bar.chunk_done(first + count, metrics["episode_return"])
+            self.bar.chunk_done(
+                first + count, metrics["episode_return"], metrics.get("eval_return")
+            )
         self.note_divergence(first, metrics)
 
     def note_divergence(self, first: int, metrics: dict[str, np.ndarray]) -> None:
@@ -504,19 +542,28 @@ class ChunkHandler:
         final = self.experiment.config.num_updates
         if self.checkpoints is not None and self.saved_step != final:
             self.save(final, state)
-        self.close()
+        self.close(failed=False)
         if not self.chunks:
             return {}
         return {name: np.concatenate([c[name] for c in self.chunks], 1) for name in self.chunks[0]}
 
-    def close(self) -> None:
-        """Close the checkpoint manager, TensorBoard files and the bar (also after an error)."""
+    def close(self, failed: bool = True) -> None:
+        """Close the checkpoint manager, TensorBoard files and the bar (also after an error);
+        W&B runs only when ``failed`` (a finished experiment closes them in ``finish_wandb``,
+        with its summary)."""
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.bar is not None:
             self.bar.close()
+        if self.wandb is not None and failed:
+            self.wandb.abort()
+
+    def finish_wandb(self, result: RunResult) -> None:
+        """The W&B summaries of a finished experiment, then close its W&B runs."""
+        if self.wandb is not None:
+            self.wandb.finish(result.metrics, result.diverged_runs)
 
 
 def run_experiment(
@@ -627,6 +674,7 @@ def continue_experiment(
         env_steps=(num_updates - start) * experiment.num_runs * experiment.config.batch_size,
         resumed_from=start or None,
     )
+    handler.finish_wandb(result)
     if run_dir is not None:
         write_report(result)
     return result
@@ -781,10 +829,12 @@ def point_label(point: dict[str, float]) -> str:
     return ", ".join(f"{name}={value:g}" for name, value in point.items())
 
 
-def final_return_table(result: RunResult) -> list[dict[str, Any]]:
+def final_return_table(result: RunResult, metric: str = "episode_return") -> list[dict[str, Any]]:
     """Per grid point (one row without a grid): its values, each seed's final return (mean of
-    its last 10 updates), and their mean and standard deviation over seeds."""
-    finals = io.final_returns(result.metrics["episode_return"])
+    its last 10 updates; for ``metric="eval_return"`` its last evaluation), and their mean and
+    standard deviation over seeds."""
+    values = result.metrics[metric]
+    finals = latest_finite(values) if metric == "eval_return" else io.final_returns(values)
     seeds = result.experiment.seeds
     rows = []
     for index, point in enumerate(grid_points(result.experiment.grid)):
@@ -800,17 +850,27 @@ def final_return_table(result: RunResult) -> list[dict[str, Any]]:
     return rows
 
 
+def curves_by_point(experiment: Experiment, values: np.ndarray) -> dict[str, np.ndarray]:
+    """A metric [runs, U] as {grid point label (the env id without a grid): [seeds, U]}."""
+    curves = {}
+    for index, point in enumerate(grid_points(experiment.grid)):
+        rows = slice(index * experiment.seeds, (index + 1) * experiment.seeds)
+        curves[point_label(point) or experiment.config.env_id] = values[rows]
+    return curves
+
+
 def write_report(result: RunResult) -> None:
     """learning_curve.png and summary.json in the run folder."""
     experiment, config = result.experiment, result.experiment.config
     returns = result.metrics["episode_return"]
     env_steps = (np.arange(returns.shape[1]) + 1) * config.batch_size
-    curves = {}
-    for index, point in enumerate(grid_points(experiment.grid)):
-        rows = slice(index * experiment.seeds, (index + 1) * experiment.seeds)
-        curves[point_label(point) or config.env_id] = returns[rows]
+    evaluated = "eval_return" in result.metrics
     io.plot_learning_curves(
-        curves, env_steps, result.run_dir / io.CURVE_FILE, f"ppojax PPO on {config.env_id}"
+        curves_by_point(experiment, returns),
+        env_steps,
+        result.run_dir / io.CURVE_FILE,
+        f"ppojax PPO on {config.env_id}",
+        curves_by_point(experiment, result.metrics["eval_return"]) if evaluated else None,
     )
     summary = {
         "env_id": config.env_id,
@@ -820,6 +880,7 @@ def write_report(result: RunResult) -> None:
         "num_updates": config.num_updates,
         "env_steps_per_run": config.num_updates * config.batch_size,
         "final_return": final_return_table(result),
+        "final_eval_return": final_return_table(result, "eval_return") if evaluated else None,
         "compile_seconds": round(result.compile_seconds, 3),
         "run_seconds": round(result.run_seconds, 3),
         "env_steps_this_session": result.env_steps,

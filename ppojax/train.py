@@ -12,11 +12,20 @@ from jax.sharding import Mesh
 from ppojax.config import PPOConfig
 from ppojax.envs import make_env
 from ppojax.envs.normalize import RewardNormalizer, observation_stats
+from ppojax.evaluation import eval_key, eval_metrics, run_episodes, skipped_metrics
 from ppojax.gae import compute_gae
 from ppojax.losses import explained_variance
 from ppojax.networks import build_network, init_params, initial_hidden, observation_template
 from ppojax.parallel import check_divisible, constrain_env_axis
-from ppojax.rollout import Agent, collect_rollout, episode_metrics, reset_envs, rollout_start
+from ppojax.rollout import (
+    Agent,
+    collect_rollout,
+    episode_metrics,
+    policy_action,
+    policy_step,
+    reset_envs,
+    rollout_start,
+)
 from ppojax.types import (
     Batch,
     Metrics,
@@ -173,6 +182,67 @@ def update_step(
     return new_state, metrics
 
 
+def evaluation_metrics(agent: Agent, config: PPOConfig, state: TrainState) -> Metrics:
+    """``eval_return`` and ``eval_length`` of ``config.eval_episodes`` fresh episodes of the
+    policy in ``state`` (observations normalized with its frozen statistics), keyed by
+    ``eval_key(state.key)``."""
+    hidden = initial_hidden(agent.network, config.eval_episodes)
+    act = functools.partial(
+        policy_action if hidden is None else policy_step,
+        agent,
+        config,
+        state.params,
+        state.obs_stats,
+    )
+    stats = run_episodes(
+        agent.env,
+        act,
+        eval_key(state.key),
+        config.eval_episodes,
+        config.eval_deterministic,
+        hidden=hidden,
+    )
+    return eval_metrics(stats)
+
+
+def eval_due(config: PPOConfig, update: jax.Array) -> jax.Array | None:
+    """Whether update number ``update`` (counted from 1) ends with an evaluation: every
+    ``eval_every``-th and the last one, so the final policy is always evaluated. None without
+    evaluation (nothing is added to the program)."""
+    if config.eval_every is None:
+        return None
+    return (update % config.eval_every == 0) | (update == config.num_updates)
+
+
+def train_step(
+    agent: Agent,
+    optimizer: optax.GradientTransformation,
+    config: PPOConfig,
+    state: TrainState,
+    due: jax.Array | None = None,
+) -> tuple[TrainState, Metrics]:
+    """``update_step``, then, with ``config.eval_every``, the evaluation metrics of the updated
+    policy: measured when ``due`` (default: ``eval_due`` of the number of updates done), NaN
+    otherwise. Without eval_every this is ``update_step`` itself.
+
+    The evaluation runs under ``lax.cond``, so updates without one skip it, as long as the
+    predicate is not batched: inside ``vmap(train)`` ``state.update_step`` is not (it starts
+    from a constant), while a vmap over states batched already should pass ``due`` unbatched.
+    """
+    state, metrics = update_step(agent, optimizer, config, state)
+    if config.eval_every is None:
+        return state, metrics
+    if due is None:
+        due = eval_due(config, state.update_step)
+    evaluation = jax.lax.cond(
+        due,
+        functools.partial(evaluation_metrics, agent, config),
+        lambda _: skipped_metrics(),
+        state,
+    )
+    return state, {**metrics, **evaluation}
+
+
 def run_updates(
     config: PPOConfig, state: TrainState, num_updates: int, mesh: Mesh | None = None
 ) -> tuple[TrainState, Metrics]:
@@ -184,7 +254,7 @@ def run_updates(
     """
     agent = make_agent(config)
     optimizer = make_optimizer(config)
-    step = functools.partial(update_step, agent, optimizer, config)
+    step = functools.partial(train_step, agent, optimizer, config)
 
     def sharded_step(state: TrainState, _: None) -> tuple[TrainState, Metrics]:
         state, metrics = step(constrain_envs(state, mesh))
@@ -210,7 +280,8 @@ def train(config: PPOConfig, key: jax.Array, mesh: Mesh | None = None) -> TrainO
 
     Pure in ``(config, key)``: ``jax.jit(train)(config, key)`` compiles once per program
     structure, and ``jax.vmap(train, in_axes=(None, 0))(config, keys)`` runs several seeds.
-    Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``).
+    Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``, and
+    ``EVAL_METRIC_NAMES`` with ``config.eval_every``, evaluated as ``train_step`` says).
     ``mesh`` (static under jit: ``jax.jit(train, static_argnames="mesh")``) splits the run's
     environments across devices; num_envs must be a multiple of the device count. ``key`` is
     one ``jax.random.key(seed)`` or one raw ``jax.random.PRNGKey(seed)`` (same result).

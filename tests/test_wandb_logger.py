@@ -1,0 +1,184 @@
+"""``ppojax sweep --eval-every ... --wandb`` offline: the run folder shows the evaluation, the
+policy it evaluated is what ``ppojax eval`` evaluates, and the offline W&B runs hold every
+metric of every update."""
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from ppojax import io
+from ppojax.cli import main
+from ppojax.evaluate import evaluate, load
+from ppojax.evaluation import EVAL_METRIC_NAMES, eval_key
+from ppojax.experiment import read_experiment, state_template
+
+wandb_proto = pytest.importorskip("wandb.proto.wandb_internal_pb2")
+
+SWEEP = (
+    "sweep",
+    "CartPole-v1",
+    "--grid",
+    "learning_rate=1e-3,3e-3",
+    "--seeds",
+    "2",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "8",
+    "--total-timesteps",
+    "64",
+    "--update-epochs",
+    "1",
+    "--num-minibatches",
+    "2",
+    "--hidden-sizes",
+    "8",
+    "--normalize-observations",
+    "true",
+    "--eval-every",
+    "2",
+    "--eval-episodes",
+    "3",
+    "--no-progress",
+)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """2 learning rates x 2 seeds, 4 updates each with evaluations after the 2nd and 4th,
+    logged to offline W&B runs below WANDB_DIR."""
+    out = tmp_path_factory.mktemp("runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        patch.setenv("WANDB_DIR", str(out / "wandb-dir"))
+        patch.setenv("WANDB_SILENT", "true")
+        (out / "wandb-dir").mkdir()
+        flags = ("--wandb", "--wandb-project", "tests", "--wandb-name", "evalsweep")
+        assert main([*SWEEP, "--out", str(out), *flags]) == 0
+    (run_dir,) = [path for path in out.iterdir() if path.name.startswith("CartPole")]
+    return run_dir, out / "wandb-dir"
+
+
+def test_metrics_csv_and_summary_hold_the_evaluations(swept):
+    run_dir, _ = swept
+    _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
+    for name in EVAL_METRIC_NAMES:
+        assert metrics[name].shape == (4, 4)
+        assert np.isnan(metrics[name][:, [0, 2]]).all()
+        assert np.isfinite(metrics[name][:, [1, 3]]).all()
+    summary = io.read_json(run_dir / io.SUMMARY_FILE)
+    finals = [value for row in summary["final_eval_return"] for value in row["per_seed"]]
+    np.testing.assert_array_equal(finals, metrics["eval_return"][:, -1])
+    assert [row["point"] for row in summary["final_eval_return"]] == [
+        {"learning_rate": 1e-3},
+        {"learning_rate": 3e-3},
+    ]
+
+
+def png_width(path: Path) -> int:
+    return struct.unpack(">I", path.read_bytes()[16:20])[0]
+
+
+def test_learning_curve_puts_the_evaluation_beside_the_training_curve(swept, tmp_path):
+    run_dir, _ = swept
+    returns = np.array([[np.nan, 10.0, 20.0, 30.0]])
+    io.plot_learning_curves({"x": returns}, np.arange(1, 5), tmp_path / "one.png", "t")
+    assert png_width(run_dir / io.CURVE_FILE) == 2 * png_width(tmp_path / "one.png")
+
+
+def test_in_loop_evaluation_equals_ppojax_eval_of_the_loaded_policy(swept):
+    """The last evaluation of two runs (other seeds and grid points), of their final
+    checkpoint's policy with the key from their final state. Both programs take the same
+    discrete actions, so the returns (sums of rewards of 1) are equal integers and their
+    means over 3 episodes agree to float32 rounding (rtol 1e-6)."""
+    run_dir, _ = swept
+    _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
+    experiment, _ = read_experiment(run_dir)
+    states, _ = io.restore_checkpoint(run_dir, state_template(experiment))
+    for run in (0, 3):
+        config, act = load(run_dir, run=run)
+        state = jax.tree.map(lambda leaf, run=run: leaf[run], states)
+        returns = evaluate(config, act, 3, key=eval_key(state.key), deterministic=True)
+        np.testing.assert_allclose(metrics["eval_return"][run, -1], returns.mean(), rtol=1e-6)
+
+
+def wandb_records(path: Path):
+    """The protobuf records of an offline ``run-*.wandb`` file: a 7-byte header, then LevelDB
+    log blocks of 32 KiB whose records (4-byte CRC, 2-byte length, 1-byte type: full, first,
+    middle, last) carry the serialized records."""
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    position, pending = 7, b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):
+            record = wandb_proto.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def item_key(item) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def offline_run(path: Path) -> dict:
+    """An offline run's group, name, config, history {step: {key: value}} and summary."""
+    run = {"history": {}, "summary": {}}
+    for record in wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run["group"], run["name"] = record.run.run_group, record.run.display_name
+            run["config"] = {
+                item.key: json.loads(item.value_json) for item in record.run.config.update
+            }
+        elif kind == "history":
+            items = {item_key(item): json.loads(item.value_json) for item in record.history.item}
+            run["history"][items["_step"]] = items
+        elif kind == "summary":
+            run["summary"].update(
+                {item_key(item): json.loads(item.value_json) for item in record.summary.update}
+            )
+    return run
+
+
+def test_offline_wandb_runs_hold_every_metric_of_every_update(swept):
+    run_dir, wandb_dir = swept
+    _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
+    paths = sorted((wandb_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    runs = {run["config"]["run"]: run for run in map(offline_run, paths)}
+    assert sorted(runs) == [0, 1, 2, 3]
+    for index, run in runs.items():
+        assert run["group"] == "evalsweep" and run["name"] == f"evalsweep-run{index}"
+        assert run["config"]["seed"] == index % 2
+        assert run["config"]["learning_rate"] == [1e-3, 3e-3][index // 2]
+        assert run["config"]["grid_point"] == {"learning_rate": [1e-3, 3e-3][index // 2]}
+        assert run["config"]["eval_every"] == 2
+        assert sorted(run["history"]) == [1, 2, 3, 4]
+        for name, values in metrics.items():
+            logged = [run["history"][step].get(name, np.nan) for step in (1, 2, 3, 4)]
+            # metrics.csv and W&B both get the float32 values as Python floats
+            np.testing.assert_array_equal(logged, values[index], err_msg=name)
+        assert "eval_return" not in run["history"][1]
+        assert run["summary"]["final_eval_return"] == metrics["eval_return"][index, -1]
+        expected = io.final_returns(metrics["episode_return"][index : index + 1])[0]
+        np.testing.assert_allclose(run["summary"]["final_return"], expected, rtol=1e-12)
+        assert run["summary"]["diverged"] is False
+    assert os.environ.get("WANDB_MODE") != "offline"  # the fixture restored the environment
+
+
+def test_wandb_flags_without_wandb_are_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--wandb-project", "x"])
+    assert exit_info.value.code == 2
+    assert "--wandb-project apply only with --wandb" in capsys.readouterr().err
