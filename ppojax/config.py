@@ -24,6 +24,33 @@ def static(default: Any) -> Any:
     return struct.field(pytree_node=False, default=default)
 
 
+def _plain_kwarg(value: Any) -> Any:
+    """A list (JSON's tuple) as a tuple, NumPy scalars as Python ones."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain_kwarg(item) for item in value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class EnvKwargs(dict):
+    """``PPOConfig.env_kwargs``: a read-only dict that hashes, as static config fields must
+    (jit caches programs by them), and writes to JSON as an object. Lists become tuples."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        items = {key: _plain_kwarg(value) for key, value in dict(*args, **kwargs).items()}
+        super().__init__(items)
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        # keys are checked to be str by validate; sorting by str keeps a bad key hashable
+        # until then
+        return hash(tuple(sorted(self.items(), key=lambda item: str(item[0]))))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("PPOConfig.env_kwargs is read-only; use config.replace(env_kwargs=...)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+    __ior__ = _read_only  # type: ignore[assignment]
+
+
 @struct.dataclass
 class PPOConfig:
     """Hyperparameters of one PPO run.
@@ -43,6 +70,11 @@ class PPOConfig:
     exceeds it. normalize_observations: running mean/variance over all envs, clipped to
     +-obs_clip. normalize_rewards: divide by the running std of the discounted return (gamma);
     reward_clip clips the (scaled) reward to +-reward_clip.
+
+    env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
+    names are passed to it (for gymnax ids, to the env's constructor); keys that name a field
+    of the env-params dataclass override it, e.g. ``{"max_steps_in_episode": 50}``; an unknown
+    key is a ``ConfigError`` naming it (see ``ppojax.envs.registry``).
     """
 
     env_id: str = static("CartPole-v1")
@@ -73,6 +105,8 @@ class PPOConfig:
     target_kl: float | None = None
     obs_clip: float = 10.0
     reward_clip: float | None = None
+
+    env_kwargs: EnvKwargs = static(EnvKwargs())
 
     def __post_init__(self) -> None:
         normalize_static_fields(self)
@@ -134,6 +168,18 @@ PPOConfig.replace = _replace  # type: ignore[method-assign]
 PPOConfig.__init__ = _check_names(PPOConfig.__init__)  # type: ignore[method-assign]
 
 
+# The MinAtar games: 64 envs x 128 steps, 4 epochs of 8 minibatches, lr 5e-4, ReLU, 10M steps,
+# the budget gymnax's published PPO baselines were trained with.
+MINATAR_PRESET: dict[str, Any] = {
+    "num_envs": 64,
+    "num_steps": 128,
+    "total_timesteps": 10_000_000,
+    "update_epochs": 4,
+    "num_minibatches": 8,
+    "learning_rate": 5e-4,
+    "activation": "relu",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {},
     "Pendulum-v1": {
@@ -147,6 +193,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.0,
         "normalize_observations": True,
         "normalize_rewards": True,
+    },
+    **{
+        f"{game}-MinAtar": MINATAR_PRESET
+        for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders")
     },
 }
 
@@ -201,6 +251,8 @@ def normalize_static_fields(config: Any) -> None:
         if field.metadata.get("pytree_node", True):
             continue
         value = getattr(config, field.name)
+        if isinstance(field.default, EnvKwargs) and isinstance(value, dict):
+            value = EnvKwargs(value)
         if isinstance(field.default, tuple) and isinstance(value, (list, np.ndarray)):
             value = tuple(value.tolist() if isinstance(value, np.ndarray) else value)
         if isinstance(value, tuple):
@@ -286,24 +338,34 @@ def check_range(
 
 
 def check_env_id(env_id: Any) -> None:
-    """Raise ``ConfigError`` unless ``env_id`` is a registered gymnax id; typos get the
-    closest ids."""
-    if not isinstance(env_id, str):
-        raise ConfigError(
-            "env_id",
-            f"PPOConfig.env_id must be a gymnax env id such as 'CartPole-v1', got {show(env_id)}.",
-        )
-    import gymnax
+    """Raise ``ConfigError`` unless ``env_id`` is a gymnax id, a registered id or a suite id
+    (see ``ppojax.envs.registry``); typos get the closest ids."""
+    from ppojax.envs.registry import check_env_id as check_registry_id
 
-    if env_id in gymnax.registered_envs:
-        return
-    close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3, cutoff=0.5)
-    hint = f" Close matches: {', '.join(close)}." if close else ""
-    raise ConfigError(
-        "env_id",
-        f"PPOConfig.env_id {env_id!r} is not a gymnax environment.{hint} "
-        "ppojax.list_envs() (or ppojax envs) lists every id.",
-    )
+    check_registry_id(env_id)
+
+
+ENV_KWARG_TYPES = (bool, int, float, str, type(None))
+
+
+def check_env_kwargs(env_kwargs: Any) -> None:
+    """Raise ``ConfigError`` unless ``env_kwargs`` maps names to JSON scalars (bool, int,
+    float, str, None) or tuples of them: the field is static, so it must hash and write to
+    config.json."""
+    example = "{'max_steps_in_episode': 50}"
+    if not isinstance(env_kwargs, EnvKwargs):
+        raise ConfigError(
+            "env_kwargs",
+            f"PPOConfig.env_kwargs must be a dict such as {example}, got {show(env_kwargs)}.",
+        )
+    for name, value in env_kwargs.items():
+        items = value if isinstance(value, tuple) else (value,)
+        if not isinstance(name, str) or not all(isinstance(v, ENV_KWARG_TYPES) for v in items):
+            raise ConfigError(
+                "env_kwargs",
+                f"PPOConfig.env_kwargs[{name!r}] = {show(value)}: keys must be str and values "
+                "bool, int, float, str, None or lists of them (the config is written to JSON).",
+            )
 
 
 def check_hidden_sizes(sizes: Any) -> None:
@@ -355,3 +417,8 @@ def validate(config: PPOConfig) -> None:
             value = getattr(config, name)
             check_range("PPOConfig", name, value, 0.0, math.inf, open_low=True, optional=True)
     check_env_id(config.env_id)
+    check_env_kwargs(config.env_kwargs)
+    if config.env_kwargs:
+        from ppojax.envs.registry import check_env_kwargs as check_env_builds
+
+        check_env_builds(config.env_id, config.env_kwargs)

@@ -48,7 +48,8 @@ Act = Callable[..., jax.Array]
 
 def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PPOConfig, Act]:
     """The config of run ``run`` of a run folder and its policy ``act(obs, key=None,
-    deterministic=False) -> action``, from the latest checkpoint (or the one at ``step``).
+    deterministic=False, action_mask=None) -> action``, from the latest checkpoint (or the one
+    at ``step``); for envs with action masks pass the allowed actions (bool [..., n]).
 
     ``obs`` is one raw observation [obs_dim] or a batch [N, obs_dim] (NumPy or JAX); ``key``
     (a ``jax.random.key``) is needed unless ``deterministic``. ``act`` is jitted and can also
@@ -80,13 +81,17 @@ def _act(
     obs: jax.Array,
     key: jax.Array | None = None,
     deterministic: bool = False,
+    action_mask: jax.Array | None = None,
 ) -> jax.Array:
-    """The sampled action, or the mode of the policy when ``deterministic``; observations are
-    normalized with the statistics frozen in the checkpoint, as in training."""
+    """The sampled action, or the mode of the policy when ``deterministic``, among the actions
+    ``action_mask`` allows (all without one); observations are normalized with the statistics
+    frozen in the checkpoint, as in training."""
     if key is None and not deterministic:
         raise ValueError("act needs a key to sample an action, or deterministic=True")
     obs = jnp.asarray(obs, jnp.float32)
-    return policy_action(agent, config, state.params, state.obs_stats, obs, key, deterministic)
+    return policy_action(
+        agent, config, state.params, state.obs_stats, obs, key, deterministic, action_mask
+    )
 
 
 def max_episode_steps(env: PPOEnv) -> int:
@@ -105,7 +110,8 @@ def episode_rollout(
     def step(carry: tuple[jax.Array, Any, jax.Array], _: None):
         obs, state, key = carry
         key, act_key, step_key = jax.random.split(key, 3)
-        action = act(obs, act_key, deterministic=deterministic)
+        mask = env.action_masks(state)
+        action = act(obs, act_key, deterministic=deterministic, action_mask=mask)
         result, next_state = jax.vmap(env.step)(jax.random.split(step_key, episodes), state, action)
         ended = result.terminated | result.truncated
         outputs = (state.env_state, result.reward, ended, result.episode_return)
@@ -121,7 +127,7 @@ def evaluate(
     """Returns [episodes] of ``episodes`` episodes run in parallel, one per env."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
-    env = make_env(config.env_id)
+    env = make_env(config.env_id, **config.env_kwargs)
     rollout = jax.jit(
         functools.partial(episode_rollout, env, act, episodes=episodes, deterministic=deterministic)
     )
@@ -153,7 +159,7 @@ def render_gif(
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     from gymnax.visualize import Visualizer
 
-    env = make_env(config.env_id)
+    env = make_env(config.env_id, **config.env_kwargs)
     rollout = jax.jit(
         functools.partial(episode_rollout, env, act, episodes=1, deterministic=deterministic)
     )

@@ -35,6 +35,7 @@ from ppojax.config import (
     check_positive_int,
     show,
 )
+from ppojax.envs.registry import env_id_known, env_modules, import_env_modules
 from ppojax.sweeps import grid_points as sweep_grid_points
 from ppojax.train import init_state, make_agent, update_step
 from ppojax.types import METRIC_NAMES, Metrics, TrainState
@@ -330,13 +331,15 @@ def latest_finite(returns: np.ndarray) -> np.ndarray:
 class RunOptions:
     """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
     run), checkpoints every N updates (the final state is always saved when there is a run
-    folder), how many to keep (None: all), TensorBoard."""
+    folder), how many to keep (None: all), TensorBoard, and the modules that register the
+    env (``--env-module``; recorded in run.json, imported again by ``--resume`` and ``load``)."""
 
     progress: bool = True
     checkpoint_every: int | None = None
     keep_checkpoints: int | None = 3
     tensorboard: bool = False
     progress_reports: int = 50
+    env_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("progress", "tensorboard"):
@@ -624,22 +627,29 @@ def run_settings(experiment: Experiment, options: RunOptions) -> dict[str, Any]:
         "checkpoint_every": options.checkpoint_every,
         "keep_checkpoints": options.keep_checkpoints,
         "tensorboard": options.tensorboard,
+        "env_modules": list(env_modules(experiment.config.env_id, options.env_modules)),
     }
 
 
 def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
-    """The experiment and options a run folder was started with."""
+    """The experiment and options a run folder was started with; the env modules it records
+    are imported first when its env id is not registered yet."""
     run_dir = Path(run_dir)
     if not (run_dir / io.CONFIG_FILE).exists() or not (run_dir / io.RUN_FILE).exists():
         raise ValueError(f"{run_dir} is not a ppojax run folder (no config.json / run.json)")
-    config = io.config_from_dict(io.read_json(run_dir / io.CONFIG_FILE))
     settings = io.read_json(run_dir / io.RUN_FILE)
+    modules = tuple(settings.get("env_modules", ()))
+    saved = io.read_json(run_dir / io.CONFIG_FILE)
+    if not env_id_known(saved.get("env_id", "CartPole-v1")):
+        import_env_modules(modules, str(run_dir / io.RUN_FILE))
+    config = io.config_from_dict(saved)
     grid = {name: tuple(values) for name, values in settings["grid"].items()}
     experiment = Experiment(config, settings["seeds"], settings["seed"], grid)
     options = RunOptions(
         checkpoint_every=settings["checkpoint_every"],
         keep_checkpoints=settings["keep_checkpoints"],
         tensorboard=settings["tensorboard"],
+        env_modules=modules,
     )
     return experiment, options
 

@@ -129,7 +129,8 @@ def env_step(
     obs = network_input(config, obs_stats, carry.obs)
     head, log_std = agent.actor.apply(params["actor"], obs)
     value = agent.critic.apply(params["critic"], obs)
-    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action)
+    action_mask = agent.env.action_masks(carry.env_state)
+    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action, action_mask)
     result, env_state = jax.vmap(agent.env.step_from)(
         noise.env_key, carry.env_state, action, (noise.reset_obs, noise.reset_state)
     )
@@ -148,6 +149,7 @@ def env_step(
         next_obs=network_input(config, obs_stats, result.next_obs),
         episode_return=result.episode_return,
         episode_length=result.episode_length,
+        action_mask=action_mask,
     )
     new_carry = RolloutCarry(env_state, result.obs, carry.key, obs_stats, reward_normalizer)
     return new_carry, transition
@@ -185,14 +187,16 @@ def policy_action(
     obs: jax.Array,
     key: jax.Array,
     deterministic: bool = False,
+    action_mask: jax.Array | None = None,
 ) -> jax.Array:
     """The trained policy's action for raw observations [..., obs_dim] (as in training:
     normalized with the frozen ``obs_stats`` when normalization is on); the mode when
-    ``deterministic``. Actions are unclipped, as the policy produced them."""
+    ``deterministic``; masked actions (``action_mask`` bool [..., action_dim]) never come.
+    Actions are unclipped, as the policy produced them."""
     head, log_std = agent.actor.apply(params["actor"], network_input(config, obs_stats, obs))
     if deterministic:
-        return deterministic_action(agent.env.spec, head)
-    return policy_distribution(agent.env.spec, head, log_std).sample(seed=key)
+        return deterministic_action(agent.env.spec, head, action_mask)
+    return policy_distribution(agent.env.spec, head, log_std, action_mask).sample(seed=key)
 
 
 def episode_metrics(transitions: Transition) -> dict[str, jax.Array]:

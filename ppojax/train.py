@@ -30,7 +30,7 @@ from ppojax.update import (
 
 def make_agent(config: PPOConfig) -> Agent:
     """The env and network modules that ``config`` describes."""
-    env = make_env(config.env_id)
+    env = make_env(config.env_id, **config.env_kwargs)
     actor, critic = build_networks(env.spec, config.hidden_sizes, config.activation)
     return Agent(env, actor, critic)
 
@@ -77,6 +77,7 @@ def make_batch(agent: Agent, config: PPOConfig, params: dict, transitions: Trans
         policy_log_std=transitions.policy_log_std,
         advantage=advantages,
         target=targets,
+        action_mask=transitions.action_mask,
     )
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
 

@@ -59,6 +59,7 @@ class Transition(NamedTuple):
     next_obs: jax.Array
     episode_return: jax.Array  # return of the episode that ended here (0 where none did)
     episode_length: jax.Array
+    action_mask: jax.Array | None = None  # allowed actions at obs, for envs that mask them
 
 
 class Batch(NamedTuple):
@@ -72,6 +73,7 @@ class Batch(NamedTuple):
     policy_log_std: jax.Array | None
     advantage: jax.Array
     target: jax.Array
+    action_mask: jax.Array | None = None
 
 
 @struct.dataclass

@@ -63,8 +63,9 @@ def ppo_loss(
     """Total PPO loss on one minibatch [N], with its parts for logging."""
     head, log_std = agent.actor.apply(params["actor"], batch.obs)
     values = agent.critic.apply(params["critic"], batch.obs)
-    distribution = policy_distribution(agent.env.spec, head, log_std)
-    old_distribution = policy_distribution(agent.env.spec, batch.policy_head, batch.policy_log_std)
+    spec, mask = agent.env.spec, batch.action_mask
+    distribution = policy_distribution(spec, head, log_std, mask)
+    old_distribution = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
     kl = old_distribution.kl_divergence(distribution)
     log_ratio = distribution.log_prob(batch.action) - batch.log_prob
     advantages = batch.advantage
@@ -90,8 +91,9 @@ def ppo_loss(
 def policy_kl(agent: Agent, params: Params, batch: Batch) -> jax.Array:
     """Mean analytic KL(pi_old || pi_params) over ``batch`` [N]."""
     head, log_std = agent.actor.apply(params["actor"], batch.obs)
-    old = policy_distribution(agent.env.spec, batch.policy_head, batch.policy_log_std)
-    return old.kl_divergence(policy_distribution(agent.env.spec, head, log_std)).mean()
+    spec, mask = agent.env.spec, batch.action_mask
+    old = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
+    return old.kl_divergence(policy_distribution(spec, head, log_std, mask)).mean()
 
 
 MIN_KL_COEF = 1e-8
