@@ -95,7 +95,10 @@ def _act(
 
 
 def max_episode_steps(env: PPOEnv) -> int:
-    """gymnax's time limit for the env (every gymnax env truncates its episodes)."""
+    """The env's time limit: an adapter's ``time_limit(params)``, else gymnax's
+    ``max_steps_in_episode`` (every gymnax env truncates its episodes), else 1000."""
+    if callable(getattr(env.env, "time_limit", None)):
+        return int(env.env.time_limit(env.env_params))
     return int(getattr(env.env_params, "max_steps_in_episode", 1000))
 
 

@@ -39,7 +39,9 @@ class NoParams:
 
 
 class Adapter(environment.Environment):
-    """Base of the adapters: ``is_truncated`` reads the flag ``step_env`` stored."""
+    """Base of the adapters: ``is_truncated`` reads the flag ``step_env`` stored. Each adapter
+    also gives ``time_limit(params)``, the most steps of an episode (``ppojax eval`` runs
+    episodes that long)."""
 
     def is_truncated(self, state: AdapterState, params: Any) -> jax.Array:
         return state.truncated

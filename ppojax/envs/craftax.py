@@ -54,6 +54,9 @@ class Craftax(Adapter):
         reward = jnp.asarray(reward, jnp.float32)
         return obs, self.advance(state, inner, truncated), reward, terminated, {}
 
+    def time_limit(self, params: Any) -> int:
+        return int(params.max_timesteps)
+
     def action_space(self, params: Any) -> spaces.Discrete:
         return spaces.Discrete(int(self.env.num_actions))
 

@@ -88,6 +88,10 @@ class Jumanji(Adapter):
             return jnp.bool_(False)
         return count >= limit
 
+    def time_limit(self, params: Any) -> int:
+        """The env's ``time_limit``; 1000 steps for envs without one."""
+        return int(getattr(self.env, "time_limit", 1000))
+
     def env_action(self, action: jax.Array) -> jax.Array:
         if self.joint:
             return jnp.stack(jnp.unravel_index(action, self.nvec)).astype(jnp.int32)

@@ -50,6 +50,9 @@ class XMiniGrid(Adapter):
         next_state = self.advance(state, timestep, truncated)
         return timestep.observation, next_state, reward, terminated, {}
 
+    def time_limit(self, params: Any) -> int:
+        return int(params.max_steps)
+
     def action_space(self, params: Any) -> spaces.Discrete:
         return spaces.Discrete(int(self.env.num_actions(params)))
 
