@@ -124,9 +124,9 @@ def check_env_id(env_id: Any) -> None:
     hint = f" Close matches: {', '.join(close)}." if close else ""
     raise ConfigError(
         "env_id",
-        f"PPOConfig.env_id {env_id!r} is neither a gymnax id, a registered id "
-        f"(ppojax.register_env) nor suite/name for a suite in {', '.join(SUITES)}.{hint} "
-        "ppojax envs lists them; a module that registers envs is loaded with --env-module.",
+        f"PPOConfig.env_id {env_id!r} is not a gymnax id, a registered id "
+        f"(ppojax.register_env) or a suite id ({', '.join(s + '/...' for s in SUITES)}).{hint} "
+        "ppojax envs lists them; --env-module imports a module that registers envs.",
     )
 
 
