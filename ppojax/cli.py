@@ -211,6 +211,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     add_env_module_flag(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cache_flag(parser)
     parser.add_argument(
         "--tensorboard", action="store_true", help="also write TensorBoard event files"
     )
@@ -226,6 +227,23 @@ def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
         help="import MODULE (e.g. mypackage.envs) first, which registers envs with "
         "ppojax.register_env; repeatable; the run folder remembers it",
     )
+
+
+def add_cache_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh instead of loading it from the compilation cache "
+        "($XDG_CACHE_HOME/ppojax; PPOJAX_NO_COMPILE_CACHE=1 does the same)",
+    )
+
+
+def use_compile_cache(args: argparse.Namespace) -> None:
+    """Turn on JAX's persistent compilation cache unless the flag or variable says no."""
+    from ppojax import cache
+
+    if not getattr(args, "no_compile_cache", True) and not cache.disabled_by_environment():
+        cache.enable_compile_cache()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=_parse_int, default=0, help="PRNG seed (default 0)")
     evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
     add_env_module_flag(evaluate)
+    add_cache_flag(evaluate)
     envs = commands.add_parser("envs", help="list the environment ids that can be trained")
     add_env_module_flag(envs)
     commands.add_parser(
@@ -411,13 +430,26 @@ def print_report(result: RunResult) -> None:
     rate = result.env_steps / max(result.run_seconds, 1e-9)
     print(
         f"compile {result.compile_seconds:.1f} s, run {result.run_seconds:.1f} s, "
-        f"{rate:,.0f} env steps/s"
+        f"{rate:,.0f} env steps/s{cache_note()}"
     )
     print_learning_curve(result.metrics["episode_return"], config.batch_size)
     print_final_returns(result)
     print_divergence(result)
     if result.run_dir is not None:
         print(f"run folder: {result.run_dir}")
+
+
+def cache_note() -> str:
+    """How many programs this process loaded from the compilation cache, when it is on."""
+    from ppojax import cache
+
+    if not cache.cache_enabled():
+        return ""
+    counts = cache.cache_counts()
+    return (
+        f" ({counts['hits']} program(s) loaded from the compilation cache, "
+        f"{counts['misses']} compiled into it)"
+    )
 
 
 def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
@@ -540,6 +572,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             import_env_modules(args.env_module, "--env-module")
         if args.command == "envs":
             return list_env_ids()
+        use_compile_cache(args)
         if args.command == "eval":
             return run_eval(args)
         grid = dict(args.grid) if args.command == "sweep" else {}

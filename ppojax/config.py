@@ -58,9 +58,9 @@ class PPOConfig:
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
     hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
-    normalize_rewards, env_kwargs. Traced fields (sweepable with vmap): every float. The optional ones
-    (vf_clip_eps, target_kl, reward_clip) switch their feature off with ``None``, which changes
-    the program.
+    normalize_rewards, env_kwargs. Traced fields (sweepable with vmap): every float. The
+    optional ones (vf_clip_eps, target_kl, reward_clip) switch their feature off with ``None``,
+    which changes the program.
 
     policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
     with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when

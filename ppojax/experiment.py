@@ -2,10 +2,12 @@
 
 Progress reaches the host from inside the compiled loop: every few updates a
 ``jax.debug.callback`` hands the update number and the mean episode return to the progress
-bar. Checkpoints need the state on the host, so with ``checkpoint_every`` the updates run in
-chunks of one compiled program: a ``lax.scan`` of fixed length whose steps past ``count`` are
-skipped by ``lax.cond``, so every chunk, the last partial one included, reuses the same
-executable, and chunked updates give the same numbers as one call.
+bar; with the compilation cache on (``ppojax.cache``), which does not store programs with host
+callbacks, the updates run in chunks of one report interval instead. Checkpoints need the
+state on the host, so with ``checkpoint_every`` the updates run in chunks of one compiled
+program: a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by
+``lax.cond``, so every chunk, the last partial one included, reuses the same executable, and
+chunked updates give the same numbers as one call.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import io
+from ppojax import cache, io
 from ppojax.config import (
     ConfigError,
     PPOConfig,
@@ -581,6 +583,10 @@ def continue_experiment(
     handler = ChunkHandler(experiment, run_dir, options, start)
     report = handler.bar.report if handler.bar is not None else None
     every = report_interval(num_updates, options.progress_reports)
+    if report is not None and cache.cache_enabled():
+        # JAX's compilation cache does not store programs that call back to the host: feed
+        # the bar between chunks of `every` updates instead (the same numbers, see run_chunk).
+        length, report = min(length, every), None
     plan = chunk_plan(start, num_updates, length, options.checkpoint_every)
     try:
         begin = time.perf_counter()

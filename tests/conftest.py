@@ -1,9 +1,15 @@
 """Shared fixtures: small configs that compile quickly on a 2-core CPU."""
 
+import os
+
 import jax
 import pytest
 
 import ppojax
+
+# The command line turns JAX's compilation cache on; tests that run it in this process or in
+# subprocesses must not fill the user's ~/.cache. tests/test_cache.py turns it on where wanted.
+os.environ.setdefault("PPOJAX_NO_COMPILE_CACHE", "1")
 
 
 @pytest.fixture(scope="session")
