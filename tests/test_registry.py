@@ -17,6 +17,7 @@ from gymnax.environments import spaces
 import ppojax
 from ppojax.cli import main
 from ppojax.envs import registry
+from ppojax.evaluate import episode_rollout, make_act
 
 
 @struct.dataclass
@@ -90,6 +91,11 @@ def test_a_registered_env_trains_and_its_mask_reaches_the_rollout_and_the_loss()
     assert int(out.state.env_state.env_state.masked_taken.sum()) == 0
     assert metrics["entropy"].max() <= math.log(2) + 1e-6
     assert out.state.obs.shape == (4, 4)  # length 3: one-hot of 4 positions
+    # Evaluation episodes pass the env's mask to the trained policy too.
+    act = make_act(config, out.state)
+    env = ppojax.make_env(config.env_id, **config.env_kwargs)
+    states, _, ended, returns = episode_rollout(env, act, jax.random.key(1), 8, False)
+    assert int(states.masked_taken.max()) == 0 and ended.any()
 
 
 def test_registering_checks_the_id_and_the_factory():
