@@ -290,14 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_module_flag(envs)
     commands.add_parser(
         "rlhf",
-        help="PPO for language models: SFT, reward model, then PPO (ppojax rlhf --help)",
+        help="PPO, GRPO or RLOO for language models on a digit task (ppojax rlhf --help)",
         add_help=False,
     )
     return parser
 
 
 def run_rlhf(argv: Sequence[str]) -> int:
-    """``ppojax rlhf [options]``: the RLHF pipeline's own command line (python -m ppojax.rlhf)."""
+    """``ppojax rlhf [options]``: the RLHF run's own command line (python -m ppojax.rlhf)."""
     from ppojax.rlhf.__main__ import main as rlhf_main
 
     try:

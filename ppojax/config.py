@@ -18,6 +18,8 @@ from flax import struct
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
 POLICY_OBJECTIVES = ("clip", "penalty", "clip_penalty")
+ENCODERS = ("mlp", "cnn")
+RECURRENT_CORES = ("gru", "lstm")
 
 
 def static(default: Any) -> Any:
@@ -71,6 +73,17 @@ class PPOConfig:
     +-obs_clip. normalize_rewards: divide by the running std of the discounted return (gamma);
     reward_clip clips the (scaled) reward to +-reward_clip.
 
+    The network (all static): encoder "mlp" (observations flattened, a pytree's leaves
+    concatenated, then dense layers of hidden_sizes) or "cnn" ([H, W, C] observations through
+    VALID convolutions of cnn_channels with square cnn_kernel_size kernels and cnn_stride, then
+    the dense layers of hidden_sizes; the default is MinAtar's one 3x3 conv of 16 channels).
+    recurrent: None (feed-forward), "gru" or "lstm", a core of recurrent_size units after the
+    encoder; its state resets to zeros where an episode ends, and minibatches are then whole
+    env sequences (num_minibatches must divide num_envs). shared_torso: one encoder (and core)
+    feeding both heads instead of one each; off by default, because the value loss then pulls
+    on the policy's features and the balance depends on vf_coef and the reward scale, while
+    separate torsos train the classic-control presets as tuned.
+
     env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
     names are passed to it (for gymnax ids, to the env's constructor); keys that name a field
     of the env-params dataclass override it, e.g. ``{"max_steps_in_episode": 50}``; an unknown
@@ -105,6 +118,14 @@ class PPOConfig:
     target_kl: float | None = None
     obs_clip: float = 10.0
     reward_clip: float | None = None
+
+    encoder: str = static("mlp")
+    cnn_channels: tuple[int, ...] = static((16,))
+    cnn_kernel_size: int = static(3)
+    cnn_stride: int = static(1)
+    recurrent: str | None = static(None)
+    recurrent_size: int = static(128)
+    shared_torso: bool = static(False)
 
     env_kwargs: EnvKwargs = static(EnvKwargs())
 
@@ -201,13 +222,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-INT_FIELDS = ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches")
+INT_FIELDS = (
+    "num_envs",
+    "num_steps",
+    "total_timesteps",
+    "update_epochs",
+    "num_minibatches",
+    "cnn_kernel_size",
+    "cnn_stride",
+    "recurrent_size",
+)
 BOOL_FIELDS = (
     "anneal_lr",
     "normalize_advantages",
     "adaptive_penalty",
     "normalize_observations",
     "normalize_rewards",
+    "shared_torso",
 )
 
 
@@ -368,16 +399,35 @@ def check_env_kwargs(env_kwargs: Any) -> None:
             )
 
 
-def check_hidden_sizes(sizes: Any) -> None:
+def check_sizes(name: str, sizes: Any, example: str) -> None:
+    """Raise ``ConfigError`` unless ``sizes`` is a non-empty tuple of positive ints."""
     valid = isinstance(sizes, tuple) and len(sizes) > 0
     if valid and all(isinstance(size, int) and not isinstance(size, bool) for size in sizes):
         if all(size > 0 for size in sizes):
             return
     raise ConfigError(
-        "hidden_sizes",
-        "PPOConfig.hidden_sizes must be a non-empty tuple of positive ints such as (64, 64), "
+        name,
+        f"PPOConfig.{name} must be a non-empty tuple of positive ints such as {example}, "
         f"got {show(sizes, (tuple,))}.",
     )
+
+
+def check_network(config: PPOConfig) -> None:
+    """The network fields: sizes, the encoder and core names, and that a recurrent run's
+    minibatches of whole env sequences split the envs evenly."""
+    check_sizes("hidden_sizes", config.hidden_sizes, "(64, 64)")
+    check_sizes("cnn_channels", config.cnn_channels, "(16,)")
+    check_choice("PPOConfig", "encoder", config.encoder, ENCODERS)
+    if config.recurrent is None:
+        return
+    check_choice("PPOConfig", "recurrent", config.recurrent, RECURRENT_CORES)
+    if config.num_envs % config.num_minibatches:
+        raise ConfigError(
+            "num_minibatches",
+            f"PPOConfig.num_minibatches={config.num_minibatches} must divide "
+            f"num_envs={config.num_envs} when recurrent={config.recurrent!r}: a recurrent "
+            "minibatch is whole env sequences; choose a divisor of num_envs.",
+        )
 
 
 def validate(config: PPOConfig) -> None:
@@ -399,7 +449,7 @@ def validate(config: PPOConfig) -> None:
             f"PPOConfig.total_timesteps={config.total_timesteps} is smaller than one rollout "
             f"(num_envs*num_steps={config.batch_size}); raise total_timesteps.",
         )
-    check_hidden_sizes(config.hidden_sizes)
+    check_network(config)
     check_choice("PPOConfig", "activation", config.activation, ACTIVATIONS)
     check_choice("PPOConfig", "policy_objective", config.policy_objective, POLICY_OBJECTIVES)
     check_range("PPOConfig", "learning_rate", config.learning_rate, 0.0, math.inf, open_low=True)

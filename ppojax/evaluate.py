@@ -17,7 +17,8 @@ from ppojax import io
 from ppojax.config import PPOConfig
 from ppojax.envs import PPOEnv, make_env
 from ppojax.experiment import read_experiment, run_table, state_template
-from ppojax.rollout import Agent, policy_action
+from ppojax.networks import initial_hidden, observation_template, reset_hidden
+from ppojax.rollout import Agent, policy_step
 from ppojax.train import make_agent
 from ppojax.types import TrainState
 
@@ -51,10 +52,17 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
     deterministic=False, action_mask=None) -> action``, from the latest checkpoint (or the one
     at ``step``); for envs with action masks pass the allowed actions (bool [..., n]).
 
-    ``obs`` is one raw observation [obs_dim] or a batch [N, obs_dim] (NumPy or JAX); ``key``
-    (a ``jax.random.key``) is needed unless ``deterministic``. ``act`` is jitted and can also
-    be called inside other jitted functions. Continuous actions come as the policy gives them;
-    ``ppojax.make_env`` clips them to the action bounds, as in training.
+    ``obs`` is one raw observation (the env's shape, e.g. [4] or [10, 10, 4]) or a batch
+    [N, ...] of them (NumPy or JAX); ``key`` (a ``jax.random.key``) is needed unless
+    ``deterministic``. ``act`` is jitted and can also be called inside other jitted functions.
+    Continuous actions come as the policy gives them; ``ppojax.make_env`` clips them to the
+    action bounds, as in training.
+
+    A recurrent policy's ``act`` takes and returns its hidden state:
+    ``action, hidden = act(obs, hidden, key=None, deterministic=False)``, with ``hidden=None``
+    for the start of an episode ([S] for one observation, [N, S] for a batch). Where an
+    episode ends, start the next one from ``None`` (one env) or zero those rows
+    (``ppojax.networks.reset_hidden(hidden, done)``), as training does.
     """
     experiment, _ = read_experiment(Path(run_dir))
     runs = run_table(experiment)
@@ -67,31 +75,58 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
 
 
 def make_act(config: PPOConfig, state: TrainState) -> Act:
-    """The policy of one (unbatched) TrainState as ``act(obs, key=None, deterministic=False)``."""
+    """The policy of one (unbatched) TrainState as ``act(obs, key=None, deterministic=False)``
+    or, recurrent, ``act(obs, hidden, key=None, deterministic=False) -> (action, hidden)``."""
+    policy = _act if config.recurrent is not None else _feed_forward_act
     core = jax.jit(
-        functools.partial(_act, make_agent(config), config), static_argnames=("deterministic",)
+        functools.partial(policy, make_agent(config), config), static_argnames=("deterministic",)
     )
     return functools.partial(core, state)
+
+
+def _feed_forward_act(
+    agent: Agent,
+    config: PPOConfig,
+    state: TrainState,
+    obs: Any,
+    key: jax.Array | None = None,
+    deterministic: bool = False,
+    action_mask: jax.Array | None = None,
+) -> jax.Array:
+    """``_act`` of a policy without hidden state: the action alone."""
+    return _act(agent, config, state, obs, None, key, deterministic, action_mask)[0]
 
 
 def _act(
     agent: Agent,
     config: PPOConfig,
     state: TrainState,
-    obs: jax.Array,
+    obs: Any,
+    hidden: jax.Array | None = None,
     key: jax.Array | None = None,
     deterministic: bool = False,
     action_mask: jax.Array | None = None,
-) -> jax.Array:
-    """The sampled action, or the mode of the policy when ``deterministic``, among the actions
-    ``action_mask`` allows (all without one); observations are normalized with the statistics
-    frozen in the checkpoint, as in training."""
+) -> tuple[jax.Array, jax.Array | None]:
+    """The sampled action, or the mode of the policy when ``deterministic``, and the new hidden
+    state; observations are normalized with the statistics frozen in the checkpoint, as in
+    training. One observation (no batch axis) gets one action and a hidden state [S]."""
     if key is None and not deterministic:
         raise ValueError("act needs a key to sample an action, or deterministic=True")
-    obs = jnp.asarray(obs, jnp.float32)
-    return policy_action(
-        agent, config, state.params, state.obs_stats, obs, key, deterministic, action_mask
+    obs = jax.tree.map(lambda leaf: jnp.asarray(leaf, jnp.float32), obs)
+    template = jax.tree.leaves(observation_template(agent.env))[0]
+    single = jax.tree.leaves(obs)[0].ndim == template.ndim
+    if single:
+        obs = jax.tree.map(lambda leaf: leaf[None], obs)
+        hidden = None if hidden is None else jnp.asarray(hidden)[None]
+        action_mask = None if action_mask is None else jnp.asarray(action_mask)[None]
+    if hidden is None:
+        hidden = initial_hidden(agent.network, jax.tree.leaves(obs)[0].shape[0])
+    action, hidden = policy_step(
+        agent, config, state.params, state.obs_stats, obs, hidden, key, deterministic, action_mask
     )
+    if single:
+        return action[0], None if hidden is None else hidden[0]
+    return action, hidden
 
 
 def max_episode_steps(env: PPOEnv) -> int:
@@ -103,25 +138,43 @@ def max_episode_steps(env: PPOEnv) -> int:
 
 
 def episode_rollout(
-    env: PPOEnv, act: Act, key: jax.Array, episodes: int, deterministic: bool
+    env: PPOEnv,
+    act: Act,
+    key: jax.Array,
+    episodes: int,
+    deterministic: bool,
+    hidden: jax.Array | None = None,
 ) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
     """``episodes`` envs stepped for the env's time limit: per step [T, N] the env state before
-    the step, the reward, whether an episode ended, and the return of the one that did."""
+    the step, the reward, whether an episode ended, and the return of the one that did. With
+    ``hidden`` [N, S] (a recurrent policy's initial state) ``act`` takes and returns it."""
     reset_key, key = jax.random.split(key)
     obs, state = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
 
-    def step(carry: tuple[jax.Array, Any, jax.Array], _: None):
-        obs, state, key = carry
+    def step(carry: tuple[Any, Any, jax.Array | None, jax.Array], _: None):
+        obs, state, hidden, key = carry
         key, act_key, step_key = jax.random.split(key, 3)
         mask = env.action_masks(state)
-        action = act(obs, act_key, deterministic=deterministic, action_mask=mask)
+        if hidden is None:
+            action = act(obs, act_key, deterministic=deterministic, action_mask=mask)
+        else:
+            action, hidden = act(
+                obs, hidden, act_key, deterministic=deterministic, action_mask=mask
+            )
         result, next_state = jax.vmap(env.step)(jax.random.split(step_key, episodes), state, action)
         ended = result.terminated | result.truncated
         outputs = (state.env_state, result.reward, ended, result.episode_return)
-        return (result.obs, next_state, key), outputs
+        return (result.obs, next_state, reset_hidden(hidden, ended), key), outputs
 
-    _, outputs = jax.lax.scan(step, (obs, state, key), None, max_episode_steps(env))
+    _, outputs = jax.lax.scan(step, (obs, state, hidden, key), None, max_episode_steps(env))
     return outputs
+
+
+def start_hidden(config: PPOConfig, episodes: int) -> jax.Array | None:
+    """The initial hidden state [episodes, S] of ``config``'s policy; None if feed-forward."""
+    if config.recurrent is None:
+        return None
+    return initial_hidden(make_agent(config).network, episodes)
 
 
 def evaluate(
@@ -134,7 +187,8 @@ def evaluate(
     rollout = jax.jit(
         functools.partial(episode_rollout, env, act, episodes=episodes, deterministic=deterministic)
     )
-    _, _, ended, episode_return = jax.device_get(rollout(jax.random.key(seed)))
+    hidden = start_hidden(config, episodes)
+    _, _, ended, episode_return = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))
     first_end = np.argmax(ended, axis=0)
     return episode_return[first_end, np.arange(episodes)]
 
@@ -166,7 +220,8 @@ def render_gif(
     rollout = jax.jit(
         functools.partial(episode_rollout, env, act, episodes=1, deterministic=deterministic)
     )
-    states, rewards, ended, _ = jax.device_get(rollout(jax.random.key(seed)))
+    hidden = start_hidden(config, 1)
+    states, rewards, ended, _ = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))
     frames = min(int(np.argmax(ended[:, 0])) + 1, max_frames)
     sequence = [jax.tree.map(lambda leaf, t=t: leaf[t, 0], states) for t in range(frames)]
     returns = np.cumsum(rewards[:frames, 0])

@@ -32,10 +32,21 @@ def clipped_surrogate_loss(
     mask: jax.Array | None = None,
 ) -> jax.Array:
     """-E[min(r A, clip(r, 1 - eps, 1 + eps) A)] with r = exp(log_ratio): PPO-Clip, minimized."""
+    return -masked_mean(clipped_objective(log_ratio, advantages, clip_eps, clip_eps), mask)
+
+
+def clipped_objective(
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    clip_low: float | jax.Array,
+    clip_high: float | jax.Array,
+) -> jax.Array:
+    """Per element min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), r = exp(log_ratio); the
+    clip may be asymmetric (DAPO's clip-higher)."""
     ratio = jnp.exp(log_ratio)
     unclipped = ratio * advantages
-    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    return -masked_mean(jnp.minimum(unclipped, clipped), mask)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return jnp.minimum(unclipped, clipped)
 
 
 def unclipped_surrogate_loss(

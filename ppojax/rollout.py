@@ -1,4 +1,8 @@
-"""Collecting experience: one env step for all envs, and a rollout as ``lax.scan``."""
+"""Collecting experience: one env step for all envs, and a rollout as ``lax.scan``.
+
+A recurrent policy's hidden state travels in the carry: each step reads it, and where the
+step ended an episode (terminated or truncated) the next step starts from the initial state.
+"""
 
 from __future__ import annotations
 
@@ -18,49 +22,51 @@ from ppojax.distributions import (
 from ppojax.envs import PPOEnv
 from ppojax.envs.normalize import (
     RewardNormalizer,
-    RunningStats,
-    normalize_obs,
+    normalize_observation,
     normalize_reward,
-    update_stats,
+    update_observation_stats,
 )
 from ppojax.envs.wrappers import EpisodeState
-from ppojax.networks import Actor, Critic
+from ppojax.networks import ActorCritic, reset_hidden
 from ppojax.types import Params, TrainState, Transition
 
 
 class Agent(NamedTuple):
-    """The static parts of a run, rebuilt from the config: env and network modules."""
+    """The static parts of a run, rebuilt from the config: the env and the network module."""
 
     env: PPOEnv
-    actor: Actor
-    critic: Critic
+    network: ActorCritic
 
 
 class RolloutCarry(NamedTuple):
     env_state: Any  # EpisodeState batched over envs
-    obs: jax.Array  # [B, obs_dim], raw
+    obs: jax.Array  # [B, ...], raw
     key: jax.Array
-    obs_stats: RunningStats
+    obs_stats: Any  # a RunningStats per observation leaf
     reward_normalizer: RewardNormalizer
+    hidden: jax.Array | None = None  # [B, S], the recurrent state for this step's obs
 
 
 def rollout_start(state: TrainState, key: jax.Array | None = None) -> RolloutCarry:
-    """A rollout's starting carry from ``state``: its envs, observations and normalizers, and
-    ``key`` (``state.key`` when None)."""
+    """A rollout's starting carry from ``state``: its envs, observations, normalizers and
+    hidden state, and ``key`` (``state.key`` when None)."""
     key = state.key if key is None else key
-    return RolloutCarry(state.env_state, state.obs, key, state.obs_stats, state.reward_normalizer)
+    return RolloutCarry(
+        state.env_state, state.obs, key, state.obs_stats, state.reward_normalizer, state.hidden
+    )
 
 
 def reset_envs(agent: Agent, key: jax.Array, num_envs: int) -> tuple[jax.Array, Any]:
-    """First observations [B, obs_dim] and env states of ``num_envs`` environments."""
+    """First observations [B, ...] and env states of ``num_envs`` environments."""
     return jax.vmap(agent.env.reset)(jax.random.split(key, num_envs))
 
 
-def network_input(config: PPOConfig, obs_stats: RunningStats, obs: jax.Array) -> jax.Array:
-    """What the networks see: ``obs``, normalized when ``config.normalize_observations``."""
+def network_input(config: PPOConfig, obs_stats: Any, obs: Any) -> Any:
+    """What the networks see: ``obs``, normalized when ``config.normalize_observations``
+    (``obs_stats``: a RunningStats per observation leaf, see ``observation_stats``)."""
     if not config.normalize_observations:
         return obs
-    return normalize_obs(obs_stats, obs, config.obs_clip)
+    return normalize_observation(obs_stats, obs, config.obs_clip)
 
 
 def shape_reward(
@@ -78,7 +84,7 @@ class StepNoise(NamedTuple):
     """The randomness of one env step for every env, drawn for many steps at once."""
 
     env_key: jax.Array  # [B] keys for the envs' own randomness in ``step``
-    reset_obs: jax.Array  # [B, obs_dim]: where an env restarts if its episode ends here
+    reset_obs: jax.Array  # [B, ...]: where an env restarts if its episode ends here
     reset_state: EpisodeState  # [B]
     action: jax.Array  # [B, ...]: the policy's sampling noise (see draw_action_noise)
 
@@ -122,13 +128,13 @@ def noise_block(agent: Agent, config: PPOConfig) -> int:
 def env_step(
     agent: Agent, config: PPOConfig, params: Params, carry: RolloutCarry, noise: StepNoise
 ) -> tuple[RolloutCarry, Transition]:
-    """Sample a ~ pi(.|obs) for every env, step the envs, record the transition."""
+    """Sample a ~ pi(.|obs, hidden) for every env, step the envs, record the transition;
+    the next step's hidden state is the initial one where this step ended an episode."""
     obs_stats = carry.obs_stats
     if config.normalize_observations:
-        obs_stats = update_stats(obs_stats, carry.obs)
+        obs_stats = update_observation_stats(obs_stats, carry.obs)
     obs = network_input(config, obs_stats, carry.obs)
-    head, log_std = agent.actor.apply(params["actor"], obs)
-    value = agent.critic.apply(params["critic"], obs)
+    head, log_std, value, hidden = agent.network.apply(params, obs, carry.hidden)
     action_mask = agent.env.action_masks(carry.env_state)
     action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action, action_mask)
     result, env_state = jax.vmap(agent.env.step_from)(
@@ -150,8 +156,16 @@ def env_step(
         episode_return=result.episode_return,
         episode_length=result.episode_length,
         action_mask=action_mask,
+        next_hidden=hidden,
     )
-    new_carry = RolloutCarry(env_state, result.obs, carry.key, obs_stats, reward_normalizer)
+    new_carry = RolloutCarry(
+        env_state,
+        result.obs,
+        carry.key,
+        obs_stats,
+        reward_normalizer,
+        reset_hidden(hidden, done),
+    )
     return new_carry, transition
 
 
@@ -179,24 +193,49 @@ def collect_rollout(
     return carry, jax.tree.map(lambda x: x.reshape((config.num_steps,) + x.shape[2:]), transitions)
 
 
+def policy_step(
+    agent: Agent,
+    config: PPOConfig,
+    params: Params,
+    obs_stats: Any,
+    obs: Any,
+    hidden: jax.Array | None,
+    key: jax.Array,
+    deterministic: bool = False,
+    action_mask: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """The trained policy's actions [N, ...] for a batch of raw observations [N, ...] (as in
+    training: normalized with the frozen ``obs_stats`` when normalization is on) and its new
+    hidden state [N, S] (None for a feed-forward policy); the mode when ``deterministic``.
+    Actions are unclipped, as the policy produced them. The caller resets ``hidden`` where an
+    episode ended (``ppojax.networks.reset_hidden``). Masked actions (``action_mask`` bool
+    [N, action_dim]) never come."""
+    obs = network_input(config, obs_stats, obs)
+    head, log_std, _, hidden = agent.network.apply(params, obs, hidden)
+    spec = agent.env.spec
+    if deterministic:
+        return deterministic_action(spec, head, action_mask), hidden
+    return policy_distribution(spec, head, log_std, action_mask).sample(seed=key), hidden
+
+
 def policy_action(
     agent: Agent,
     config: PPOConfig,
     params: Params,
-    obs_stats: RunningStats,
-    obs: jax.Array,
+    obs_stats: Any,
+    obs: Any,
     key: jax.Array,
     deterministic: bool = False,
     action_mask: jax.Array | None = None,
 ) -> jax.Array:
-    """The trained policy's action for raw observations [..., obs_dim] (as in training:
-    normalized with the frozen ``obs_stats`` when normalization is on); the mode when
-    ``deterministic``; masked actions (``action_mask`` bool [..., action_dim]) never come.
-    Actions are unclipped, as the policy produced them."""
-    head, log_std = agent.actor.apply(params["actor"], network_input(config, obs_stats, obs))
-    if deterministic:
-        return deterministic_action(agent.env.spec, head, action_mask)
-    return policy_distribution(agent.env.spec, head, log_std, action_mask).sample(seed=key)
+    """``policy_step`` of a feed-forward policy on a batch [N, ...]: the actions alone."""
+    if config.recurrent is not None:
+        raise ValueError(
+            f"policy_action has no hidden state for recurrent={config.recurrent!r}; use "
+            "policy_step, which takes and returns it"
+        )
+    step = policy_step(agent, config, params, obs_stats, obs, None, key, deterministic, action_mask)
+    return step[0]
 
 
 def episode_metrics(transitions: Transition) -> dict[str, jax.Array]:

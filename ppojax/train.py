@@ -11,13 +11,21 @@ from jax.sharding import Mesh
 
 from ppojax.config import PPOConfig
 from ppojax.envs import make_env
-from ppojax.envs.normalize import RewardNormalizer, RunningStats
+from ppojax.envs.normalize import RewardNormalizer, observation_stats
 from ppojax.gae import compute_gae
 from ppojax.losses import explained_variance
-from ppojax.networks import build_networks, init_params
+from ppojax.networks import build_network, init_params, initial_hidden, observation_template
 from ppojax.parallel import check_divisible, constrain_env_axis
 from ppojax.rollout import Agent, collect_rollout, episode_metrics, reset_envs, rollout_start
-from ppojax.types import Batch, Metrics, TrainOutput, TrainState, Transition, as_key
+from ppojax.types import (
+    Batch,
+    Metrics,
+    SequenceBatch,
+    TrainOutput,
+    TrainState,
+    Transition,
+    as_key,
+)
 from ppojax.update import (
     OptimizerCarry,
     adaptive_kl_update,
@@ -29,40 +37,62 @@ from ppojax.update import (
 
 
 def make_agent(config: PPOConfig) -> Agent:
-    """The env and network modules that ``config`` describes."""
+    """The env and network module that ``config`` describes; ``ConfigError`` naming the field
+    when the encoder cannot take the env's observations."""
     env = make_env(config.env_id, **config.env_kwargs)
-    actor, critic = build_networks(env.spec, config.hidden_sizes, config.activation)
-    return Agent(env, actor, critic)
+    return Agent(env, build_network(config, env))
 
 
 def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
     """Fresh parameters, optimizer state and reset environments; ``key`` as for ``train``."""
     agent = make_agent(config)
     key, params_key, env_key = jax.random.split(as_key(key, "ppojax.init_state"), 3)
-    params = init_params(params_key, agent.env.spec, config.hidden_sizes, config.activation)
+    observation = observation_template(agent.env)
+    params = init_params(params_key, agent.network, observation)
     obs, env_state = reset_envs(agent, env_key, config.num_envs)
     return TrainState(
         params=params,
         opt_state=make_optimizer(config).init(params),
         env_state=env_state,
         obs=obs,
-        obs_stats=RunningStats.zeros((agent.env.spec.obs_dim,)),
+        obs_stats=observation_stats(observation),
         reward_normalizer=RewardNormalizer.zeros(config.num_envs),
         kl_coef=jnp.asarray(config.penalty_coef, jnp.float32),
         key=key,
         update_step=jnp.int32(0),
         env_steps=jnp.int32(0),
         gradient_steps=jnp.int32(0),
+        hidden=initial_hidden(agent.network, config.num_envs),
     )
 
 
-def make_batch(agent: Agent, config: PPOConfig, params: dict, transitions: Transition) -> Batch:
-    """GAE over the rollout [T, B], flattened to [T * B] samples."""
-    next_values = agent.critic.apply(params["critic"], transitions.next_obs)
+def next_values(agent: Agent, params: dict, transitions: Transition) -> jax.Array:
+    """V(next_obs) [T, B] from the hidden state before any reset at an episode end, so that a
+    truncated episode bootstraps from its own memory, in one batched call over [T * B]."""
+
+    def merge(x: jax.Array) -> jax.Array:
+        return x.reshape((-1,) + x.shape[2:])
+
+    next_obs = jax.tree.map(merge, transitions.next_obs)
+    hidden = None if transitions.next_hidden is None else merge(transitions.next_hidden)
+    values = agent.network.apply(params, next_obs, hidden, method="value")
+    return values.reshape(transitions.reward.shape)
+
+
+def make_batch(
+    agent: Agent,
+    config: PPOConfig,
+    params: dict,
+    transitions: Transition,
+    start_hidden: jax.Array | None = None,
+) -> Batch | SequenceBatch:
+    """GAE over the rollout [T, B], flattened to [T * B] samples; for a recurrent policy the
+    env sequences [T, B] with their reset marks and ``start_hidden`` [B, S], the hidden state
+    the rollout started from."""
     advantages, targets = compute_gae(
         transitions.reward,
         transitions.value,
-        next_values,
+        next_values(agent, params, transitions),
         transitions.terminated,
         transitions.truncated,
         gamma=config.gamma,
@@ -79,6 +109,10 @@ def make_batch(agent: Agent, config: PPOConfig, params: dict, transitions: Trans
         target=targets,
         action_mask=transitions.action_mask,
     )
+    if start_hidden is not None:
+        done = jnp.logical_or(transitions.terminated, transitions.truncated)
+        starts = jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]])
+        return SequenceBatch(batch, starts, start_hidden)
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
 
 
@@ -99,7 +133,7 @@ def update_step(
     with jax.named_scope("rollout"):
         carry, transitions = collect_rollout(agent, config, state.params, start)
     with jax.named_scope("gae"):
-        batch = make_batch(agent, config, state.params, transitions)
+        batch = make_batch(agent, config, state.params, transitions, state.hidden)
     with jax.named_scope("epochs"):
         optimized, loss_metrics = update_epochs(
             agent,
@@ -113,10 +147,11 @@ def update_step(
     with jax.named_scope("post_update_kl"):
         kl = policy_kl(agent, optimized.params, batch)
     env_steps = state.env_steps + config.batch_size
+    samples = batch.data if isinstance(batch, SequenceBatch) else batch
     metrics = {
         **episode_metrics(transitions),
         **loss_metrics,
-        "explained_variance": explained_variance(batch.value, batch.target),
+        "explained_variance": explained_variance(samples.value, samples.target),
         "learning_rate": learning_rate_at(config, state.gradient_steps),
         "env_steps": env_steps,
         "kl": kl,
@@ -134,6 +169,7 @@ def update_step(
         update_step=state.update_step + 1,
         env_steps=env_steps,
         gradient_steps=state.gradient_steps + loss_metrics["gradient_steps"].astype(jnp.int32),
+        hidden=carry.hidden,
     )
     return new_state, metrics
 
@@ -159,14 +195,15 @@ def run_updates(
 
 
 def constrain_envs(state: TrainState, mesh: Mesh | None) -> TrainState:
-    """Keep the env axis of the env state, observations and return accumulators on ``mesh``."""
+    """Keep the env axis of the env state, observations, return accumulators and hidden state
+    on ``mesh``."""
     if mesh is None:
         return state
-    env_state, obs, discounted = constrain_env_axis(
-        (state.env_state, state.obs, state.reward_normalizer.discounted_return), mesh
+    env_state, obs, discounted, hidden = constrain_env_axis(
+        (state.env_state, state.obs, state.reward_normalizer.discounted_return, state.hidden), mesh
     )
     normalizer = state.reward_normalizer.replace(discounted_return=discounted)
-    return state.replace(env_state=env_state, obs=obs, reward_normalizer=normalizer)
+    return state.replace(env_state=env_state, obs=obs, reward_normalizer=normalizer, hidden=hidden)
 
 
 def train(config: PPOConfig, key: jax.Array, mesh: Mesh | None = None) -> TrainOutput:

@@ -59,11 +59,15 @@ class Transition(NamedTuple):
     next_obs: jax.Array
     episode_return: jax.Array  # return of the episode that ended here (0 where none did)
     episode_length: jax.Array
+    # the recurrent core's state [T, B, S] after reading ``obs``, before any reset at an
+    # episode end: V(next_obs) is computed from it (None for a feed-forward policy)
+    next_hidden: jax.Array | None = None
     action_mask: jax.Array | None = None  # allowed actions at obs, for envs that mask them
 
 
 class Batch(NamedTuple):
-    """Flattened training data for the update: every field is [N, ...]."""
+    """Training data for the update: every field is [N, ...] (flattened steps), or [T, B, ...]
+    inside a ``SequenceBatch``."""
 
     obs: jax.Array
     action: jax.Array
@@ -76,25 +80,41 @@ class Batch(NamedTuple):
     action_mask: jax.Array | None = None
 
 
+class SequenceBatch(NamedTuple):
+    """A recurrent policy's training data: whole env sequences, replayed from ``hidden``.
+
+    ``data`` leaves are time-major [T, B, ...]; ``starts`` [T, B] marks the steps where the
+    hidden state was reset before the step (an episode ended at the step before; False at
+    t = 0, where ``hidden`` [B, S] is the state the rollout started from).
+    """
+
+    data: Batch
+    starts: jax.Array
+    hidden: jax.Array
+
+
 @struct.dataclass
 class TrainState:
     """Everything that changes during training; arrays only.
 
-    ``obs`` is the env's raw last observation; ``obs_stats`` normalizes observations for the
-    networks (identically at evaluation time) when the config turns that on.
+    ``obs`` is the env's raw last observation (a pytree of [B, ...] arrays, [B, H, W, C] for
+    images); ``obs_stats`` normalizes observations for the networks (identically at
+    evaluation time) when the config turns that on. ``hidden`` [B, S] is a recurrent
+    policy's state for the next step (reset where an episode just ended); None without one.
     """
 
     params: Params
     opt_state: Any
     env_state: Any
     obs: jax.Array
-    obs_stats: RunningStats
+    obs_stats: RunningStats | Any  # one RunningStats per observation leaf
     reward_normalizer: RewardNormalizer
     kl_coef: jax.Array
     key: jax.Array
     update_step: jax.Array
     env_steps: jax.Array
     gradient_steps: jax.Array
+    hidden: jax.Array | None = None
 
 
 class TrainOutput(NamedTuple):

@@ -1,4 +1,9 @@
-"""The PPO update: shuffled minibatches, one optax step each, several epochs (``lax.scan``)."""
+"""The PPO update: shuffled minibatches, one optax step each, several epochs (``lax.scan``).
+
+A feed-forward policy's minibatches are shuffled steps; a recurrent policy's are whole env
+sequences (envs shuffled, each sequence kept in order), replayed from the hidden state the
+rollout started from, with the same resets at episode ends as in the rollout.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,9 @@ import optax
 from ppojax import losses
 from ppojax.config import PPOConfig
 from ppojax.distributions import policy_distribution
+from ppojax.networks import reset_hidden
 from ppojax.rollout import Agent
-from ppojax.types import Batch, Params
+from ppojax.types import Batch, Params, SequenceBatch
 
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -57,12 +63,48 @@ def policy_objective_loss(
     return surrogate + losses.kl_penalty(kl, kl_coef)
 
 
+def replay_sequences(
+    agent: Agent, params: Params, sequences: SequenceBatch
+) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    """The network over env sequences [T, B] from ``sequences.hidden`` [B, S], reset to the
+    initial state where ``starts``: policy heads [T, B, A], log_std, values [T, B]."""
+
+    def step(hidden: jax.Array, inputs: tuple[Any, jax.Array]):
+        obs, start = inputs
+        head, log_std, value, hidden = agent.network.apply(params, obs, reset_hidden(hidden, start))
+        return hidden, (head, log_std, value)
+
+    inputs = (sequences.data.obs, sequences.starts)
+    _, (head, log_std, value) = jax.lax.scan(step, sequences.hidden, inputs)
+    return head, None if log_std is None else log_std[0], value
+
+
+def policy_outputs(
+    agent: Agent, params: Params, batch: Batch | SequenceBatch
+) -> tuple[Batch, jax.Array, jax.Array | None, jax.Array]:
+    """The samples of ``batch`` flattened to [N], and the network's policy heads [N, A],
+    log_std and values [N] on them (replayed in order for sequences)."""
+    if isinstance(batch, SequenceBatch):
+        head, log_std, values = replay_sequences(agent, params, batch)
+
+        def merge(x: jax.Array) -> jax.Array:
+            return x.reshape((-1,) + x.shape[2:])
+
+        samples = jax.tree.map(merge, batch.data)
+        return samples, merge(head), log_std, merge(values)
+    head, log_std, values, _ = agent.network.apply(params, batch.obs, None)
+    return batch, head, log_std, values
+
+
 def ppo_loss(
-    agent: Agent, config: PPOConfig, kl_coef: jax.Array, params: Params, batch: Batch
+    agent: Agent,
+    config: PPOConfig,
+    kl_coef: jax.Array,
+    params: Params,
+    batch: Batch | SequenceBatch,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Total PPO loss on one minibatch [N], with its parts for logging."""
-    head, log_std = agent.actor.apply(params["actor"], batch.obs)
-    values = agent.critic.apply(params["critic"], batch.obs)
+    """Total PPO loss on one minibatch ([N] steps, or [T, B] sequences), with its parts."""
+    batch, head, log_std, values = policy_outputs(agent, params, batch)
     spec, mask = agent.env.spec, batch.action_mask
     distribution = policy_distribution(spec, head, log_std, mask)
     old_distribution = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
@@ -88,9 +130,9 @@ def ppo_loss(
     return total, parts
 
 
-def policy_kl(agent: Agent, params: Params, batch: Batch) -> jax.Array:
-    """Mean analytic KL(pi_old || pi_params) over ``batch`` [N]."""
-    head, log_std = agent.actor.apply(params["actor"], batch.obs)
+def policy_kl(agent: Agent, params: Params, batch: Batch | SequenceBatch) -> jax.Array:
+    """Mean analytic KL(pi_old || pi_params) over ``batch`` ([N], or sequences [T, B])."""
+    batch, head, log_std, _ = policy_outputs(agent, params, batch)
     spec, mask = agent.env.spec, batch.action_mask
     old = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
     return old.kl_divergence(policy_distribution(spec, head, log_std, mask)).mean()
@@ -195,6 +237,29 @@ def shuffle_into_minibatches(key: jax.Array, batch: Any, num_minibatches: int) -
     return jax.tree.map(lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), batch)
 
 
+def shuffle_sequences(key: jax.Array, batch: SequenceBatch, num_minibatches: int) -> SequenceBatch:
+    """The env sequences of ``batch`` in a random order (the same for every leaf), split into
+    [num_minibatches] minibatches of B / num_minibatches whole sequences each: data and starts
+    [M, T, B / M, ...], hidden [M, B / M, S]."""
+    size = batch.hidden.shape[0]
+    order = permutation(key, size)
+
+    def split_envs(x: jax.Array) -> jax.Array:
+        x = x[:, order].reshape((x.shape[0], num_minibatches, -1) + x.shape[2:])
+        return jnp.swapaxes(x, 0, 1)
+
+    data, starts = jax.tree.map(split_envs, (batch.data, batch.starts))
+    hidden = batch.hidden[order].reshape((num_minibatches, -1) + batch.hidden.shape[1:])
+    return SequenceBatch(data, starts, hidden)
+
+
+def shuffle_any(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
+    """``shuffle_sequences`` for a SequenceBatch, else ``shuffle_into_minibatches``."""
+    if isinstance(batch, SequenceBatch):
+        return shuffle_sequences(key, batch, num_minibatches)
+    return shuffle_into_minibatches(key, batch, num_minibatches)
+
+
 def run_epochs(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
@@ -206,9 +271,10 @@ def run_epochs(
     num_minibatches: int,
     stop_kl: float | jax.Array | None = None,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
-    """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves) in freshly shuffled
-    minibatches, one gradient step each, all skipped from the first minibatch whose approx_kl
-    exceeds ``stop_kl``, and any whose result is not finite. Metrics are means over the steps
+    """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves, or a SequenceBatch
+    of env sequences) in freshly shuffled minibatches, one gradient step each, all skipped
+    from the first minibatch whose approx_kl exceeds ``stop_kl``, and any whose result is not
+    finite. Metrics are means over the steps
     taken (NaN when none was); ``gradient_steps`` counts them, ``nonfinite_steps`` the steps
     the divergence guard skipped.
     """
@@ -216,7 +282,7 @@ def run_epochs(
 
     def epoch(carry: EpochCarry, epoch_key: jax.Array):
         with jax.named_scope("shuffle"):
-            minibatches = shuffle_into_minibatches(epoch_key, batch, num_minibatches)
+            minibatches = shuffle_any(epoch_key, batch, num_minibatches)
         return jax.lax.scan(step, carry, minibatches)
 
     start = EpochCarry(carry, jnp.bool_(False))
@@ -239,7 +305,7 @@ def update_epochs(
     config: PPOConfig,
     optimizer: optax.GradientTransformation,
     carry: OptimizerCarry,
-    batch: Batch,
+    batch: Batch | SequenceBatch,
     kl_coef: jax.Array,
     key: jax.Array,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:

@@ -384,7 +384,7 @@ def test_envs_lists_ids(capsys):
     assert "jumanji/" in out and "xminigrid/" in out
 
 
-def test_rlhf_subcommand_forwards_to_the_rlhf_pipeline(capsys):
+def test_rlhf_subcommand_forwards_to_the_rlhf_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["rlhf", "--help"])
     assert exit_info.value.code == 0

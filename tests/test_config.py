@@ -66,6 +66,13 @@ def test_hyperparameters_are_leaves_and_shapes_are_static():
         ({"hidden_sizes": (64, True)}, "hidden_sizes"),
         ({"env_id": 3}, "env_id"),
         ({"activation": None}, "activation"),
+        ({"encoder": "transformer"}, "encoder"),
+        ({"cnn_channels": (16, 0)}, "cnn_channels"),
+        ({"cnn_kernel_size": 0}, "cnn_kernel_size"),
+        ({"cnn_stride": 1.5}, "cnn_stride"),
+        ({"recurrent": "rnn"}, "recurrent"),
+        ({"recurrent_size": 0, "recurrent": "gru"}, "recurrent_size"),
+        ({"shared_torso": "yes"}, "shared_torso"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):
@@ -134,3 +141,33 @@ def test_presets_build_and_accept_overrides():
 
 def test_hidden_sizes_list_becomes_a_tuple():
     assert ppojax.PPOConfig(hidden_sizes=[32, 32]).hidden_sizes == (32, 32)
+
+
+def test_a_recurrent_config_needs_num_minibatches_to_divide_num_envs():
+    ppojax.PPOConfig(num_envs=4, num_minibatches=4, recurrent="gru")  # whole sequences: fine
+    ppojax.PPOConfig(num_envs=3, num_minibatches=4)  # feed-forward splits the 384 steps
+    with pytest.raises(ConfigError, match="num_minibatches=4 must divide num_envs=3") as error:
+        ppojax.PPOConfig(num_envs=3, num_minibatches=4, recurrent="gru")
+    assert error.value.field == "num_minibatches"
+
+
+@pytest.mark.parametrize(
+    "settings, field, message",
+    [
+        ({"encoder": "cnn"}, "encoder", r"needs image observations \[H, W, C\]; CartPole-v1"),
+        (
+            {"env_id": "Breakout-MinAtar", "encoder": "cnn", "cnn_channels": (8,) * 5},
+            "cnn_channels",
+            "conv layer 5 gets no output",
+        ),
+    ],
+)
+def test_an_encoder_that_cannot_take_the_observations_names_the_field(settings, field, message):
+    from ppojax.train import make_agent
+
+    config = ppojax.PPOConfig(**settings)
+    with pytest.raises(ConfigError, match=message) as error:
+        make_agent(config)
+    assert error.value.field == field
+    with pytest.raises(ConfigError, match=message):
+        ppojax.train(config, jax.random.key(0))

@@ -70,10 +70,15 @@ def test_spec_of_discrete_env():
     assert spec.discrete and spec.action_dim == 2 and spec.obs_dim == 4
 
 
-def test_image_observations_are_flattened():
+def test_image_observations_keep_their_shape_as_float32():
     env = make_env("Breakout-MinAtar")
-    obs, _ = env.reset(jax.random.key(0))
-    assert obs.shape == (env.spec.obs_dim,) and env.spec.obs_dim == 10 * 10 * 4
+    obs, state = env.reset(jax.random.key(0))
+    assert obs.shape == (10, 10, 4) and obs.dtype == np.float32
+    assert env.spec.obs_dim == 10 * 10 * 4  # the flattened size, for the MLP
+    raw = env.env.get_obs(state.env_state, env.env_params)
+    np.testing.assert_array_equal(obs, np.asarray(raw, np.float32))
+    result, _ = env.step(jax.random.key(1), state, jnp.int32(0))
+    assert result.obs.shape == result.next_obs.shape == (10, 10, 4)
 
 
 def test_unknown_env_id_lists_close_matches():

@@ -5,8 +5,8 @@ import pytest
 import ppojax
 from ppojax.evaluate import evaluate, load, render_gif
 from ppojax.experiment import Experiment, RunOptions, run_experiment
-from ppojax.networks import build_networks
 from ppojax.rollout import network_input
+from ppojax.train import make_agent
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +44,11 @@ def test_act_works_on_plain_numpy_observations(finished):
     batch = np.stack([obs, -obs, 2 * obs])
     assert np.asarray(act(batch, jax.random.key(1))).shape == (3,)
     np.testing.assert_array_equal(act(batch, jax.random.key(1)), act(batch, jax.random.key(1)))
-    spec = ppojax.make_env(config.env_id).spec
-    actor, _ = build_networks(spec, config.hidden_sizes, config.activation)
+    network = make_agent(config).network
     state = act.args[0]
     assert float(state.obs_stats.count) > 0
-    logits, _ = actor.apply(state.params["actor"], network_input(config, state.obs_stats, batch))
+    obs = network_input(config, state.obs_stats, batch)
+    logits, _, _, _ = network.apply(state.params, obs, None)
     np.testing.assert_array_equal(act(batch, deterministic=True), np.argmax(logits, axis=-1))
     with pytest.raises(ValueError, match="needs a key"):
         act(obs)
@@ -70,3 +70,33 @@ def test_gif_of_an_env_gymnax_cannot_draw_is_a_clear_error(tmp_path, finished):
     config = ppojax.PPOConfig(env_id="Reacher-misc")
     with pytest.raises(ValueError, match="gymnax cannot draw Reacher-misc"):
         render_gif(config, None, tmp_path / "x.gif")
+
+
+def test_a_recurrent_policy_loads_acts_with_its_hidden_state_and_evaluates(tmp_path):
+    from ppojax.networks import reset_hidden
+
+    config = ppojax.PPOConfig(
+        num_envs=2,
+        num_steps=4,
+        total_timesteps=2 * 4 * 2,
+        update_epochs=1,
+        num_minibatches=1,
+        hidden_sizes=(8,),
+        recurrent="gru",
+        recurrent_size=4,
+    )
+    run_experiment(Experiment(config), tmp_path, RunOptions(progress=False))
+    loaded, act = load(tmp_path)
+    assert loaded.recurrent == "gru"
+    obs = np.array([0.01, -0.02, 0.03, 0.0], np.float32)
+    action, hidden = act(obs, None, jax.random.key(0))
+    assert np.asarray(action).shape == () and hidden.shape == (8,)  # actor's 4 + critic's 4
+    again, later = act(obs, hidden, jax.random.key(0))
+    assert not np.array_equal(hidden, later)  # the state moves on
+    batch = np.stack([obs, obs])
+    actions, states = act(batch, None, deterministic=True)
+    assert actions.shape == (2,) and states.shape == (2, 8)
+    np.testing.assert_allclose(states[0], hidden, rtol=1e-6, atol=1e-7)  # batch of one each
+    np.testing.assert_array_equal(reset_hidden(states, np.array([True, False]))[0], 0.0)
+    returns = evaluate(loaded, act, episodes=2, seed=0, deterministic=True)
+    assert returns.shape == (2,) and np.all(returns >= 1)

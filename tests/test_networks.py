@@ -9,8 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppojax.envs import make_env
-from ppojax.networks import householder_qr_q, init_params, orthogonal
+import ppojax
+from ppojax.networks import householder_qr_q, init_params, observation_template, orthogonal
+from ppojax.train import make_agent
+
+
+def network_and_observation(**settings):
+    """The network of ``PPOConfig(**settings)`` and its env's observation template."""
+    agent = make_agent(ppojax.PPOConfig(**settings))
+    return agent.network, observation_template(agent.env)
 
 
 @pytest.mark.parametrize("shape", [(4, 4), (64, 64), (4, 64), (64, 2), (3, 5, 7)])
@@ -32,31 +39,31 @@ def test_householder_q_has_orthonormal_columns_and_reproduces_the_matrix():
 
 
 def test_init_params_gives_scaled_orthogonal_kernels_and_zero_biases():
-    spec = make_env("Pendulum-v1").spec
-    params = init_params(jax.random.key(0), spec, (64, 32), "tanh")
+    network, observation = network_and_observation(env_id="Pendulum-v1", hidden_sizes=(64, 32))
+    params = init_params(jax.random.key(0), network, observation)
     scales = {
-        ("actor", "MLP_0", "Dense_0"): np.sqrt(2),
-        ("actor", "MLP_0", "Dense_1"): np.sqrt(2),
-        ("actor", "Dense_0"): 0.01,
-        ("critic", "MLP_0", "Dense_0"): np.sqrt(2),
-        ("critic", "MLP_0", "Dense_1"): np.sqrt(2),
-        ("critic", "Dense_0"): 1.0,
+        ("actor_torso", "MLP_0", "Dense_0"): np.sqrt(2),
+        ("actor_torso", "MLP_0", "Dense_1"): np.sqrt(2),
+        ("actor_head",): 0.01,
+        ("critic_torso", "MLP_0", "Dense_0"): np.sqrt(2),
+        ("critic_torso", "MLP_0", "Dense_1"): np.sqrt(2),
+        ("critic_head",): 1.0,
     }
     for path, scale in scales.items():
-        layer = params[path[0]]["params"]
-        for name in path[1:]:
+        layer = params["params"]
+        for name in path:
             layer = layer[name]
         kernel = np.asarray(layer["kernel"]) / scale
         small = min(kernel.shape)
         gram = kernel.T @ kernel if kernel.shape[0] >= kernel.shape[1] else kernel @ kernel.T
         np.testing.assert_allclose(gram, np.eye(small), atol=1e-5, err_msg=str(path))
         np.testing.assert_array_equal(layer["bias"], 0.0)
-    np.testing.assert_array_equal(params["actor"]["params"]["log_std"], 0.0)
-    other = init_params(jax.random.key(1), spec, (64, 32), "tanh")
-    first = params["actor"]["params"]["MLP_0"]["Dense_0"]["kernel"]
-    assert not np.allclose(first, other["actor"]["params"]["MLP_0"]["Dense_0"]["kernel"])
+    np.testing.assert_array_equal(params["params"]["log_std"], 0.0)
+    other = init_params(jax.random.key(1), network, observation)
+    first = params["params"]["actor_torso"]["MLP_0"]["Dense_0"]["kernel"]
+    assert not np.allclose(first, other["params"]["actor_torso"]["MLP_0"]["Dense_0"]["kernel"])
     # every layer gets its own draw
-    hidden = params["critic"]["params"]["MLP_0"]["Dense_0"]["kernel"]
+    hidden = params["params"]["critic_torso"]["MLP_0"]["Dense_0"]["kernel"]
     assert not np.allclose(np.abs(first), np.abs(hidden))
 
 
@@ -81,8 +88,8 @@ def test_vmapped_init_calls_no_lapack_kernel():
 
     assert _calls_lapack(reference)  # the detector does see LAPACK QR
     assert not _calls_lapack(ours)
-    spec = make_env("CartPole-v1").spec
-    assert not _calls_lapack(lambda key: init_params(key, spec, (256, 256), "tanh"))
+    network, observation = network_and_observation(hidden_sizes=(256, 256))
+    assert not _calls_lapack(lambda key: init_params(key, network, observation))
 
 
 def test_vmapping_eight_seeds_of_a_wide_network_does_not_hang():
@@ -112,14 +119,129 @@ def test_vmapping_eight_seeds_of_a_wide_network_does_not_hang():
 
 
 def test_network_outputs_have_the_right_shapes():
-    from ppojax.networks import build_networks
-
     for env_id, discrete in (("CartPole-v1", True), ("Pendulum-v1", False)):
-        spec = make_env(env_id).spec
-        params = init_params(jax.random.key(0), spec, (32, 32), "relu")
-        actor, critic = build_networks(spec, (32, 32), "relu")
-        obs = jnp.zeros((5, spec.obs_dim))
-        head, log_std = actor.apply(params["actor"], obs)
-        assert head.shape == (5, spec.action_dim)
+        network, observation = network_and_observation(
+            env_id=env_id, hidden_sizes=(32, 32), activation="relu"
+        )
+        params = init_params(jax.random.key(0), network, observation)
+        obs = jnp.zeros((5, *observation.shape))
+        head, log_std, value, hidden = network.apply(params, obs, None)
+        assert head.shape == (5, network.spec.action_dim)
         assert (log_std is None) == discrete
-        assert critic.apply(params["critic"], obs).shape == (5,)
+        assert value.shape == (5,) and hidden is None
+        np.testing.assert_array_equal(network.apply(params, obs, None, method="value"), value)
+
+
+def test_cnn_on_a_hand_case_and_against_a_numpy_convolution():
+    from ppojax.networks.modules import CNN
+
+    # Hand case: a 3x3 kernel of ones over the 4x4 image 4 i + j, no bias: each output is its
+    # window's sum, 45 at (0, 0), +9 per column and +36 per row.
+    hand = CNN(channels=(1,), kernel_size=3, stride=1, hidden_sizes=(), activation="relu")
+    image = jnp.arange(16.0).reshape(1, 4, 4, 1)
+    ones = {"params": {"Conv_0": {"kernel": jnp.ones((3, 3, 1, 1)), "bias": jnp.zeros(1)}}}
+    np.testing.assert_array_equal(hand.apply(ones, image), [[45.0, 54.0, 81.0, 90.0]])
+
+    # Two layers (the second with stride 2) and a dense layer, against NumPy loops.
+    cnn = CNN(channels=(3, 2), kernel_size=2, stride=2, hidden_sizes=(5,), activation="tanh")
+    x = jax.random.normal(jax.random.key(0), (2, 7, 7, 2))
+    params = cnn.init(jax.random.key(1), x)
+    params = jax.tree.map(
+        lambda leaf: jax.random.normal(jax.random.key(leaf.size), leaf.shape), params
+    )
+    p = jax.tree.map(np.asarray, params["params"])
+
+    def conv(image, kernel, bias, stride):
+        k = kernel.shape[0]
+        rows = (image.shape[1] - k) // stride + 1
+        cols = (image.shape[2] - k) // stride + 1
+        out = np.zeros((image.shape[0], rows, cols, kernel.shape[-1]))
+        for i in range(rows):
+            for j in range(cols):
+                window = image[:, i * stride : i * stride + k, j * stride : j * stride + k, :]
+                out[:, i, j] = np.einsum("bhwc,hwco->bo", window, kernel) + bias
+        return out
+
+    y = np.tanh(conv(np.asarray(x, np.float64), p["Conv_0"]["kernel"], p["Conv_0"]["bias"], 2))
+    y = np.tanh(conv(y, p["Conv_1"]["kernel"], p["Conv_1"]["bias"], 2))
+    assert y.shape == (2, 1, 1, 2)  # 7 -> 3 -> 1 with 2x2 kernels, stride 2
+    dense = p["MLP_0"]["Dense_0"]
+    want = np.tanh(y.reshape(2, -1) @ dense["kernel"] + dense["bias"])
+    # float32 sums of 8-12 products of order-1 normals against float64: ~1e-6 of the sums.
+    np.testing.assert_allclose(cnn.apply(params, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cnn_encoder_reads_minatar_images_with_orthogonal_conv_kernels():
+    network, observation = network_and_observation(
+        env_id="Breakout-MinAtar", encoder="cnn", cnn_channels=(16, 8), hidden_sizes=(32,)
+    )
+    assert observation.shape == (10, 10, 4)
+    params = init_params(jax.random.key(0), network, observation)
+    torso = params["params"]["actor_torso"]["CNN_0"]
+    assert torso["Conv_0"]["kernel"].shape == (3, 3, 4, 16)
+    assert torso["Conv_1"]["kernel"].shape == (3, 3, 16, 8)
+    assert torso["MLP_0"]["Dense_0"]["kernel"].shape == (6 * 6 * 8, 32)  # 10 -> 8 -> 6
+    matrix = np.asarray(torso["Conv_0"]["kernel"]).reshape(36, 16) / np.sqrt(2)
+    np.testing.assert_allclose(matrix.T @ matrix, np.eye(16), atol=1e-5)
+    head, _, value, _ = network.apply(params, jnp.ones((3, 10, 10, 4)), None)
+    assert head.shape == (3, network.spec.action_dim) and value.shape == (3,)
+
+
+def test_the_mlp_encoder_flattens_and_concatenates_an_observation_pytree():
+    from ppojax.networks import flatten_observation
+
+    obs = {"b": jnp.arange(8.0).reshape(2, 4), "a": jnp.arange(12.0).reshape(2, 2, 3)}
+    flat = flatten_observation(obs)
+    want = np.concatenate([np.arange(12.0).reshape(2, 6), np.arange(8.0).reshape(2, 4)], -1)
+    np.testing.assert_array_equal(flat, want)  # leaves in pytree (sorted key) order
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def test_gru_and_lstm_cells_follow_their_formulas():
+    from ppojax.networks.modules import GRUCore, LSTMCore
+
+    x = np.asarray(jax.random.normal(jax.random.key(0), (3, 5)))
+    h = np.asarray(jax.random.normal(jax.random.key(1), (3, 4)))
+
+    def random_params(module, state):
+        params = module.init(jax.random.key(2), x, state)
+        return jax.tree.map(lambda leaf: jax.random.normal(jax.random.key(3), leaf.shape), params)
+
+    gru = GRUCore(4)
+    params = random_params(gru, h)
+    p = jax.tree.map(np.asarray, params["params"])
+    gx = x @ p["input"]["kernel"] + p["input"]["bias"]
+    gh = h @ p["hidden"]["kernel"] + p["hidden"]["bias"]
+    r = _sigmoid(gx[:, :4] + gh[:, :4])
+    z = _sigmoid(gx[:, 4:8] + gh[:, 4:8])
+    n = np.tanh(gx[:, 8:] + r * gh[:, 8:])
+    out, state = gru.apply(params, x, h)
+    # float32 against float64 on sums of 4-5 order-1 products and a few exp/tanh: ~1e-6.
+    np.testing.assert_allclose(out, (1 - z) * n + z * h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out, state)
+
+    lstm = LSTMCore(4)
+    c = np.asarray(jax.random.normal(jax.random.key(4), (3, 4)))
+    params = random_params(lstm, np.concatenate([c, h], -1))
+    p = jax.tree.map(np.asarray, params["params"])
+    gates = x @ p["input"]["kernel"] + p["input"]["bias"] + h @ p["hidden"]["kernel"]
+    i, f, g, o = np.split(gates, 4, axis=-1)
+    c_new = _sigmoid(f) * c + _sigmoid(i) * np.tanh(g)
+    h_new = _sigmoid(o) * np.tanh(c_new)
+    out, state = lstm.apply(params, x, np.concatenate([c, h], -1))
+    np.testing.assert_allclose(out, h_new, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state, np.concatenate([c_new, h_new], -1), rtol=1e-5, atol=1e-5)
+
+
+def test_recurrent_kernels_are_orthogonal_with_unit_gain():
+    network, observation = network_and_observation(recurrent="gru", recurrent_size=8)
+    params = init_params(jax.random.key(0), network, observation)
+    core = params["params"]["critic_torso"]["core"]
+    for name in ("input", "hidden"):
+        kernel = np.asarray(core[name]["kernel"])  # [64 or 8, 24]
+        rows, cols = kernel.shape
+        gram = kernel.T @ kernel if rows >= cols else kernel @ kernel.T
+        np.testing.assert_allclose(gram, np.eye(min(rows, cols)), atol=1e-5, err_msg=name)

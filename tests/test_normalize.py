@@ -5,7 +5,10 @@ from ppojax.envs.normalize import (
     RewardNormalizer,
     RunningStats,
     normalize_obs,
+    normalize_observation,
     normalize_reward,
+    observation_stats,
+    update_observation_stats,
     update_stats,
 )
 
@@ -20,6 +23,25 @@ def test_running_stats_equal_the_statistics_of_everything_seen():
         np.testing.assert_allclose(stats.mean, seen.mean(axis=0), rtol=1e-5)
         np.testing.assert_allclose(stats.var, seen.var(axis=0), rtol=1e-4)
         assert float(stats.count) == len(seen)
+
+
+def test_image_and_pytree_observations_are_normalized_per_element():
+    rng = np.random.default_rng(1)
+    images = [rng.normal(2.0, 3.0, size=(n, 3, 2, 4)) for n in (5, 3)]
+    vectors = [rng.normal(-1.0, 0.5, size=(n, 2)) for n in (5, 3)]
+    template = {"image": jnp.zeros((3, 2, 4)), "vector": jnp.zeros(2)}
+    stats = observation_stats(template)
+    assert stats["image"].mean.shape == (3, 2, 4) and stats["vector"].mean.shape == (2,)
+    for image, vector in zip(images, vectors, strict=True):
+        batch = {"image": jnp.asarray(image, jnp.float32), "vector": jnp.asarray(vector)}
+        stats = update_observation_stats(stats, batch)
+    seen = {"image": np.concatenate(images), "vector": np.concatenate(vectors)}
+    normalized = normalize_observation(stats, batch, 10.0)
+    for name, values in seen.items():
+        np.testing.assert_allclose(stats[name].mean, values.mean(axis=0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stats[name].var, values.var(axis=0), rtol=1e-4)
+        want = (batch[name] - values.mean(0)) / np.sqrt(values.var(0) + 1e-8)
+        np.testing.assert_allclose(normalized[name], want, rtol=1e-4, atol=1e-5)
 
 
 def test_normalize_obs_standardizes_and_clips():

@@ -124,6 +124,27 @@ print("process", process_id, "checked seeds", sorted(seeds))
 """
 
 
+def test_a_recurrent_run_with_its_envs_split_across_devices_follows_one_device():
+    out = run_python(
+        """
+        recurrent = config.replace(recurrent="gru", recurrent_size=8, hidden_sizes=(16,),
+                                   total_timesteps=8 * 16 * 2)
+        key = jax.random.key(0)
+        one = jax.jit(ppojax.train)(recurrent, key)
+        four = jax.jit(ppojax.train, static_argnames="mesh")(recurrent, key, mesh=make_mesh())
+        hidden = four.state.hidden
+        assert hidden.addressable_shards[0].data.shape == (2, 16)  # 8 envs / 4 devices
+        # As for the feed-forward run above: other reduction orders, order-1 terms.
+        for name in ppojax.METRIC_NAMES:
+            np.testing.assert_allclose(four.metrics[name], one.metrics[name], rtol=1e-4,
+                                       atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(hidden, one.state.hidden, rtol=1e-4, atol=1e-6)
+        print("recurrent split ok")
+        """
+    )
+    assert "recurrent split ok" in out
+
+
 def test_two_processes_over_loopback_split_the_seeds():
     port = str(free_port())
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}

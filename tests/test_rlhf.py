@@ -1,210 +1,93 @@
-"""Unit tests of ppojax.rlhf: task, model and sampling, losses, rewards, GAE, KL controller."""
+"""Unit tests of ppojax.rlhf's formulas, config, LoRA helpers and the two digit tasks."""
 
-import chex
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ppojax import losses
+from ppojax.config import ConfigError
 from ppojax.rlhf import (
-    PPOBatch,
     RLHFConfig,
+    aggregate,
     bradley_terry_loss,
-    build_model,
-    collect_batch,
-    gold_score,
-    init_model_params,
-    init_rlhf_state,
+    group_advantages,
     kl_estimate,
-    ppo_loss,
-    response_stats,
-    reward_scores,
-    sample_prompts,
-    sample_responses,
-    sft_loss,
-    target_responses,
+    leave_one_out_advantages,
+    make_trainer,
     token_advantages,
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.ppo import policy_stats
-from ppojax.rlhf.task import BOS, EOS, PAD, response_mask
-from ppojax.update import shuffle_into_minibatches
-
-TINY = dict(
-    num_digits=6,
-    prompt_len=4,
-    response_len=5,
-    d_model=16,
-    num_heads=2,
-    num_layers=2,
-    batch_size=8,
-    num_minibatches=2,
-    ppo_epochs=2,
-)
-
-
-@pytest.fixture(scope="module")
-def config() -> RLHFConfig:
-    return RLHFConfig(**TINY)
-
-
-@pytest.fixture(scope="module")
-def params(config):
-    return init_model_params(config, jax.random.key(0))
-
-
-@pytest.fixture(scope="module")
-def prompts(config):
-    return sample_prompts(jax.random.key(1), config.batch_size, config.prompt_len, 6)
-
-
-@pytest.fixture(scope="module")
-def reward_params(config):
-    """A random network whose value head (zero at init) is drawn at random, so scores vary."""
-    params = init_model_params(config, jax.random.key(10))
-    head = params["params"]["value_head"]
-    kernel = jax.random.normal(jax.random.key(11), head["kernel"].shape)
-    return {"params": {**params["params"], "value_head": {**head, "kernel": kernel}}}
-
-
-def test_prompts_are_bos_then_distinct_digits(prompts):
-    chex.assert_shape(prompts, (8, 4))
-    assert (prompts[:, 0] == BOS).all()
-    for row in np.asarray(prompts[:, 1:]):
-        assert len(set(row)) == 3 and row.min() >= 3
-
-
-def test_gold_score_hand_values():
-    prompt = jnp.array([[BOS, 5, 3, 4]] * 6)
-    responses = jnp.array(
-        [
-            [3, 4, 5, EOS, PAD],  # exact: 3 / 3
-            [3, 5, 4, EOS, PAD],  # one match: 1 / 3
-            [3, 4, EOS, PAD, PAD],  # too short: 2 / max(2, 3)
-            [3, 4, 5, 5, EOS],  # one extra token: 3 / 4
-            [3, 4, 5, 3, 4],  # no EOS: 3 / 5
-            [EOS, PAD, PAD, PAD, PAD],  # empty: 0 / 3
-        ]
-    )
-    np.testing.assert_allclose(gold_score(prompt, responses), [1, 1 / 3, 2 / 3, 3 / 4, 3 / 5, 0])
-    np.testing.assert_allclose(gold_score(prompt, target_responses(prompt, 5)), 1.0)
-
-
-def test_response_mask_covers_tokens_up_to_first_eos():
-    responses = jnp.array([[3, EOS, PAD, PAD], [3, 4, 5, 6], [EOS, 3, EOS, 4]])
-    expected = [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
-    np.testing.assert_array_equal(response_mask(responses), np.array(expected, bool))
-
-
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("response_len", 3),
-        ("num_heads", 3),
-        ("num_minibatches", 3),
-        ("kl_estimator", "k2"),
-        ("kl_coef", -0.1),
-        ("temperature", 0.0),
-        ("gae_lambda", 1.5),
-        ("prompt_len", 8),
-    ],
-)
-def test_invalid_config_names_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
-        RLHFConfig(**{**TINY, field: value})
-
-
-def naive_sample(model, params, prompts, key, response_len, temperature):
-    """Reference sampler: a full forward pass over the whole prefix at every step, no cache."""
-    tokens = prompts
-    done = jnp.zeros((prompts.shape[0],), bool)
-    sampled, log_probs = [], []
-    for step_key in jax.random.split(key, response_len):
-        logits, _, _ = model.apply(params, tokens)
-        scaled = jax.nn.log_softmax(logits[:, -1] / temperature, axis=-1)
-        token = jax.random.categorical(step_key, scaled)
-        log_prob = jnp.take_along_axis(scaled, token[:, None], axis=1)[:, 0]
-        token = jnp.where(done, PAD, token)
-        sampled.append(token)
-        log_probs.append(jnp.where(done, 0.0, log_prob))
-        done = done | (token == EOS)
-        tokens = jnp.concatenate([tokens, token[:, None]], axis=1)
-    return jnp.stack(sampled, 1), jnp.stack(log_probs, 1)
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_kv_cache_sampling_matches_full_forward(config, params, prompts, temperature):
-    model = build_model(config)
-    key = jax.random.key(2)
-    samples = jax.jit(sample_responses, static_argnums=(0, 4))(
-        model, params, prompts, key, config.response_len, temperature
-    )
-    tokens, log_probs = jax.jit(naive_sample, static_argnums=(0, 4))(
-        model, params, prompts, key, config.response_len, temperature
-    )
-    np.testing.assert_array_equal(samples.tokens, tokens)
-    np.testing.assert_allclose(samples.log_probs, log_probs, atol=1e-5)
-    stats = jax.jit(response_stats, static_argnums=0)(
-        model, params, prompts, samples.tokens, temperature
-    )
-    np.testing.assert_allclose(
-        jnp.where(samples.mask, stats.log_probs, 0.0), samples.log_probs, atol=1e-5
-    )
-    np.testing.assert_array_equal(samples.mask, response_mask(samples.tokens))
-
-
-def test_sampling_shapes_and_determinism(config, params, prompts):
-    model = build_model(config)
-    sample = jax.jit(sample_responses, static_argnums=(0, 4))
-    first = sample(model, params, prompts, jax.random.key(3), config.response_len, 1.0)
-    again = sample(model, params, prompts, jax.random.key(3), config.response_len, 1.0)
-    other = sample(model, params, prompts, jax.random.key(4), config.response_len, 1.0)
-    chex.assert_shape([first.tokens, first.log_probs, first.mask], (8, config.response_len))
-    chex.assert_trees_all_equal(first, again)
-    assert not (first.tokens == other.tokens).all()
-    assert (jnp.where(first.mask, 0, first.tokens) == PAD).all()
-
-
-def test_bradley_terry_loss_hand_values():
-    chosen = jnp.array([0.0, 1.0, 0.0, 2.0])
-    rejected = jnp.array([0.0, 0.0, 1.0, -1.0])
-    per_pair = [np.log(2.0), np.log1p(np.exp(-1.0)), np.log1p(np.exp(1.0)), np.log1p(np.exp(-3))]
-    np.testing.assert_allclose(bradley_terry_loss(chosen, rejected), np.mean(per_pair), rtol=1e-6)
-    mask = jnp.array([1.0, 1.0, 0.0, 0.0])
-    np.testing.assert_allclose(
-        bradley_terry_loss(chosen, rejected, mask), np.mean(per_pair[:2]), rtol=1e-6
-    )
-
-
-@pytest.mark.parametrize(
-    "kl, expected_factor",
-    [
-        (2.0, 1.0),  # on target: unchanged
-        (3.0, 1.0 + 0.2 * 64 / 320),  # 50% over: error clipped at +0.2, beta up
-        (2.2, 1.0 + 0.1 * 64 / 320),  # 10% over: beta up by e * n / horizon
-        (1.8, 1.0 - 0.1 * 64 / 320),  # 10% under: beta down
-        (0.0, 1.0 - 0.2 * 64 / 320),  # far under: error clipped at -0.2
-        (100.0, 1.0 + 0.2 * 64 / 320),
-    ],
-)
-def test_adaptive_kl_controller_table(kl, expected_factor):
-    beta = update_kl_coef(jnp.float32(0.1), jnp.float32(kl), 2.0, 320.0, 64)
-    np.testing.assert_allclose(beta, 0.1 * expected_factor, rtol=1e-6)
+from ppojax.rlhf.lora import adapted_kernels, init_adapters, merge
+from ppojax.rlhf.rollout import advantages_and_returns, score
+from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
+from ppojax.rlhf.tasks.reversal import checker, reversal_targets
+from ppojax.rlhf.tasks.sorting import gold, sorting_targets
 
 
 def test_kl_estimators_hand_values():
     log_probs = jnp.array([[-1.0, -2.0]])
-    ref_log_probs = jnp.array([[-1.5, -1.0]])
+    ref_log_probs = jnp.array([[-1.5, -1.0]])  # log_rho = [-0.5, 1.0]
     np.testing.assert_allclose(kl_estimate(log_probs, ref_log_probs, "k1"), [[0.5, -1.0]])
+    np.testing.assert_allclose(kl_estimate(log_probs, ref_log_probs, "k2"), [[0.125, 0.5]])
     k3 = [np.expm1(-0.5) + 0.5, np.expm1(1.0) - 1.0]
     np.testing.assert_allclose(kl_estimate(log_probs, ref_log_probs, "k3"), [k3], rtol=1e-6)
+
+
+# Two prompts, four samples each.
+REWARDS = np.array([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 2.0, 2.0], np.float32)
+
+
+def test_grpo_advantages_match_numpy_on_a_hand_table():
+    groups = REWARDS.reshape(2, 4)
+    expected = (groups - groups.mean(1, keepdims=True)) / (groups.std(1, keepdims=True) + 1e-6)
+    # hand: group 1 mean 0.5 std 0.5 -> +-1; group 2 mean 2 std sqrt(0.5)
+    np.testing.assert_allclose(expected[0], [1, -1, -1, 1], rtol=1e-5)
+    np.testing.assert_allclose(group_advantages(jnp.asarray(REWARDS), 4, True), expected.ravel())
+    centered = (groups - groups.mean(1, keepdims=True)).ravel()
+    np.testing.assert_allclose(group_advantages(jnp.asarray(REWARDS), 4, False), centered)
+
+
+def test_rloo_advantages_match_numpy_on_a_hand_table():
+    groups = REWARDS.reshape(2, 4)
+    expected = np.array([[g[i] - np.delete(g, i).mean() for i in range(4)] for g in groups])
+    np.testing.assert_allclose(expected[0], [2 / 3, -2 / 3, -2 / 3, 2 / 3], rtol=1e-6)
+    np.testing.assert_allclose(
+        leave_one_out_advantages(jnp.asarray(REWARDS), 4), expected.ravel(), rtol=1e-6
+    )
+
+
+def test_loss_aggregations_hand_values():
+    per_token = jnp.array([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
+    mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool)
+    for mode in ("token", "dapo"):
+        np.testing.assert_allclose(aggregate(per_token, mask, mode), 10.0 / 4)
+    for mode in ("sequence", "grpo"):
+        np.testing.assert_allclose(aggregate(per_token, mask, mode), (6.0 / 3 + 4.0) / 2)
+    np.testing.assert_allclose(aggregate(per_token, mask, "dr_grpo"), 10.0 / 8)
+
+
+def test_asymmetric_clip_hand_values_and_symmetric_loss_unchanged():
+    log_ratio = jnp.log(jnp.array([0.5, 1.5, 1.1, 1.5]))
+    advantages = jnp.array([-1.0, 1.0, 1.0, -1.0])
+    # low 0.2, high 0.28: min(rA, clip(r, 0.8, 1.28) A)
+    expected = [-0.8, 1.28, 1.1, -1.5]
+    np.testing.assert_allclose(
+        losses.clipped_objective(log_ratio, advantages, 0.2, 0.28), expected, rtol=1e-6
+    )
+    ratio = jnp.exp(log_ratio)
+    by_hand = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 0.8, 1.2) * advantages).mean()
+    assert float(losses.clipped_surrogate_loss(log_ratio, advantages, 0.2)) == float(by_hand)
 
 
 def test_token_rewards_put_score_at_last_real_token():
     mask = jnp.array([[True, True, True, False], [True, True, True, True]])
     kl = jnp.array([[0.1, 0.2, 0.3, 0.4], [0.1, 0.1, 0.1, 0.1]])
-    rewards = token_rewards(jnp.array([2.0, 1.0]), kl, mask, 0.5, jnp.array([0.0, 0.25]))
+    rewards = token_rewards(jnp.array([2.0, 0.75]), kl, mask, 0.5)
     expected = [[-0.05, -0.1, -0.15 + 2.0, 0.0], [-0.05, -0.05, -0.05, -0.05 + 0.75]]
     np.testing.assert_allclose(rewards, expected, rtol=1e-6)
 
@@ -222,101 +105,216 @@ def numpy_gae(rewards, values, mask, gamma, lam):
     return advantages
 
 
-def test_token_gae_matches_numpy_loop_and_ignores_padding(config):
+def test_token_gae_matches_numpy_loop_and_ignores_padding():
     rng = np.random.default_rng(0)
     rewards = rng.normal(size=(3, 5)).astype(np.float32)
     values = rng.normal(size=(3, 5)).astype(np.float32)
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], bool)
-    advantages, returns = token_advantages(
-        jnp.asarray(rewards * mask), jnp.asarray(values), jnp.asarray(mask), config
+    advantages, returns = jax.jit(token_advantages)(
+        jnp.asarray(rewards * mask), jnp.asarray(values), jnp.asarray(mask), 0.9, 0.95
     )
-    expected = numpy_gae(rewards * mask, values, mask, 1.0, 0.95)
+    expected = numpy_gae(rewards * mask, values, mask, 0.9, 0.95)
     np.testing.assert_allclose(np.where(mask, advantages, 0.0), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(returns, advantages + values, rtol=1e-6)
 
 
-def random_ppo_batch(config, prompts, responses, key) -> PPOBatch:
-    mask = response_mask(responses)
-    keys = jax.random.split(key, 4)
-    shape = responses.shape
-    return PPOBatch(
-        prompts=prompts,
-        responses=responses,
-        mask=mask,
-        log_probs=jnp.where(mask, -jax.random.uniform(keys[0], shape, maxval=3.0), 0.0),
-        values=jnp.where(mask, jax.random.normal(keys[1], shape), 0.0),
-        advantages=jnp.where(mask, jax.random.normal(keys[2], shape), 0.0),
-        returns=jnp.where(mask, jax.random.normal(keys[3], shape), 0.0),
-    )
-
-
-def pad_right(array: jax.Array, extra: int, value) -> jax.Array:
-    padding = jnp.full((array.shape[0], extra), value, array.dtype)
-    return jnp.concatenate([array, padding], axis=1)
-
-
-def test_padding_changes_no_loss(config, prompts):
-    extra = 3
-    long_config = config.replace(response_len=config.response_len + extra)
-    model = build_model(long_config)
-    params = init_model_params(long_config, jax.random.key(5))
-    responses = jax.jit(sample_responses, static_argnums=(0, 4))(
-        model, params, prompts, jax.random.key(6), 5, 1.0
-    ).tokens
-    batch = random_ppo_batch(config, prompts, responses, jax.random.key(7))
-    padded = PPOBatch(
-        prompts, *(pad_right(x, extra, PAD if x.dtype == jnp.int32 else 0) for x in batch[1:])
-    )
-    full = {"policy": params}
-    loss_fn = jax.jit(ppo_loss, static_argnums=(0, 1))
-    loss, metrics = loss_fn(model, config, full, batch)
-    padded_loss, padded_metrics = loss_fn(model, config, full, padded)
-    np.testing.assert_allclose(padded_loss, loss, rtol=1e-5)
-    chex.assert_trees_all_close(padded_metrics, metrics, rtol=1e-5, atol=1e-7)
-    targets = target_responses(prompts, 5)
-    sft_fn = jax.jit(sft_loss, static_argnums=0)
-    np.testing.assert_allclose(
-        sft_fn(model, params, prompts, pad_right(targets, extra, PAD)),
-        sft_fn(model, params, prompts, targets),
-        rtol=1e-5,
-    )
-    scores_fn = jax.jit(reward_scores, static_argnums=0)
-    np.testing.assert_allclose(
-        scores_fn(model, params, prompts, pad_right(responses, extra, PAD)),
-        scores_fn(model, params, prompts, responses),
-        rtol=1e-5,
-        atol=1e-6,
-    )
-
-
-# With one minibatch the loss sees the batch in the shape the rollout did, and the ratio is
-# exactly 1; a smaller minibatch changes the matmul shapes and so the float rounding.
 @pytest.mark.parametrize(
-    "separate_critic, num_minibatches, tolerance", [(False, 1, 0.0), (True, 2, 1e-6)]
+    "kl, expected_factor",
+    [
+        (2.0, 1.0),  # on target: unchanged
+        (3.0, 1.0 + 0.2 * 64 / 320),  # 50% over: error clipped at +0.2, beta up
+        (2.2, 1.0 + 0.1 * 64 / 320),  # 10% over: beta up by e * n / horizon
+        (1.8, 1.0 - 0.1 * 64 / 320),  # 10% under: beta down
+        (0.0, 1.0 - 0.2 * 64 / 320),  # far under: error clipped at -0.2
+    ],
 )
-def test_first_minibatch_has_ratio_one_and_zero_kl_when_policy_is_reference(
-    config, params, reward_params, prompts, separate_critic, num_minibatches, tolerance
-):
-    config = config.replace(separate_critic=separate_critic, num_minibatches=num_minibatches)
-    model = build_model(config)
-    state = init_rlhf_state(config, params, reward_params, 0.1)
-    assert ("critic" in state.params) == separate_critic
-    batch, metrics = jax.jit(collect_batch, static_argnums=(0, 1))(
-        model, config, state, prompts, jax.random.key(8)
+def test_adaptive_kl_controller_table(kl, expected_factor):
+    beta = update_kl_coef(jnp.float32(0.1), jnp.float32(kl), 2.0, 320.0, 64)
+    np.testing.assert_allclose(beta, 0.1 * expected_factor, rtol=1e-6)
+
+
+def test_bradley_terry_loss_hand_values():
+    chosen = jnp.array([0.0, 1.0, 0.0, 2.0])
+    rejected = jnp.array([0.0, 0.0, 1.0, -1.0])
+    per_pair = [np.log(2.0), np.log1p(np.exp(-1.0)), np.log1p(np.exp(1.0)), np.log1p(np.exp(-3))]
+    np.testing.assert_allclose(bradley_terry_loss(chosen, rejected), np.mean(per_pair), rtol=1e-6)
+    mask = jnp.array([1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(
+        bradley_terry_loss(chosen, rejected, mask), np.mean(per_pair[:2]), rtol=1e-6
     )
-    assert float(metrics["kl"]) == 0.0
-    first = jax.tree.map(
-        lambda x: x[0], shuffle_into_minibatches(jax.random.key(9), batch, num_minibatches)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("algorithm", "ppo2"),
+        ("kl_estimator", "k4"),
+        ("kl_in", "both"),
+        ("loss_aggregation", "mean"),
+        ("group_size", 0),
+        ("eos_id", 0),
+        ("kl_coef", -0.1),
+        ("clip_eps_high", -0.2),
+        ("temperature", 0.0),
+        ("gae_lambda", 1.5),
+        ("reward_weights", (1.0, float("nan"))),
+    ],
+)
+def test_invalid_config_names_the_field(field, value):
+    with pytest.raises(ConfigError, match=f"RLHFConfig.{field}") as info:
+        RLHFConfig(**{field: value})
+    assert info.value.field == field
+
+
+def test_config_errors_that_need_two_fields():
+    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+        RLHFConfig(algorithm="grpo")
+    with pytest.raises(ConfigError, match="lora_targets"):
+        RLHFConfig(lora_rank=4)
+
+
+def dummy_policy(params, tokens, mask):
+    return jnp.zeros(tokens.shape + (4,))
+
+
+def test_make_trainer_names_what_is_missing():
+    with pytest.raises(ConfigError, match="critic_apply") as info:
+        make_trainer(RLHFConfig(), dummy_policy, [lambda *a: a[0].sum(1)])
+    assert info.value.field == "critic_apply"
+    grpo = RLHFConfig(algorithm="grpo", group_size=2, reward_weights=(1.0, 0.5))
+    with pytest.raises(ConfigError, match="2 weights for 1 reward"):
+        make_trainer(grpo, dummy_policy, [lambda *a: a[0].sum(1)])
+    with pytest.raises(ConfigError, match="reward function"):
+        make_trainer(grpo, dummy_policy, [])
+
+
+def test_lora_adapts_only_the_named_kernels_and_starts_at_the_base():
+    base = {
+        "params": {
+            "qkv": {"kernel": jnp.ones((4, 6))},
+            "mlp": {"kernel": jnp.ones((4, 4)), "bias": jnp.ones(4)},
+        }
+    }
+    assert adapted_kernels(base, ("qkv",)) == {"params-qkv-kernel": (4, 6)}
+    adapters = init_adapters(base, ("qkv",), 2, jax.random.key(0))
+    assert adapters["params-qkv-kernel"]["a"].shape == (4, 2)
+    merged = merge(base, adapters, 8.0)
+    jax.tree.map(np.testing.assert_array_equal, merged, base)  # B = 0: exactly the base
+    adapters["params-qkv-kernel"]["b"] = jnp.ones((2, 6))
+    moved = merge(base, adapters, 0.5)
+    expected = 1.0 + 0.5 * adapters["params-qkv-kernel"]["a"].sum(1, keepdims=True)
+    np.testing.assert_allclose(moved["params"]["qkv"]["kernel"], np.broadcast_to(expected, (4, 6)))
+    np.testing.assert_array_equal(moved["params"]["mlp"]["kernel"], base["params"]["mlp"]["kernel"])
+    with pytest.raises(ValueError, match="lora_targets"):
+        init_adapters(base, ("attention",), 2, jax.random.key(0))
+
+
+TASK = DigitTask(num_digits=6, min_digits=2, max_digits=4, response_len=5)
+
+
+def test_prompts_are_left_padded_with_varying_lengths():
+    sample = jax.jit(sample_prompts, static_argnums=(1, 2, 3, 4))  # one compile, not per op
+    prompts, mask = sample(jax.random.key(0), 64, 6, 2, 4)
+    assert prompts.shape == (64, 5) and mask.dtype == bool
+    lengths = np.asarray(mask.sum(1))
+    assert set(lengths) == {3, 4, 5}  # BOS + 2..4 digits
+    for row, row_mask in zip(np.asarray(prompts), np.asarray(mask), strict=True):
+        real = row[row_mask]
+        assert (row[~row_mask] == PAD).all() and real[0] == BOS
+        assert len(set(real[1:])) == len(real) - 1 and real[1:].min() >= 3
+        assert row_mask[-1] and (np.diff(row_mask.astype(int)) >= 0).all()
+
+
+def test_gold_and_checker_hand_values():
+    prompts = jnp.array([[PAD, BOS, 5, 3, 4]] * 6)
+    prompt_mask = prompts != PAD
+    responses = jnp.array(
+        [
+            [3, 4, 5, EOS, PAD],  # sorted: 3 / 3
+            [3, 5, 4, EOS, PAD],  # one match: 1 / 3
+            [3, 4, EOS, PAD, PAD],  # too short: 2 / max(2, 3)
+            [3, 4, 5, 5, EOS],  # one extra token: 3 / 4
+            [3, 4, 5, 3, 4],  # no EOS: 3 / 5
+            [EOS, PAD, PAD, PAD, PAD],  # empty: 0 / 3
+        ]
     )
-    stats = jax.jit(policy_stats, static_argnums=(0, 1))(
-        model, config, state.params, first.prompts, first.responses
+    mask = jnp.cumsum(responses == EOS, 1) - (responses == EOS) == 0
+    both = jax.jit(lambda *args: (gold(*args), checker(*args)))
+    sorted_scores, reversed_scores = both(prompts, prompt_mask, responses, mask)
+    np.testing.assert_allclose(sorted_scores, [1, 1 / 3, 2 / 3, 3 / 4, 3 / 5, 0])
+    # reversed answer: 4 3 5
+    np.testing.assert_allclose(reversed_scores, [1 / 3, 0, 0, 1 / 4, 1 / 5, 0])
+
+
+@pytest.mark.parametrize(
+    "targets_fn, score", [(sorting_targets, gold), (reversal_targets, checker)]
+)
+def test_task_targets_score_one(targets_fn, score):
+    def scored(key):
+        prompts, mask = TASK.prompts(key, 16)
+        targets, target_mask = targets_fn(TASK, prompts, mask)
+        return mask, target_mask, score(prompts, mask, targets, target_mask)
+
+    mask, target_mask, scores = jax.jit(scored)(jax.random.key(1))
+    np.testing.assert_array_equal(scores, 1.0)
+    assert (target_mask.sum(1) == mask.sum(1)).all()  # k digits + EOS = BOS + k digits
+
+
+def test_task_config_names_the_field():
+    with pytest.raises(ConfigError, match="response_len"):
+        DigitTask(max_digits=5, response_len=5)
+
+
+def test_library_never_imports_a_task():
+    code = (
+        "import sys, pkgutil, importlib, ppojax.rlhf\n"
+        "for info in pkgutil.iter_modules(ppojax.rlhf.__path__, 'ppojax.rlhf.'):\n"
+        "    if info.name not in ('ppojax.rlhf.tasks', 'ppojax.rlhf.__main__'):\n"
+        "        importlib.import_module(info.name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('ppojax.rlhf.tasks')))"
     )
-    log_ratio = jnp.where(first.mask, stats.log_probs - first.log_probs, 0.0)
-    np.testing.assert_allclose(jnp.exp(log_ratio), 1.0, rtol=0, atol=tolerance)
-    _, loss_metrics = jax.jit(ppo_loss, static_argnums=(0, 1))(model, config, state.params, first)
-    assert float(loss_metrics["clip_fraction"]) == 0.0
-    np.testing.assert_allclose(loss_metrics["approx_kl"], 0.0, atol=1e-4 * tolerance)
-    chex.assert_shape([batch.advantages, batch.returns, batch.log_probs], (8, 5))
-    masked_advantages = batch.advantages[batch.mask]
-    np.testing.assert_allclose(masked_advantages.mean(), 0.0, atol=1e-5)
-    np.testing.assert_allclose(masked_advantages.std(), 1.0, atol=1e-3)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_reward_weights_and_missing_eos_penalty_make_the_score():
+    config = RLHFConfig(reward_weights=(2.0, 0.5), missing_eos_penalty=0.25, eos_id=EOS)
+    responses = jnp.array([[3, EOS, PAD], [3, 4, 5], [EOS, PAD, PAD]])
+    mask = jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], bool)
+    prompts = jnp.ones((3, 2), jnp.int32)
+
+    def first(prompts, prompt_mask, responses, response_mask):
+        return jnp.array([1.0, 2.0, 3.0])
+
+    def second(prompts, prompt_mask, responses, response_mask):
+        return response_mask.sum(axis=1)
+
+    rewards, scores, emitted_eos = score(
+        config, (first, second), (prompts, prompts > 0, responses, mask)
+    )
+    np.testing.assert_array_equal(rewards, [[1, 2, 3], [2, 3, 1]])
+    np.testing.assert_array_equal(emitted_eos, [True, False, True])
+    np.testing.assert_allclose(scores, [2 + 1.0, 4 + 1.5 - 0.25, 6 + 0.5])
+
+
+def test_whiten_advantages_normalizes_over_real_tokens_only_when_asked():
+    mask = jnp.array([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+    values = jnp.array([[0.5, 0.2, 0.1, 9.0], [0.3, 0.0, 9.0, 9.0]])
+    scores, kl = jnp.array([1.0, -1.0]), jnp.zeros((2, 4))
+    whitened = RLHFConfig(gae_lambda=1.0)
+
+    def both():
+        on = advantages_and_returns(whitened, scores, kl, values, mask, 0.0)[0]
+        off = advantages_and_returns(
+            whitened.replace(whiten_advantages=False), scores, kl, values, mask, 0.0
+        )[0]
+        return on, off
+
+    on, off = jax.jit(both)()
+    # gamma = lambda = 1: A_t = score - V_t on real tokens.
+    np.testing.assert_allclose(off, [[0.5, 0.8, 0.9, 0], [-1.3, -1.0, 0, 0]], rtol=1e-6)
+    real = np.asarray(off)[np.asarray(mask)]
+    expected = (real - real.mean()) / (real.std() + 1e-8)
+    np.testing.assert_allclose(np.asarray(on)[np.asarray(mask)], expected, rtol=1e-5)
+    assert (np.asarray(on)[~np.asarray(mask)] == 0).all()

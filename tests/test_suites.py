@@ -35,6 +35,7 @@ def run_side_by_side(env, raw_reset, raw_step, key, action_logits):
         action_key, env_key, next_reset_key = jax.random.split(key, 3)
         action = jax.random.categorical(action_key, action_logits(env.action_mask(state)))
         result, state = env.step_from(env_key, state, action, env.reset(next_reset_key))
+        result = result._replace(obs=flat(result.obs), next_obs=flat(result.next_obs))
         raw, (obs, reward, terminated, truncated) = raw_step(raw, action, env_key)
         raw = jax.lax.cond(terminated | truncated, lambda: raw_reset(next_reset_key), lambda: raw)
         expected = (flat(obs), reward, terminated, truncated, flat(raw_observation(raw)))
@@ -74,7 +75,9 @@ def check_training(env_id, env_kwargs):
     config = ppojax.PPOConfig(env_id=env_id, env_kwargs=env_kwargs, num_minibatches=2, **TINY)
     out = jax.jit(ppojax.train)(config, jax.random.key(0))
     obs_dim = ppojax.make_env(env_id, **env_kwargs).spec.obs_dim
-    assert out.state.obs.shape == (4, obs_dim)
+    leaves = jax.tree.leaves(out.state.obs)  # the env's own shapes, batched over 4 envs
+    assert all(leaf.shape[0] == 4 for leaf in leaves)
+    assert sum(leaf[0].size for leaf in leaves) == obs_dim
     for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
         values = np.asarray(out.metrics[name])
         assert values.shape == (3,) and np.isfinite(values).all(), name

@@ -125,18 +125,18 @@ def test_early_stop_keeps_the_parameters_after_the_stop():
 
 def _penalty_case(env_id, objective):
     """A minibatch whose old policy differs from the current one, and the manual loss parts."""
-    from ppojax.networks import init_params
+    from ppojax.networks import init_params, observation_template
     from ppojax.train import make_agent
     from ppojax.update import ppo_loss
 
     config = ppojax.PPOConfig(env_id=env_id, policy_objective=objective, hidden_sizes=(8,))
     agent = make_agent(config)
     spec = agent.env.spec
-    params = init_params(jax.random.key(0), spec, (8,), "tanh")
+    params = init_params(jax.random.key(0), agent.network, observation_template(agent.env))
     rng = np.random.default_rng(0)
     n = 6
     obs = jnp.asarray(rng.normal(size=(n, spec.obs_dim)), jnp.float32)
-    head, log_std = agent.actor.apply(params["actor"], obs)
+    head, log_std, _, _ = agent.network.apply(params, obs, None)
     old_head = head + jnp.asarray(rng.normal(0, 0.3, head.shape), jnp.float32)
     old_log_std = None if spec.discrete else jnp.full(head.shape, 0.2)
     if spec.discrete:

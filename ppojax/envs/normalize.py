@@ -6,6 +6,8 @@ variance formula (Chan et al.), so the result equals the mean and variance of ev
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -78,3 +80,24 @@ def normalize_reward(
     scaled = reward / jnp.sqrt(stats.var + eps)
     restart = jnp.logical_or(done, ~jnp.isfinite(discounted))
     return scaled, RewardNormalizer(stats, jnp.where(restart, 0.0, discounted))
+
+
+def _is_stats(node: object) -> bool:
+    return isinstance(node, RunningStats)
+
+
+def observation_stats(observation: Any) -> Any:
+    """Fresh statistics for observations like ``observation`` (one env's, any pytree of
+    arrays or shapes): one ``RunningStats`` of the leaf's shape ([H, W, C] for images) per
+    leaf, so every element of the observation is normalized on its own."""
+    return jax.tree.map(lambda leaf: RunningStats.zeros(tuple(leaf.shape)), observation)
+
+
+def update_observation_stats(stats: Any, obs: Any) -> Any:
+    """``update_stats`` of every leaf's statistics with that leaf's batch [N, ...]."""
+    return jax.tree.map(update_stats, stats, obs, is_leaf=_is_stats)
+
+
+def normalize_observation(stats: Any, obs: Any, clip: float | jax.Array) -> Any:
+    """``normalize_obs`` of every leaf of ``obs`` with its own statistics."""
+    return jax.tree.map(lambda s, x: normalize_obs(s, x, clip), stats, obs, is_leaf=_is_stats)

@@ -1,6 +1,7 @@
 """One wrapper around a gymnax environment for PPO.
 
-It flattens observations to float32 vectors, clips continuous actions to the action-space
+It casts observations to float32 arrays of the env's own shape ([H, W, C] images stay images;
+the networks flatten what they need), clips continuous actions to the action-space
 bounds (the policy's unclipped action is what the loss sees), keeps ``terminated`` apart
 from ``truncated``, exposes the true final observation of an episode that ended, and records
 the return and length of each finished episode.
@@ -176,7 +177,7 @@ class PPOEnv:
     def reset(self, key: jax.Array) -> tuple[jax.Array, EpisodeState]:
         obs, env_state = self.env.reset(key, self.env_params)
         state = EpisodeState(env_state, jnp.float32(0.0), jnp.int32(0))
-        return self._flatten(obs), state
+        return self._as_float(obs), state
 
     @property
     def resets_outside_step(self) -> bool:
@@ -220,7 +221,11 @@ class PPOEnv:
             reset_state.env_state,
             env_state_step,
         )
-        obs = jax.lax.select(done, reset_obs, self._flatten(obs_step))
+        obs = jax.tree.map(
+            lambda fresh, stepped: jax.lax.select(done, fresh, stepped),
+            reset_obs,
+            self._as_float(obs_step),
+        )
         info = {**info, "final_observation": obs_step}
         return self._result(state, obs, env_state, reward, terminated, truncated, info)
 
@@ -239,11 +244,11 @@ class PPOEnv:
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
         result = StepResult(
-            obs=self._flatten(obs),
+            obs=self._as_float(obs),
             reward=reward,
             terminated=jnp.asarray(terminated, jnp.bool_),
             truncated=jnp.asarray(truncated, jnp.bool_),
-            next_obs=self._flatten(info["final_observation"]),
+            next_obs=self._as_float(info["final_observation"]),
             episode_return=jnp.where(done, episode_return, 0.0),
             episode_length=jnp.where(done, episode_length, 0),
         )
@@ -262,9 +267,10 @@ class PPOEnv:
         return jnp.clip(action, low, high).reshape(self._action_shape)
 
     @staticmethod
-    def _flatten(obs: Any) -> jax.Array:
-        leaves = jax.tree.leaves(obs)
-        return jnp.concatenate([jnp.asarray(leaf, jnp.float32).reshape(-1) for leaf in leaves])
+    def _as_float(obs: Any) -> Any:
+        """The observation (any pytree of arrays) as float32, shapes kept; a scalar becomes
+        [1], so that every observation leaf has at least one axis."""
+        return jax.tree.map(lambda leaf: jnp.atleast_1d(jnp.asarray(leaf, jnp.float32)), obs)
 
 
 def _check_mask_shape(name: str, env: PPOEnv) -> None:

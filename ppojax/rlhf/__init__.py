@@ -1,59 +1,58 @@
-"""PPO for language models (RLHF) on a synthetic sorting task: a small causal transformer,
-KV-cache sampling, SFT, a Bradley-Terry reward model, and the PPO-RLHF step as one jitted pure
-function of (state, prompts, key)."""
+"""RLHF for any causal language model: PPO (token-level GAE), GRPO and RLOO as one jitted pure
+step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply``, optional
+``critic_apply`` and reward functions by ``make_trainer``. Tasks live in
+``ppojax.rlhf.tasks``; the library never imports them."""
 
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.model import KVCache, TransformerLM, build_model, init_model_params
-from ppojax.rlhf.pipeline import PipelineOutput, format_table, run_pipeline
-from ppojax.rlhf.ppo import (
-    PPO_METRICS,
-    PPOBatch,
-    RLHFState,
-    collect_batch,
-    init_rlhf_state,
+from ppojax.rlhf.advantages import (
+    group_advantages,
     kl_estimate,
-    ppo_loss,
-    ppo_step,
-    run_ppo,
+    leave_one_out_advantages,
     token_advantages,
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.reward import bradley_terry_loss, reward_scores, train_reward_model
-from ppojax.rlhf.sampling import Samples, response_stats, sample_responses
+from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.lora import tree_bytes
+from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
+from ppojax.rlhf.objective import RLHFBatch, aggregate
+from ppojax.rlhf.reward import bradley_terry_loss, reward_model
+from ppojax.rlhf.sampling import (
+    KVCacheHook,
+    Samples,
+    response_mask,
+    response_stats,
+    sample_cached,
+    sample_full,
+)
 from ppojax.rlhf.sft import sft_loss, train_sft
-from ppojax.rlhf.task import gold_score, sample_prompts, target_responses
+from ppojax.rlhf.trainer import RLHFState, Trainer, make_trainer, run_steps
 
 __all__ = [
-    "PPO_METRICS",
-    "KVCache",
-    "PPOBatch",
-    "PipelineOutput",
+    "KVCacheHook",
+    "LanguageModel",
+    "RLHFBatch",
     "RLHFConfig",
     "RLHFState",
     "Samples",
+    "Trainer",
     "TransformerLM",
+    "aggregate",
     "bradley_terry_loss",
-    "build_model",
-    "collect_batch",
-    "format_table",
-    "gold_score",
-    "init_model_params",
-    "init_rlhf_state",
+    "group_advantages",
     "kl_estimate",
-    "ppo_loss",
-    "ppo_step",
-    "reward_scores",
+    "leave_one_out_advantages",
+    "make_trainer",
+    "response_mask",
     "response_stats",
-    "run_pipeline",
-    "run_ppo",
-    "sample_prompts",
-    "sample_responses",
+    "reward_model",
+    "run_steps",
+    "sample_cached",
+    "sample_full",
     "sft_loss",
-    "target_responses",
     "token_advantages",
     "token_rewards",
-    "train_reward_model",
     "train_sft",
+    "transformer",
+    "tree_bytes",
     "update_kl_coef",
 ]

@@ -1,7 +1,14 @@
-"""``python -m ppojax.rlhf [--seed N] [--<field> VALUE ...]``: the whole RLHF pipeline.
+"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder.
 
-Every ``RLHFConfig`` field is an option (``--ppo-steps 100``, ``--kl-coef 0.1``,
-``--adaptive-kl true``); the run prints one line per stage and the table of PPO metrics.
+    ppojax rlhf --task sorting --algorithm ppo --kl-coef 0.1 --steps 200
+    ppojax rlhf --task reversal --algorithm grpo --group-size 8 --steps 100
+    ppojax rlhf --resume runs/rlhf-reversal-grpo-<time>
+
+The sorting task trains an SFT model and a reward model first, then RL against the reward
+model (its gold score logged with weight 0); the reversal task trains SFT, then RL against
+its checker. Every RLHFConfig field is an option (``--kl-in loss``, ``--lora-targets qkv,out``);
+the run folder is described in ``ppojax.rlhf.run``. This module is the application: it is
+the one place that imports both the library and the tasks.
 """
 
 from __future__ import annotations
@@ -9,11 +16,41 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import jax
 
+from ppojax import cache, io
 from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.pipeline import run_pipeline
+from ppojax.rlhf.model import zero_value_head
+from ppojax.rlhf.reward import reward_model
+from ppojax.rlhf.run import (
+    config_dict,
+    load_frozen,
+    rlhf_config_from_dict,
+    save_frozen,
+    train_run,
+)
+from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
+from ppojax.rlhf.tasks.reversal import checker, reversal_sft
+from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_sft
+from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
+from ppojax.rlhf.trainer import make_trainer
+
+# Fields the task fixes: the vocabulary and the answer's length are the task's.
+TASK_FIELDS = ("pad_id", "eos_id", "response_len")
+SMALL = dict(
+    num_digits=6,
+    min_digits=2,
+    max_digits=4,
+    response_len=5,
+    d_model=16,
+    num_heads=2,
+    num_layers=1,
+    sft_steps=4,
+    sft_batch_size=8,
+)
 
 
 def parse_bool(text: str) -> bool:
@@ -24,30 +61,151 @@ def parse_bool(text: str) -> bool:
     return lowered in ("true", "1", "yes")
 
 
+def field_type(field: dataclasses.Field) -> Any:
+    """How to parse an RLHFConfig field from one command-line word."""
+    if field.name == "reward_weights":
+        return lambda text: tuple(float(part) for part in text.split(","))
+    if field.name == "lora_targets":
+        return lambda text: tuple(part for part in text.split(",") if part)
+    if field.name == "clip_eps_high":
+        return float
+    return parse_bool if isinstance(field.default, bool) else type(field.default)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """--seed plus one option per RLHFConfig field (unset options keep the default)."""
+    """The run's options plus one option per RLHFConfig field (unset: the default)."""
     parser = argparse.ArgumentParser(
-        prog="python -m ppojax.rlhf", description="SFT -> reward model -> PPO on a sorting task."
+        prog="ppojax rlhf", description="PPO, GRPO or RLOO on a digit task, into a run folder."
     )
+    parser.add_argument("--task", choices=("sorting", "reversal"), default="sorting")
+    parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")
+    parser.add_argument("--batch-size", type=int, default=64, help="prompts per step (64)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="parent of run folders")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps per chunk (50)")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
+    parser.add_argument("--sft-steps", type=int, help="the task's SFT steps")
+    parser.add_argument("--rm-steps", type=int, default=300, help="sorting: reward-model steps")
+    parser.add_argument("--small", action="store_true", help="a tiny task and model (tests)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh instead of loading it from the compilation cache "
+        "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
+    )
     for field in dataclasses.fields(RLHFConfig):
-        kind = type(field.default)
-        parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            type=parse_bool if kind is bool else kind,
-            default=None,
-            help=f"default {field.default!r}",
-        )
+        if field.name not in TASK_FIELDS:
+            parser.add_argument(
+                "--" + field.name.replace("_", "-"),
+                dest=field.name,
+                type=field_type(field),
+                default=None,
+                help=f"default {field.default!r}",
+            )
     return parser
 
 
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything a run folder's config.json holds, from fresh command-line arguments."""
+    task = DigitTask(**SMALL) if args.small else SORTING if args.task == "sorting" else DigitTask()
+    if args.sft_steps is not None:
+        task = task.replace(sft_steps=args.sft_steps)
+    chosen = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(RLHFConfig)
+        if f.name not in TASK_FIELDS and getattr(args, f.name) is not None
+    }
+    if args.task == "sorting" and chosen.get("reward_weights") is None:
+        chosen["reward_weights"] = (1.0, 0.0)  # the reward model; gold is only logged
+    config = RLHFConfig(**chosen, pad_id=PAD, eos_id=EOS, response_len=task.response_len)
+    run = dict(
+        task=args.task,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        rm_steps=args.rm_steps,
+    )
+    return {"rlhf": config_dict(config), "task": config_dict(task), "run": run}
+
+
+def frozen_params(settings: dict[str, Any], run_dir: Path, resume: bool) -> dict[str, Any]:
+    """The SFT params (policy start and reference) and, for sorting, the reward model's:
+    trained and saved into the run folder, or read back from it on resume."""
+    task, run = DigitTask(**settings["task"]), settings["run"]
+    sft_key, rm_key = jax.random.split(jax.random.key(run["seed"]))
+    names = ("sft", "reward") if run["task"] == "sorting" else ("sft",)
+    if resume:
+        shapes = jax.eval_shape(task.model().init, sft_key)
+        return load_frozen(run_dir, {name: shapes for name in names})
+    sft = reversal_sft if run["task"] == "reversal" else sorting_sft
+    frozen = {"sft": jax.jit(sft, static_argnums=0)(task, sft_key)[0]}
+    if run["task"] == "sorting":
+        stage = RewardModelConfig(steps=run["rm_steps"], batch_size=run["batch_size"])
+        train = jax.jit(train_sorting_rm, static_argnums=(0, 1))
+        frozen["reward"], metrics = train(task, stage, frozen["sft"], rm_key)
+        print(f"reward model: held-out pair accuracy {float(metrics['held_out_accuracy']):.3f}")
+    save_frozen(run_dir, frozen)
+    return frozen
+
+
+def prepare(settings: dict[str, Any], frozen: dict[str, Any]):
+    """The trainer, its state at step 0 and the prompt source of a run's settings."""
+    task, run = DigitTask(**settings["task"]), settings["run"]
+    config = rlhf_config_from_dict(settings["rlhf"])
+    lm = task.model()
+    if run["task"] == "sorting":
+        rewards = [reward_model(lm.critic_apply, frozen["reward"]), gold]
+    else:
+        rewards = [checker]
+    critic = lm.critic_apply if config.needs_critic else None
+    trainer = make_trainer(config, lm.policy_apply, rewards, critic, kv_cache=lm.kv_cache)
+    critic_params = zero_value_head(frozen["sft"]) if config.needs_critic else None
+    init_key = jax.random.fold_in(jax.random.key(run["seed"]), 1)
+    state = trainer.init(frozen["sft"], init_key, critic_params)
+
+    def prompt_fn(key: jax.Array):
+        return task.prompts(key, run["batch_size"])
+
+    return trainer, state, prompt_fn
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, build the config (ValueError names a bad field) and run the pipeline."""
-    args = vars(build_parser().parse_args(argv))
-    seed = args.pop("seed")
-    config = RLHFConfig(**{name: value for name, value in args.items() if value is not None})
-    run_pipeline(config, jax.random.key(seed))
+    """Parse ``argv``, make or reopen the run folder, train, print where it went."""
+    args = build_parser().parse_args(argv)
+    if not args.no_compile_cache and not cache.disabled_by_environment():
+        cache.enable_compile_cache()
+    if args.resume is not None:
+        run_dir = args.resume
+        if not (run_dir / io.CONFIG_FILE).exists():
+            raise ValueError(f"--resume {run_dir}: no {io.CONFIG_FILE} there (not a run folder)")
+        settings = io.read_json(run_dir / io.CONFIG_FILE)
+    else:
+        settings = settings_from_args(args)
+        name = f"rlhf-{args.task}-{settings['rlhf']['algorithm']}"
+        run_dir = io.new_run_dir(args.out, name)
+        io.write_json(run_dir / io.CONFIG_FILE, settings)
+    frozen = frozen_params(settings, run_dir, args.resume is not None)
+    trainer, state, prompt_fn = prepare(settings, frozen)
+    run = settings["run"]
+    key = jax.random.fold_in(jax.random.key(run["seed"]), 2)
+    _, metrics = train_run(
+        run_dir,
+        trainer,
+        state,
+        prompt_fn,
+        key,
+        num_steps=run["steps"],
+        chunk=run["checkpoint_every"],
+        resume=args.resume is not None,
+        progress=not args.no_progress,
+    )
+    last = {name: float(values[-1]) for name, values in metrics.items()}
+    print(f"run folder: {run_dir}")
+    print(
+        f"step {run['steps']}: score {last['objective/scores']:.3f}, KL {last['objective/kl']:.2f}"
+    )
     return 0
 
 

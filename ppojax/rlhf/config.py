@@ -1,8 +1,9 @@
-"""RLHFConfig: every setting of the SFT -> reward model -> PPO pipeline, validated at construction.
+"""RLHFConfig: the settings of the library's RLHF step, validated at construction.
 
-Fields that fix shapes or the program are static (``pytree_node=False``); scalar
-hyperparameters are pytree leaves, so ``jax.vmap`` can sweep them (for example ``kl_coef``)
-in one compiled call.
+Only the algorithm's settings live here; a task (its vocabulary, its model sizes, its SFT and
+reward-model stages) has its own config. Fields that fix shapes or the program are static
+(``pytree_node=False``); scalar hyperparameters are pytree leaves, so ``jax.vmap`` can sweep
+them (for example ``kl_coef``) in one compiled call.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from typing import Any
 
 from flax import struct
 
-from ppojax.config import check_bool, check_choice, check_positive_int, check_range
+from ppojax.config import ConfigError, check_bool, check_choice, check_positive_int, check_range
 
-KL_ESTIMATORS = ("k1", "k3")
+ALGORITHMS = ("ppo", "grpo", "rloo")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_PLACES = ("reward", "loss")
+# "grpo" is the per-sequence mean (GRPO's 1/|o_i|), "dapo" the per-token mean over the batch
+# (DAPO), "dr_grpo" the sum over tokens / (rows * response_len) (Dr. GRPO's constant).
+LOSS_AGGREGATIONS = ("token", "sequence", "grpo", "dapo", "dr_grpo")
 
 
 def static(default: Any) -> Any:
@@ -24,104 +30,115 @@ def static(default: Any) -> Any:
 
 @struct.dataclass
 class RLHFConfig:
-    """Hyperparameters of one RLHF run on the sorting task (see ``ppojax.rlhf.task``).
+    """Hyperparameters of ``ppojax.rlhf.make_trainer``.
 
-    Static: task and model sizes (num_digits, prompt_len, response_len, d_model, num_heads,
-    num_layers), the critic layout (separate_critic), the program (kl_estimator, adaptive_kl)
-    and the step counts and batch sizes of the three stages. Traced: temperature, learning
-    rates, the PPO coefficients and the KL controller's coefficients.
+    Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
+    ppo_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
+    whiten_advantages, group_std, critic_warmup_steps), the reward weights and the LoRA
+    layout. Traced: temperature, learning rate and every coefficient.
     """
 
-    num_digits: int = static(13)  # distinct digit tokens; vocabulary = PAD, BOS, EOS + digits
-    prompt_len: int = static(8)  # BOS + prompt_len - 1 distinct digits
-    response_len: int = static(10)  # sampled positions; the ideal answer needs prompt_len
-    d_model: int = static(64)
-    num_heads: int = static(4)
-    num_layers: int = static(2)
-    separate_critic: bool = static(False)  # False: value head on the policy trunk
-    kl_estimator: str = static("k1")  # per-token KL in the reward: "k1" or "k3"
-    adaptive_kl: bool = static(False)  # False: beta stays kl_coef
-
-    sft_steps: int = static(60)
-    sft_batch_size: int = static(64)
-    rm_steps: int = static(300)
-    rm_batch_size: int = static(64)
-    ppo_steps: int = static(200)  # PPO iterations, each on batch_size fresh prompts
-    batch_size: int = static(64)
+    pad_id: int = static(0)  # the token after EOS and on the left of short prompts
+    eos_id: int = static(2)  # a response ends at its first eos_id (included)
+    response_len: int = static(10)  # sampled positions per response
+    algorithm: str = static("ppo")  # "ppo" (critic, token GAE), "grpo", "rloo" (no critic)
+    group_size: int = static(1)  # samples per prompt; grpo and rloo need >= 2
     ppo_epochs: int = static(4)
-    num_minibatches: int = static(4)
+    num_minibatches: int = static(4)  # must divide prompts * group_size
+    kl_in: str = static("reward")  # "reward": -beta KL_t per token; "loss": + beta KL_t
+    kl_estimator: str = static("k1")  # k1 log(pi/ref), k2 0.5 log^2, k3 (rho - 1) - log rho
+    adaptive_kl: bool = static(False)  # False: beta stays kl_coef
+    loss_aggregation: str = static("token")  # see LOSS_AGGREGATIONS
+    whiten_advantages: bool = static(True)  # ppo: normalize advantages over real tokens
+    group_std: bool = static(True)  # grpo: divide by the group's std (Dr. GRPO: False)
+    critic_warmup_steps: int = static(0)  # ppo: first steps train the critic only
+    reward_weights: tuple[float, ...] | None = static(None)  # None: weight 1 for each fn
+    lora_rank: int = static(0)  # 0: full fine-tuning; > 0: frozen base + adapters
+    lora_targets: tuple[str, ...] = static(())  # param path parts whose kernels get adapters
 
     temperature: float = 1.0
-    sft_learning_rate: float = 1e-3
-    rm_learning_rate: float = 3e-4
     learning_rate: float = 1e-4
     max_grad_norm: float = 1.0
     gamma: float = 1.0
     gae_lambda: float = 0.95
-    clip_eps: float = 0.2
+    clip_eps: float = 0.2  # ratio clipped below at 1 - clip_eps
+    clip_eps_high: float | None = None  # above at 1 + clip_eps_high (None: clip_eps)
     vf_clip_eps: float = 0.2
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     kl_coef: float = 0.05  # beta, or its start value under adaptive_kl
     target_kl: float = 2.0  # adaptive_kl: wanted sequence KL (nats)
-    kl_horizon: float = 1000.0  # adaptive_kl: beta *= 1 + e * batch_size / kl_horizon
+    kl_horizon: float = 1000.0  # adaptive_kl: beta *= 1 + e * rows / kl_horizon
     missing_eos_penalty: float = 0.0  # subtracted from the score of responses without EOS
+    lora_alpha: float = 16.0  # adapters add (lora_alpha / lora_rank) A @ B
 
     def __post_init__(self) -> None:
         validate(self)
 
     @property
-    def vocab_size(self) -> int:
-        """PAD, BOS, EOS and the digits."""
-        return 3 + self.num_digits
+    def upper_clip_eps(self) -> float:
+        """The clip above 1: clip_eps_high, or clip_eps when that is None."""
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
 
     @property
-    def max_len(self) -> int:
-        """Longest sequence the model sees: prompt plus response."""
-        return self.prompt_len + self.response_len
-
-    @property
-    def minibatch_size(self) -> int:
-        """Prompt-response pairs per gradient step: batch_size // num_minibatches."""
-        return self.batch_size // self.num_minibatches
+    def needs_critic(self) -> bool:
+        """Only PPO learns a value function."""
+        return self.algorithm == "ppo"
 
 
-def _check_shapes(config: RLHFConfig) -> None:
-    ints = ("num_digits", "prompt_len", "response_len", "d_model", "num_heads", "num_layers")
-    counts = ("sft_steps", "sft_batch_size", "rm_steps", "rm_batch_size", "ppo_steps")
-    for name in ints + counts + ("batch_size", "ppo_epochs", "num_minibatches"):
+def _check_ints(config: RLHFConfig) -> None:
+    for name in ("response_len", "group_size", "ppo_epochs", "num_minibatches"):
         check_positive_int("RLHFConfig", name, getattr(config, name))
-    if config.prompt_len < 2 or config.prompt_len - 1 > config.num_digits:
-        raise ValueError(
-            f"RLHFConfig.prompt_len={config.prompt_len} must hold BOS plus 1..num_digits "
-            f"({config.num_digits}) distinct digits."
+    for name in ("pad_id", "eos_id", "critic_warmup_steps", "lora_rank"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(name, f"RLHFConfig.{name} must be an int >= 0, got {value!r}.")
+    if config.pad_id == config.eos_id:
+        raise ConfigError("eos_id", "RLHFConfig.eos_id must differ from pad_id.")
+    if config.algorithm != "ppo" and config.group_size < 2:
+        raise ConfigError(
+            "group_size",
+            f"RLHFConfig.group_size must be >= 2 for algorithm={config.algorithm!r} (its "
+            f"baseline is the other samples of the same prompt), got {config.group_size}.",
         )
-    if config.response_len < config.prompt_len:
-        raise ValueError(
-            f"RLHFConfig.response_len={config.response_len} must be >= prompt_len "
-            f"({config.prompt_len}) so the sorted digits and EOS fit."
+    if config.lora_rank and not config.lora_targets:
+        raise ConfigError(
+            "lora_targets",
+            "RLHFConfig.lora_targets must name at least one layer (a part of a parameter path, "
+            "such as 'qkv') when lora_rank > 0.",
         )
-    if config.d_model % config.num_heads:
-        raise ValueError(
-            f"RLHFConfig.num_heads={config.num_heads} must divide d_model={config.d_model}."
-        )
-    if config.batch_size % config.num_minibatches:
-        raise ValueError(
-            f"RLHFConfig.num_minibatches={config.num_minibatches} must divide "
-            f"batch_size={config.batch_size}."
+
+
+def _check_weights(config: RLHFConfig) -> None:
+    weights = config.reward_weights
+    if weights is None:
+        return
+    valid = isinstance(weights, tuple) and len(weights) > 0
+    if not (valid and all(isinstance(w, (int, float)) and math.isfinite(w) for w in weights)):
+        raise ConfigError(
+            "reward_weights",
+            f"RLHFConfig.reward_weights must be None or a tuple of finite numbers, one per "
+            f"reward function, got {weights!r}.",
         )
 
 
 def validate(config: RLHFConfig) -> None:
-    """Raise ``ValueError`` naming the field and the fix for any invalid setting."""
-    _check_shapes(config)
-    for name in ("separate_critic", "adaptive_kl"):
-        check_bool("RLHFConfig", name, getattr(config, name))
+    """Raise ``ConfigError`` naming the field and the fix for any invalid setting."""
+    check_choice("RLHFConfig", "algorithm", config.algorithm, ALGORITHMS)
+    check_choice("RLHFConfig", "kl_in", config.kl_in, KL_PLACES)
     check_choice("RLHFConfig", "kl_estimator", config.kl_estimator, KL_ESTIMATORS)
-    positive = ("temperature", "sft_learning_rate", "rm_learning_rate", "learning_rate")
-    for name in positive + ("max_grad_norm", "clip_eps", "vf_clip_eps", "target_kl"):
+    check_choice("RLHFConfig", "loss_aggregation", config.loss_aggregation, LOSS_AGGREGATIONS)
+    _check_ints(config)
+    _check_weights(config)
+    for name in ("adaptive_kl", "whiten_advantages", "group_std"):
+        check_bool("RLHFConfig", name, getattr(config, name))
+    positive = ("temperature", "learning_rate", "max_grad_norm", "clip_eps", "vf_clip_eps")
+    for name in positive + ("target_kl", "kl_horizon", "lora_alpha"):
         check_range("RLHFConfig", name, getattr(config, name), 0.0, math.inf, open_low=True)
-    check_range("RLHFConfig", "kl_horizon", config.kl_horizon, 0.0, math.inf, open_low=True)
+    if config.clip_eps_high is not None:
+        check_range(
+            "RLHFConfig", "clip_eps_high", config.clip_eps_high, 0.0, math.inf, open_low=True
+        )
     for name in ("gamma", "gae_lambda"):
         check_range("RLHFConfig", name, getattr(config, name), 0.0, 1.0, open_low=False)
     for name in ("vf_coef", "ent_coef", "kl_coef", "missing_eos_penalty"):

@@ -1,22 +1,22 @@
-"""A small causal transformer language model with a scalar value head and a KV cache.
+"""A small causal transformer LM with a value head and a KV cache, in the library's contract.
 
-One code path serves training and sampling: ``TransformerLM(tokens, cache, start)`` writes the
-keys and values of the chunk ``tokens`` [B, S] (at positions start..start+S-1) into the cache
-and attends over every cached position up to its own. A full forward pass is the call with an
-empty cache of length S and start 0; sampling prefills the prompt and then feeds one token per
-step, so cached and uncached log-probabilities agree to float rounding.
+``transformer(...)`` returns the pieces ``make_trainer`` takes: ``policy_apply(params, tokens,
+mask) -> logits``, ``critic_apply(params, tokens, mask) -> values`` (the value head, on the
+policy's own params or on a copy) and the ``KVCacheHook`` for fast sampling. It respects the
+mask: positions count real tokens only and padded keys are never attended to, so a prompt
+left-padded to any width gives the same logits at its real tokens.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.sampling import KVCacheHook
 
 # A large finite number instead of -inf keeps softmax free of NaN while giving masked keys a
 # weight of exactly 0.
@@ -24,28 +24,30 @@ MASKED_SCORE = -1e30
 
 
 class KVCache(NamedTuple):
-    """Cached attention keys and values, each [num_layers, B, L, num_heads, head_dim]."""
+    """Keys and values [num_layers, B, L, H, Dh], which positions hold real tokens [B, L] and
+    how many real tokens were fed so far [B] (the next token's position id)."""
 
     keys: jax.Array
     values: jax.Array
+    mask: jax.Array
+    count: jax.Array
 
 
-def init_cache(
-    batch_size: int, length: int, num_layers: int, d_model: int, num_heads: int
-) -> KVCache:
-    """An all-zero cache [num_layers, B, length, H, d_model / H]."""
-    shape = (num_layers, batch_size, length, num_heads, d_model // num_heads)
-    return KVCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
+def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, heads: int) -> KVCache:
+    """An all-zero cache of ``length`` positions."""
+    shape = (num_layers, batch_size, length, heads, d_model // heads)
+    zeros = jnp.zeros(shape, jnp.float32)
+    return KVCache(zeros, zeros, jnp.zeros((batch_size, length), bool), jnp.zeros(batch_size, int))
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention of the chunk x [B, S, D] over the cache [B, L, H, Dh]."""
+    """Multi-head attention of the chunk x [B, S, D] (at ``start``) over the cache."""
 
     num_heads: int
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, keys: jax.Array, values: jax.Array, start: jax.Array | int
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array, start: Any
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         batch_size, chunk, d_model = x.shape
         head_dim = d_model // self.num_heads
@@ -53,8 +55,12 @@ class CausalSelfAttention(nn.Module):
         qkv = qkv.reshape(batch_size, chunk, 3, self.num_heads, head_dim)
         keys = jax.lax.dynamic_update_slice(keys, qkv[:, :, 1], (0, start, 0, 0))
         values = jax.lax.dynamic_update_slice(values, qkv[:, :, 2], (0, start, 0, 0))
-        query_positions = start + jnp.arange(chunk)
-        visible = jnp.arange(keys.shape[1])[None, :] <= query_positions[:, None]
+        query_index = (start + jnp.arange(chunk))[:, None]
+        key_index = jnp.arange(keys.shape[1])[None, :]
+        # Each query sees its own key too, so a padded query has a finite, unused output.
+        visible = ((key_index <= query_index) & key_mask[:, None, None, :]) | (
+            key_index == query_index
+        )
         scores = jnp.einsum("bshd,blhd->bhsl", qkv[:, :, 0], keys) / math.sqrt(head_dim)
         weights = jax.nn.softmax(jnp.where(visible, scores, MASKED_SCORE), axis=-1)
         attended = jnp.einsum("bhsl,blhd->bshd", weights, values)
@@ -69,19 +75,21 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, keys: jax.Array, values: jax.Array, start: jax.Array | int
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array, start: Any
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        d_model = x.shape[-1]
         attended, keys, values = CausalSelfAttention(self.num_heads)(
-            nn.LayerNorm()(x), keys, values, start
+            nn.LayerNorm()(x), keys, values, key_mask, start
         )
         x = x + attended
-        hidden = nn.gelu(nn.Dense(4 * d_model)(nn.LayerNorm()(x)))
-        return x + nn.Dense(d_model)(hidden), keys, values
+        hidden = nn.gelu(nn.Dense(4 * x.shape[-1], name="mlp_in")(nn.LayerNorm()(x)))
+        return x + nn.Dense(x.shape[-1], name="mlp_out")(hidden), keys, values
 
 
 class TransformerLM(nn.Module):
-    """Causal LM: tokens [B, S] -> next-token logits [B, S, V], values [B, S], updated cache."""
+    """tokens [B, S], mask [B, S] -> logits [B, S, V], values [B, S], the updated cache.
+
+    Without a cache the call is a full forward pass; with one, the chunk is written at
+    ``start`` and attends over every real cached position up to its own."""
 
     vocab_size: int
     max_len: int
@@ -91,41 +99,77 @@ class TransformerLM(nn.Module):
 
     @nn.compact
     def __call__(
-        self, tokens: jax.Array, cache: KVCache | None = None, start: jax.Array | int = 0
+        self, tokens: jax.Array, mask: jax.Array, cache: KVCache | None = None, start: Any = 0
     ) -> tuple[jax.Array, jax.Array, KVCache]:
         batch_size, chunk = tokens.shape
+        mask = mask.astype(bool)
         if cache is None:
-            cache = init_cache(batch_size, chunk, self.num_layers, self.d_model, self.num_heads)
+            cache = empty_cache(batch_size, chunk, self.num_layers, self.d_model, self.num_heads)
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, start))
+        position_ids = cache.count[:, None] + jnp.cumsum(mask, axis=1) - 1
+        position_ids = jnp.clip(position_ids, 0, self.max_len - 1)
         positions = self.param(
             "position_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model)
         )
-        x = nn.Embed(self.vocab_size, self.d_model)(tokens)
-        x = x + jax.lax.dynamic_slice_in_dim(positions, start, chunk)[None]
+        x = nn.Embed(self.vocab_size, self.d_model)(tokens) + positions[position_ids]
         new_keys, new_values = [], []
         for layer in range(self.num_layers):
             x, keys, values = Block(self.num_heads)(
-                x, cache.keys[layer], cache.values[layer], start
+                x, cache.keys[layer], cache.values[layer], key_mask, start
             )
             new_keys.append(keys)
             new_values.append(values)
         x = nn.LayerNorm()(x)
         logits = nn.Dense(self.vocab_size, name="lm_head")(x)
         value = nn.Dense(1, kernel_init=nn.initializers.zeros, name="value_head")(x)[..., 0]
-        return logits, value, KVCache(jnp.stack(new_keys), jnp.stack(new_values))
+        count = cache.count + mask.sum(axis=1)
+        return logits, value, KVCache(jnp.stack(new_keys), jnp.stack(new_values), key_mask, count)
 
 
-def build_model(config: RLHFConfig) -> TransformerLM:
-    """The policy / reference / reward / critic architecture that ``config`` describes."""
-    return TransformerLM(
-        vocab_size=config.vocab_size,
-        max_len=config.max_len,
-        d_model=config.d_model,
-        num_heads=config.num_heads,
-        num_layers=config.num_layers,
-    )
+class LanguageModel(NamedTuple):
+    """The built-in transformer in ``make_trainer``'s contract."""
+
+    module: TransformerLM
+    policy_apply: Any
+    critic_apply: Any
+    kv_cache: KVCacheHook
+
+    def init(self, key: jax.Array) -> dict:
+        """Fresh parameters (value head at 0)."""
+        tokens = jnp.zeros((1, self.module.max_len), jnp.int32)
+        return self.module.init(key, tokens, jnp.ones_like(tokens, bool))
 
 
-def init_model_params(config: RLHFConfig, key: jax.Array) -> dict:
-    """Fresh parameters of ``build_model(config)``."""
-    tokens = jnp.zeros((1, config.max_len), jnp.int32)
-    return build_model(config).init(key, tokens)
+def transformer(
+    vocab_size: int, max_len: int, d_model: int = 64, num_heads: int = 4, num_layers: int = 2
+) -> LanguageModel:
+    """The built-in LM: ``policy_apply``, ``critic_apply`` (value head), ``kv_cache``."""
+    module = TransformerLM(vocab_size, max_len, d_model, num_heads, num_layers)
+
+    def policy_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        return module.apply(params, tokens, mask)[0]
+
+    def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        return module.apply(params, tokens, mask)[1]
+
+    def prefill(
+        params: dict, prompts: jax.Array, prompt_mask: jax.Array, total_len: int
+    ) -> tuple[jax.Array, KVCache]:
+        cache = empty_cache(prompts.shape[0], total_len, num_layers, d_model, num_heads)
+        logits, _, cache = module.apply(params, prompts, prompt_mask, cache, 0)
+        return logits[:, -1], cache
+
+    def decode(
+        params: dict, cache: KVCache, tokens: jax.Array, index: Any
+    ) -> tuple[jax.Array, KVCache]:
+        mask = jnp.ones((tokens.shape[0], 1), bool)
+        logits, _, cache = module.apply(params, tokens[:, None], mask, cache, index)
+        return logits[:, 0], cache
+
+    return LanguageModel(module, policy_apply, critic_apply, KVCacheHook(prefill, decode))
+
+
+def zero_value_head(params: dict) -> dict:
+    """``params`` with the value head reset to 0, so a critic copied from it starts at V = 0."""
+    head = params["params"]["value_head"]
+    return {"params": {**params["params"], "value_head": jax.tree.map(jnp.zeros_like, head)}}

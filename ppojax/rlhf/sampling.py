@@ -1,96 +1,179 @@
-"""Sampling with a KV cache (``lax.scan``) and the matching full-forward log-probabilities."""
+"""Sampling responses from any causal LM, and the log-probs the loss recomputes.
+
+A policy is ``policy_apply(params, tokens [B, L], mask [B, L]) -> logits [B, L, V]``, causal:
+logits at position i depend on tokens[: i + 1] only. Sequences are a left-padded prompt [B, P]
+followed by the response [B, R], so the logits at P - 1 + t predict response token t for
+every row. Two samplers give the same tokens for the same key:
+
+- ``sample_full``: at each of the R steps one forward pass over the whole [B, P + R] buffer
+  (not yet sampled positions hold pad_id with mask 0; causality keeps them out). Correct for
+  every model, at R full passes.
+- ``sample_cached``: a ``KVCacheHook`` the model provides, ``prefill`` once over the prompt
+  and ``decode`` one token per step.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.model import KVCache, TransformerLM, init_cache
-from ppojax.rlhf.task import EOS, PAD
+PolicyApply = Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+
+class KVCacheHook(NamedTuple):
+    """A model's fast path for sampling.
+
+    ``prefill(params, prompts [B, P], prompt_mask [B, P], total_len) -> (logits [B, V], cache)``
+    gives the next-token logits after the prompt; ``decode(params, cache, tokens [B],
+    index) -> (logits [B, V], cache)`` feeds the token at sequence position ``index``.
+    """
+
+    prefill: Callable[..., tuple[jax.Array, Any]]
+    decode: Callable[..., tuple[jax.Array, Any]]
 
 
 class Samples(NamedTuple):
-    """Sampled responses [B, R], their log-probs [B, R] (0 on padding) and mask [B, R]."""
+    """Responses [B, R] (pad_id after EOS), their sampling log-probs [B, R] (0 off the mask)
+    and the response mask [B, R] (True up to and including the first EOS)."""
 
     tokens: jax.Array
     log_probs: jax.Array
     mask: jax.Array
 
 
-class DecodeCarry(NamedTuple):
-    cache: KVCache
-    logits: jax.Array  # [B, V], next-token logits at the last fed position
-    done: jax.Array  # [B] bool, EOS already emitted
-    position: jax.Array  # where the next fed token goes
-
-
-def decode_step(
-    model: TransformerLM,
-    params: dict,
-    temperature: float | jax.Array,
-    carry: DecodeCarry,
-    key: jax.Array,
-) -> tuple[DecodeCarry, tuple[jax.Array, jax.Array, jax.Array]]:
-    """Draw token ~ softmax(logits / temperature), PAD once done, then feed it to the cache."""
-    scaled = jax.nn.log_softmax(carry.logits / temperature, axis=-1)
+def choose(
+    logits: jax.Array, key: jax.Array, done: jax.Array, temperature: Any, pad_id: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """token ~ softmax(logits [B, V] / temperature), pad_id where ``done``; its log-prob (0
+    where done) and whether it is real, each [B]."""
+    scaled = jax.nn.log_softmax(logits / temperature, axis=-1)
     token = jax.random.categorical(key, scaled)
     log_prob = jnp.take_along_axis(scaled, token[:, None], axis=1)[:, 0]
-    real = ~carry.done
-    token = jnp.where(real, token, PAD)
-    log_prob = jnp.where(real, log_prob, 0.0)
-    logits, _, cache = model.apply(params, token[:, None], carry.cache, carry.position)
-    done = carry.done | (token == EOS)
-    return DecodeCarry(cache, logits[:, 0], done, carry.position + 1), (token, log_prob, real)
+    real = ~done
+    return jnp.where(real, token, pad_id), jnp.where(real, log_prob, 0.0), real
 
 
-def sample_responses(
-    model: TransformerLM,
-    params: dict,
+def sample_full(
+    policy_apply: PolicyApply,
+    params: Any,
     prompts: jax.Array,
+    prompt_mask: jax.Array,
     key: jax.Array,
+    *,
     response_len: int,
-    temperature: float | jax.Array,
+    temperature: Any,
+    pad_id: int,
+    eos_id: int,
 ) -> Samples:
-    """Responses [B, R] sampled autoregressively after prompts [B, P]; PAD after EOS."""
+    """Responses [B, R] by full recomputation: R forward passes over [B, P + R]."""
     batch_size, prompt_len = prompts.shape
-    cache = init_cache(
-        batch_size, prompt_len + response_len, model.num_layers, model.d_model, model.num_heads
+    tokens = jnp.concatenate(
+        [prompts, jnp.full((batch_size, response_len), pad_id, prompts.dtype)], axis=1
     )
-    logits, _, cache = model.apply(params, prompts, cache, 0)
-    carry = DecodeCarry(
-        cache, logits[:, -1], jnp.zeros((batch_size,), bool), jnp.asarray(prompt_len)
+    mask = jnp.concatenate(
+        [prompt_mask.astype(bool), jnp.zeros((batch_size, response_len), bool)], axis=1
     )
 
-    def step(carry: DecodeCarry, step_key: jax.Array):
-        return decode_step(model, params, temperature, carry, step_key)
+    def step(carry, inputs):
+        tokens, mask, done = carry
+        index, step_key = inputs
+        logits = policy_apply(params, tokens, mask)
+        last = jax.lax.dynamic_index_in_dim(logits, prompt_len - 1 + index, 1, keepdims=False)
+        token, log_prob, real = choose(last, step_key, done, temperature, pad_id)
+        tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, prompt_len + index, 1)
+        mask = jax.lax.dynamic_update_index_in_dim(mask, real, prompt_len + index, 1)
+        return (tokens, mask, done | (token == eos_id)), (token, log_prob, real)
 
-    _, (tokens, log_probs, mask) = jax.lax.scan(step, carry, jax.random.split(key, response_len))
-    return Samples(tokens.T, log_probs.T, mask.T)
+    start = (tokens, mask, jnp.zeros((batch_size,), bool))
+    inputs = (jnp.arange(response_len), jax.random.split(key, response_len))
+    _, (sampled, log_probs, real) = jax.lax.scan(step, start, inputs)
+    return Samples(sampled.T, log_probs.T, real.T)
+
+
+def sample_cached(
+    hook: KVCacheHook,
+    params: Any,
+    prompts: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    *,
+    response_len: int,
+    temperature: Any,
+    pad_id: int,
+    eos_id: int,
+) -> Samples:
+    """Responses [B, R] through the model's KV cache: one prefill, then R one-token decodes."""
+    batch_size, prompt_len = prompts.shape
+    logits, cache = hook.prefill(params, prompts, prompt_mask, prompt_len + response_len)
+
+    def step(carry, inputs):
+        logits, cache, done = carry
+        index, step_key = inputs
+        token, log_prob, real = choose(logits, step_key, done, temperature, pad_id)
+        logits, cache = hook.decode(params, cache, token, prompt_len + index)
+        return (logits, cache, done | (token == eos_id)), (token, log_prob, real)
+
+    start = (logits, cache, jnp.zeros((batch_size,), bool))
+    inputs = (jnp.arange(response_len), jax.random.split(key, response_len))
+    _, (sampled, log_probs, real) = jax.lax.scan(step, start, inputs)
+    return Samples(sampled.T, log_probs.T, real.T)
 
 
 class TokenStats(NamedTuple):
-    """Per response token [B, R]: log pi(token), entropy of pi, value of the state before it."""
+    """Per response token [B, R]: log pi(token) at the temperature, and the entropy of pi."""
 
     log_probs: jax.Array
     entropy: jax.Array
-    values: jax.Array
+
+
+def sequence(
+    prompts: jax.Array, prompt_mask: jax.Array, responses: jax.Array, response_mask: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The model's input: tokens [B, P + R] and mask [B, P + R]."""
+    tokens = jnp.concatenate([prompts, responses.astype(prompts.dtype)], axis=1)
+    mask = jnp.concatenate([prompt_mask.astype(bool), response_mask.astype(bool)], axis=1)
+    return tokens, mask
 
 
 def response_stats(
-    model: TransformerLM,
-    params: dict,
+    policy_apply: PolicyApply,
+    params: Any,
     prompts: jax.Array,
+    prompt_mask: jax.Array,
     responses: jax.Array,
-    temperature: float | jax.Array,
+    response_mask: jax.Array,
+    temperature: Any,
 ) -> TokenStats:
-    """One full forward pass over [prompt, response]: log softmax(logits / temperature) of each
-    response token, its entropy, and V at the position that predicts it, all [B, R]."""
-    prompt_len = prompts.shape[1]
-    tokens = jnp.concatenate([prompts, responses[:, :-1]], axis=1)
-    logits, values, _ = model.apply(params, tokens)
-    log_softmax = jax.nn.log_softmax(logits[:, prompt_len - 1 :] / temperature, axis=-1)
+    """One forward pass over [prompt, response]: log softmax(logits / temperature) of each
+    response token and its entropy, both [B, R] (the logits at P - 1 + t predict token t)."""
+    prompt_len, response_len = prompts.shape[1], responses.shape[1]
+    tokens, mask = sequence(prompts, prompt_mask, responses, response_mask)
+    logits = policy_apply(params, tokens, mask)[:, prompt_len - 1 : prompt_len - 1 + response_len]
+    log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
     log_probs = jnp.take_along_axis(log_softmax, responses[..., None], axis=-1)[..., 0]
     entropy = -(jnp.exp(log_softmax) * log_softmax).sum(axis=-1)
-    return TokenStats(log_probs, entropy, values[:, prompt_len - 1 :])
+    return TokenStats(log_probs, entropy)
+
+
+def response_values(
+    critic_apply: Callable[[Any, jax.Array, jax.Array], jax.Array],
+    params: Any,
+    prompts: jax.Array,
+    prompt_mask: jax.Array,
+    responses: jax.Array,
+    response_mask: jax.Array,
+) -> jax.Array:
+    """V of the state before each response token [B, R]: the critic's values at P - 1 + t."""
+    prompt_len, response_len = prompts.shape[1], responses.shape[1]
+    tokens, mask = sequence(prompts, prompt_mask, responses, response_mask)
+    values = critic_apply(params, tokens, mask)
+    return values[:, prompt_len - 1 : prompt_len - 1 + response_len]
+
+
+def response_mask(responses: jax.Array, eos_id: int) -> jax.Array:
+    """[B, R] bool: True up to and including the first eos_id (the tokens the policy chose)."""
+    is_eos = responses == eos_id
+    return (jnp.cumsum(is_eos, axis=1) - is_eos) == 0

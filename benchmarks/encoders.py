@@ -1,0 +1,144 @@
+"""Policy architectures: CNN against MLP on MinAtar, and what a recurrent core costs.
+
+    python benchmarks/encoders.py [--timesteps 10000000] [--seeds 1] [--cartpole-timesteps
+        500000] [--repeats 2] [--out benchmarks/results] [--tag cpu-2core]
+
+MinAtar part: Breakout-MinAtar and Asterix-MinAtar, each trained with the CNN encoder
+(MinAtar's one 3x3 conv of 16 channels, then a 128-unit layer) and with an MLP (256-256), both
+relu, 64 envs x 128 steps, 4 epochs x 8 minibatches, lr 5e-4, ``--timesteps`` env steps
+(the learning rate anneals over them, so shorter runs are complete runs, not truncated ones).
+Reported per run: the mean episode return of the last 10 updates per seed, and env steps/s of
+the compiled run (compile timed apart).
+
+Recurrent part (run first): the classic CartPole config (4 envs x 128 steps, 4 x 4)
+feed-forward, with a GRU and with an LSTM of 64 units, ``--cartpole-timesteps`` steps:
+compile time, steps/s (median of ``--repeats`` runs with fresh keys) and final returns. The
+JSON is rewritten after every result, so a long run that is stopped keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from throughput import machine_description  # noqa: E402
+
+import ppojax  # noqa: E402
+
+MINATAR_ENVS = ("Breakout-MinAtar", "Asterix-MinAtar")
+MINATAR = {
+    "num_envs": 64,
+    "num_steps": 128,
+    "update_epochs": 4,
+    "num_minibatches": 8,
+    "learning_rate": 5e-4,
+    "activation": "relu",
+}
+ENCODERS = {
+    "cnn": {"encoder": "cnn", "cnn_channels": (16,), "hidden_sizes": (128,)},
+    "mlp": {"encoder": "mlp", "hidden_sizes": (256, 256)},
+}
+CORES = {
+    "feed-forward": {},
+    "gru-64": {"recurrent": "gru", "recurrent_size": 64},
+    "lstm-64": {"recurrent": "lstm", "recurrent_size": 64},
+}
+
+
+def timed_runs(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
+    """jit(vmap(train)) over ``seeds`` keys: compiled once (timed), run ``repeats`` times."""
+    train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
+    keys = jax.random.split(jax.random.key(0), seeds)
+    start = time.perf_counter()
+    compiled = train_seeds.lower(config, keys).compile()
+    compile_seconds = time.perf_counter() - start
+    seconds, out = [], None
+    for repeat in range(repeats):
+        keys = jax.random.split(jax.random.key(repeat), seeds)
+        start = time.perf_counter()
+        out = jax.block_until_ready(compiled(config, keys))
+        seconds.append(time.perf_counter() - start)
+    steps = seeds * config.num_updates * config.batch_size
+    returns = np.nanmean(np.asarray(out.metrics["episode_return"])[:, -10:], axis=1)
+    return {
+        "seeds": seeds,
+        "env_steps": steps,
+        "compile_seconds": round(compile_seconds, 2),
+        "run_seconds": [round(value, 2) for value in seconds],
+        "env_steps_per_second": round(steps / statistics.median(seconds)),
+        "final_return_last_10_updates_per_seed": [round(float(r), 2) for r in returns],
+    }
+
+
+def minatar_results(timesteps: int, seeds: int, save: Callable[[], None]) -> Iterator[dict]:
+    """CNN and MLP on each MinAtar env; ``save`` runs after each result (long runs)."""
+    for env_id in MINATAR_ENVS:
+        for name, settings in ENCODERS.items():
+            config = ppojax.PPOConfig(
+                env_id=env_id, total_timesteps=timesteps, **MINATAR, **settings
+            )
+            result = {"env_id": env_id, "encoder": name, **settings, **timed_runs(config, seeds, 1)}
+            print(json.dumps(result), flush=True)
+            yield result
+            save()
+
+
+def recurrent_results(timesteps: int, repeats: int, save: Callable[[], None]) -> Iterator[dict]:
+    """Feed-forward, GRU and LSTM policies on the classic CartPole config."""
+    for name, settings in CORES.items():
+        config = ppojax.PPOConfig(total_timesteps=timesteps, **settings)
+        result = {"core": name, **settings, **timed_runs(config, 1, repeats)}
+        print(json.dumps(result), flush=True)
+        yield result
+        save()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timesteps", type=int, default=10_000_000)
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--cartpole-timesteps", type=int, default=500_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-minatar", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
+    parser.add_argument("--note", default="", help="recorded in the JSON (e.g. machine load)")
+    args = parser.parse_args()
+    report = {
+        "benchmark": "encoders",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
+        "machine": machine_description(),
+        "note": args.note,
+        "minatar_config": {**MINATAR, "total_timesteps": args.timesteps},
+        "recurrent_cartpole": [],
+        "minatar": [],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"encoders-{args.tag}.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {path}", flush=True)
+
+    for result in recurrent_results(args.cartpole_timesteps, args.repeats, save):
+        report["recurrent_cartpole"].append(result)
+    if not args.skip_minatar:
+        for result in minatar_results(args.timesteps, args.seeds, save):
+            report["minatar"].append(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The loss of one RLHF minibatch: clipped surrogate (asymmetric clip), KL in the loss when
+asked, entropy, and for PPO the clipped value loss; aggregated per token or per sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ppojax import losses
+from ppojax.rlhf.advantages import kl_estimate
+from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.sampling import PolicyApply, response_stats, response_values
+
+
+class RLHFBatch(NamedTuple):
+    """One prompt-response pair per row: prompts and prompt_mask [N, P], the rest [N, R]."""
+
+    prompts: jax.Array
+    prompt_mask: jax.Array
+    responses: jax.Array
+    mask: jax.Array
+    log_probs: jax.Array  # of the sampling policy, from the same forward pass as the loss's
+    ref_log_probs: jax.Array
+    advantages: jax.Array
+    values: jax.Array  # the critic's at sampling time (zeros without a critic)
+    returns: jax.Array
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
+    """A scalar from per-token terms [N, R]: "token"/"dapo" sum / real tokens; "sequence"/
+    "grpo" mean over rows of (row sum / row length); "dr_grpo" sum / (N * R)."""
+    mask = mask.astype(per_token.dtype)
+    if mode in ("token", "dapo"):
+        return losses.masked_mean(per_token, mask)
+    if mode in ("sequence", "grpo"):
+        lengths = jnp.maximum(mask.sum(axis=1), 1.0)
+        return ((per_token * mask).sum(axis=1) / lengths).mean()
+    return (per_token * mask).sum() / per_token.size
+
+
+class LossParts(NamedTuple):
+    """What the loss needs besides the minibatch: the models, the coefficients of this step."""
+
+    policy_apply: PolicyApply
+    critic_apply: Callable[[Any, jax.Array, jax.Array], jax.Array] | None
+    policy_params: Callable[[dict], Any]  # trained params -> the policy's full params
+    kl_coef: jax.Array
+    policy_on: jax.Array  # 0.0 during critic warm-up, else 1.0
+
+
+def policy_terms(
+    config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The policy's part of the loss, -clipped surrogate (+ beta KL with kl_in="loss")
+    - ent_coef H, and its metrics."""
+    mask = batch.mask
+    stats = response_stats(
+        parts.policy_apply,
+        parts.policy_params(params),
+        batch.prompts,
+        batch.prompt_mask,
+        batch.responses,
+        mask,
+        config.temperature,
+    )
+    log_ratio = jnp.where(mask, stats.log_probs - batch.log_probs, 0.0)
+    per_token = -losses.clipped_objective(
+        log_ratio, batch.advantages, config.clip_eps, config.upper_clip_eps
+    )
+    if config.kl_in == "loss":
+        kl = kl_estimate(stats.log_probs, batch.ref_log_probs, config.kl_estimator)
+        per_token = per_token + parts.kl_coef * kl
+    policy_loss = aggregate(per_token, mask, config.loss_aggregation)
+    entropy = losses.entropy_bonus(stats.entropy, mask)
+    ratio = jnp.exp(log_ratio)
+    clipped = (ratio < 1.0 - config.clip_eps) | (ratio > 1.0 + config.upper_clip_eps)
+    metrics = {
+        "loss/policy_avg": policy_loss,
+        "policy/entropy_avg": entropy,
+        "policy/approxkl_avg": jax.lax.stop_gradient(losses.approx_kl(log_ratio, mask)),
+        "policy/clipfrac_avg": losses.masked_mean(clipped.astype(jnp.float32), mask),
+        "val/ratio": jax.lax.stop_gradient(losses.masked_mean(ratio, mask)),
+    }
+    return parts.policy_on * (policy_loss - config.ent_coef * entropy), metrics
+
+
+def rlhf_loss(
+    config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Total loss of a minibatch: policy terms, plus vf_coef * clipped value loss for PPO
+    (the critic's own params, or the policy's when the critic is a value head on it)."""
+    total, metrics = policy_terms(config, parts, params, batch)
+    if parts.critic_apply is None:
+        return total, metrics
+    critic_params = params["critic"] if "critic" in params else parts.policy_params(params)
+    values = response_values(
+        parts.critic_apply,
+        critic_params,
+        batch.prompts,
+        batch.prompt_mask,
+        batch.responses,
+        batch.mask,
+    )
+    value_loss = losses.value_loss(
+        values, batch.values, batch.returns, config.vf_clip_eps, batch.mask
+    )
+    return total + config.vf_coef * value_loss, {**metrics, "loss/value_avg": value_loss}

@@ -1,0 +1,163 @@
+"""The rollout of one RLHF step: sample, score, KL to the reference, advantages, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ppojax import losses
+from ppojax.rlhf import advantages as adv
+from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.objective import RLHFBatch
+from ppojax.rlhf.sampling import (
+    KVCacheHook,
+    PolicyApply,
+    Samples,
+    response_stats,
+    response_values,
+    sample_cached,
+    sample_full,
+)
+
+
+class Rollout(NamedTuple):
+    """The update's batch [N, ...] and what the step logs about it."""
+
+    batch: RLHFBatch
+    rewards: jax.Array  # [num_reward_fns, N], unweighted
+    scores: jax.Array  # [N]: weighted sum, minus missing_eos_penalty
+    kl: jax.Array  # [N, R]: k1 log pi - log pi_ref on real tokens, 0 elsewhere
+    penalty_kl: jax.Array  # [N, R]: config.kl_estimator's estimate on real tokens
+    entropy: jax.Array  # [N, R]: of the sampling policy
+    emitted_eos: jax.Array  # [N] bool
+
+
+def sample(
+    config: RLHFConfig,
+    policy_apply: PolicyApply,
+    kv_cache: KVCacheHook | None,
+    params: Any,
+    prompts: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+) -> Samples:
+    """Responses [N, R] from the model's KV-cache hook if it has one, else by recomputation."""
+    options = dict(
+        response_len=config.response_len,
+        temperature=config.temperature,
+        pad_id=config.pad_id,
+        eos_id=config.eos_id,
+    )
+    if kv_cache is not None:
+        return sample_cached(kv_cache, params, prompts, prompt_mask, key, **options)
+    return sample_full(policy_apply, params, prompts, prompt_mask, key, **options)
+
+
+def score(
+    config: RLHFConfig,
+    reward_fns: tuple[Callable[..., jax.Array], ...],
+    batch: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Unweighted rewards [F, N], the weighted score minus the missing-EOS penalty [N], and
+    which responses emitted EOS [N]."""
+    prompts, prompt_mask, responses, mask = batch
+    rewards = jnp.stack([jnp.asarray(fn(*batch), jnp.float32) for fn in reward_fns])
+    weights = config.reward_weights or (1.0,) * len(reward_fns)
+    emitted_eos = ((responses == config.eos_id) & mask).any(axis=1)
+    penalty = jnp.where(emitted_eos, 0.0, config.missing_eos_penalty)
+    return rewards, jnp.asarray(weights, jnp.float32) @ rewards - penalty, emitted_eos
+
+
+def advantages_and_returns(
+    config: RLHFConfig,
+    scores: jax.Array,
+    penalty_kl: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    kl_coef: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """[N, R] each. PPO: GAE of r_t = -beta KL_t (kl_in="reward") + score at the end, then
+    whitened when asked. GRPO / RLOO: the sequence advantage of score - beta sum_t KL_t (or of
+    the score alone with kl_in="loss") on every real token; returns are unused (0)."""
+    beta = kl_coef if config.kl_in == "reward" else 0.0
+    if config.needs_critic:
+        rewards = adv.token_rewards(scores, penalty_kl, mask, beta)
+        advantages, returns = adv.token_advantages(
+            rewards, values, mask, config.gamma, config.gae_lambda
+        )
+        if config.whiten_advantages:
+            advantages = adv.whiten(advantages, mask)
+        return jnp.where(mask, advantages, 0.0), returns
+    sequence_rewards = scores - beta * jnp.where(mask, penalty_kl, 0.0).sum(axis=1)
+    per_row = adv.sequence_advantages(
+        config.algorithm, sequence_rewards, config.group_size, config.group_std
+    )
+    return jnp.where(mask, per_row[:, None], 0.0), jnp.zeros_like(values)
+
+
+def collect(
+    config: RLHFConfig,
+    models: tuple[PolicyApply, Any, KVCacheHook | None],
+    reward_fns: tuple[Callable[..., jax.Array], ...],
+    full_policy: Callable[[dict], Any],
+    state: Any,
+    prompts: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+) -> Rollout:
+    """Each prompt [B, P] repeated group_size times (rows of one prompt adjacent), answered,
+    scored and turned into an ``RLHFBatch`` of N = B * group_size rows. The old log-probs come
+    from the same full forward pass the loss uses, so the first ratio is 1."""
+    policy_apply, critic_apply, kv_cache = models
+    prompts = jnp.repeat(prompts, config.group_size, axis=0)
+    prompt_mask = jnp.repeat(prompt_mask.astype(bool), config.group_size, axis=0)
+    policy = full_policy(state.params)
+    samples = sample(config, policy_apply, kv_cache, policy, prompts, prompt_mask, key)
+    rows = (prompts, prompt_mask, samples.tokens, samples.mask)
+    mask = samples.mask
+    stats = response_stats(policy_apply, policy, *rows, config.temperature)
+    reference = response_stats(policy_apply, state.reference, *rows, config.temperature)
+    if critic_apply is not None:
+        critic = state.params.get("critic", policy)
+        values = response_values(critic_apply, critic, *rows)
+    else:
+        values = jnp.zeros(mask.shape, jnp.float32)
+    rewards, scores, emitted_eos = score(config, reward_fns, rows)
+    penalty_kl = jnp.where(
+        mask, adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator), 0.0
+    )
+    advantages, returns = advantages_and_returns(
+        config, scores, penalty_kl, values, mask, state.kl_coef
+    )
+    batch = RLHFBatch(*rows, stats.log_probs, reference.log_probs, advantages, values, returns)
+    kl = jnp.where(mask, stats.log_probs - reference.log_probs, 0.0)
+    return Rollout(batch, rewards, scores, kl, penalty_kl, stats.entropy, emitted_eos)
+
+
+def rollout_metrics(
+    config: RLHFConfig, rollout: Rollout, kl_coef: jax.Array, names: tuple[str, ...]
+) -> dict[str, jax.Array]:
+    """Scalars named as TRL names them where they mean the same (see ``METRICS``)."""
+    batch = rollout.batch
+    kl = rollout.kl.sum(axis=1)
+    non_score = -kl_coef * rollout.penalty_kl.sum(axis=1)
+    metrics = {
+        "objective/scores": rollout.scores.mean(),
+        "objective/kl": kl.mean(),
+        "objective/entropy": losses.masked_mean(rollout.entropy, batch.mask),
+        "objective/non_score_reward": non_score.mean(),
+        "objective/rlhf_reward": (rollout.scores + non_score).mean(),
+        "objective/kl_coef": kl_coef,
+        "completions/mean_length": batch.mask.sum(axis=1).mean(),
+        "completions/eos_fraction": rollout.emitted_eos.mean(),
+    }
+    for name, values in zip(names, rollout.rewards, strict=True):
+        metrics[f"rewards/{name}/mean"] = values.mean()
+    if config.needs_critic:
+        metrics["val/explained_variance"] = losses.explained_variance(
+            batch.values, batch.returns, batch.mask
+        )
+    return metrics

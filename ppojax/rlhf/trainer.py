@@ -1,0 +1,216 @@
+"""``make_trainer``: the RLHF step for the user's LM, critic and rewards, as pure init/step.
+
+    trainer = make_trainer(config, policy_apply, reward_fns, critic_apply=None)
+    state = trainer.init(policy_params, key, critic_params=None)
+    state, metrics = trainer.step(state, prompts, prompt_mask, key)
+
+One step: repeat each prompt ``group_size`` times, sample responses, recompute their log-probs
+under the policy and the frozen reference (the initial params; with LoRA the base), score
+them with the weighted reward functions, turn scores and KL into advantages (PPO: token GAE on
+the critic's values; GRPO: group-normalized; RLOO: leave-one-out), run ``ppo_epochs`` x
+``num_minibatches`` clipped updates through ``ppojax.update.run_epochs``, then the KL
+controller. Every array of the state and every traced config field can be vmapped.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from ppojax.config import ConfigError
+from ppojax.rlhf import lora
+from ppojax.rlhf.advantages import update_kl_coef
+from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.objective import LossParts, RLHFBatch, rlhf_loss
+from ppojax.rlhf.rollout import collect, rollout_metrics
+from ppojax.rlhf.sampling import KVCacheHook, PolicyApply
+from ppojax.update import OptimizerCarry, run_epochs
+
+RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+CriticApply = Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+
+@struct.dataclass
+class RLHFState:
+    """Arrays only. ``params``: {"policy"} (the full params, or the LoRA adapters) and
+    {"critic"} when the critic has its own; ``reference``: the frozen initial policy params
+    (with LoRA the base, which the adapters add to); beta; the step count."""
+
+    params: dict
+    opt_state: optax.OptState
+    reference: Any
+    kl_coef: jax.Array
+    step: jax.Array
+
+
+class Trainer(NamedTuple):
+    """Pure ``init(policy_params, key, critic_params=None) -> RLHFState`` and
+    ``step(state, prompts [B, P], prompt_mask [B, P], key) -> (state, metrics)``."""
+
+    init: Callable[..., RLHFState]
+    step: Callable[..., tuple[RLHFState, dict[str, jax.Array]]]
+    reward_names: tuple[str, ...]
+    config: RLHFConfig
+
+
+def make_optimizer(config: RLHFConfig) -> optax.GradientTransformation:
+    """Global-norm clipping at max_grad_norm, then Adam at learning_rate."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.learning_rate)
+    )
+
+
+def reward_names(reward_fns: Sequence[RewardFn]) -> tuple[str, ...]:
+    """Each function's __name__ (``reward_<i>`` for lambdas and partials), made unique."""
+    names: list[str] = []
+    for index, fn in enumerate(reward_fns):
+        name = getattr(fn, "__name__", "<lambda>")
+        name = f"reward_{index}" if name == "<lambda>" or name in names else name
+        names.append(name)
+    return tuple(names)
+
+
+def check_inputs(
+    config: RLHFConfig, reward_fns: Sequence[RewardFn], critic_apply: CriticApply | None
+) -> None:
+    """ConfigError naming what is missing or does not fit."""
+    if not reward_fns or not all(callable(fn) for fn in reward_fns):
+        raise ConfigError(
+            "reward_fns", "make_trainer needs a reward function or a non-empty list of them."
+        )
+    weights = config.reward_weights
+    if weights is not None and len(weights) != len(reward_fns):
+        raise ConfigError(
+            "reward_weights",
+            f"RLHFConfig.reward_weights has {len(weights)} weights for {len(reward_fns)} "
+            "reward functions; give one weight per function.",
+        )
+    if config.needs_critic and critic_apply is None:
+        raise ConfigError(
+            "critic_apply",
+            "algorithm='ppo' needs critic_apply(params, tokens, mask) -> values [B, L]; pass "
+            "one, or choose algorithm='grpo' or 'rloo', which need no critic.",
+        )
+
+
+def policy_params_fn(config: RLHFConfig, reference: Any) -> Callable[[dict], Any]:
+    """Trained params -> the policy's full params: the params themselves, or base + LoRA."""
+    if not config.lora_rank:
+        return lambda params: params["policy"]
+    scale = config.lora_alpha / config.lora_rank
+    return lambda params: lora.merge(reference, params["policy"], scale)
+
+
+def make_trainer(
+    config: RLHFConfig,
+    policy_apply: PolicyApply,
+    reward_fns: RewardFn | Sequence[RewardFn],
+    critic_apply: CriticApply | None = None,
+    kv_cache: KVCacheHook | None = None,
+) -> Trainer:
+    """The trainer for ``config.algorithm``. ``reward_fns``: one jittable
+    ``reward_fn(prompts, prompt_mask, responses, response_mask) -> [B]`` or a list, summed
+    with ``config.reward_weights``. ``critic_apply`` (PPO): ``(params, tokens, mask) ->
+    values [B, L]``; without critic params at init it reads the policy's (a value head).
+    ``kv_cache``: the model's fast sampler; without one every step recomputes in full."""
+    fns = (reward_fns,) if callable(reward_fns) else tuple(reward_fns)
+    check_inputs(config, fns, critic_apply)
+    optimizer = make_optimizer(config)
+
+    def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
+        """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen
+        reference and beta = config.kl_coef."""
+        if config.lora_rank:
+            policy = lora.init_adapters(policy_params, config.lora_targets, config.lora_rank, key)
+        else:
+            policy = policy_params
+        params = {"policy": policy}
+        if critic_params is not None:
+            params["critic"] = critic_params
+        return RLHFState(
+            params=params,
+            opt_state=optimizer.init(params),
+            reference=policy_params,
+            kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
+            step=jnp.int32(0),
+        )
+
+    models = (policy_apply, critic_apply if config.needs_critic else None, kv_cache)
+
+    def step(
+        state: RLHFState, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array
+    ) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """One RLHF iteration on left-padded prompts [B, P] with mask [B, P]."""
+        return train_step(config, models, fns, optimizer, state, prompts, prompt_mask, key)
+
+    return Trainer(init, step, reward_names(fns), config)
+
+
+def train_step(
+    config: RLHFConfig,
+    models: tuple[PolicyApply, CriticApply | None, KVCacheHook | None],
+    reward_fns: tuple[RewardFn, ...],
+    optimizer: optax.GradientTransformation,
+    state: RLHFState,
+    prompts: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+) -> tuple[RLHFState, dict[str, jax.Array]]:
+    """One RLHF iteration on left-padded prompts [B, P] with mask [B, P]; see the module."""
+    policy_apply, critic_apply, _ = models
+    sample_key, update_key = jax.random.split(key)
+    full_policy = policy_params_fn(config, state.reference)
+    rollout = collect(
+        config, models, reward_fns, full_policy, state, prompts, prompt_mask, sample_key
+    )
+    warm = state.step >= config.critic_warmup_steps
+    parts = LossParts(
+        policy_apply, critic_apply, full_policy, state.kl_coef, warm.astype(jnp.float32)
+    )
+    carry, update_metrics = run_epochs(
+        functools.partial(rlhf_loss, config, parts),
+        optimizer,
+        OptimizerCarry(state.params, state.opt_state),
+        rollout.batch,
+        update_key,
+        num_epochs=config.ppo_epochs,
+        num_minibatches=config.num_minibatches,
+    )
+    names = reward_names(reward_fns)
+    metrics = {**rollout_metrics(config, rollout, state.kl_coef, names), **update_metrics}
+    kl_coef = state.kl_coef
+    if config.adaptive_kl:
+        kl_coef = update_kl(config, kl_coef, metrics["objective/kl"], rollout.batch)
+    state = state.replace(
+        params=carry.params, opt_state=carry.opt_state, kl_coef=kl_coef, step=state.step + 1
+    )
+    return state, metrics
+
+
+def update_kl(config: RLHFConfig, kl_coef: jax.Array, kl: jax.Array, batch: RLHFBatch) -> jax.Array:
+    """The adaptive controller on this step's sequence KL, n = the rows of the batch."""
+    rows = batch.responses.shape[0]
+    return update_kl_coef(kl_coef, kl, config.target_kl, config.kl_horizon, rows)
+
+
+def run_steps(
+    trainer: Trainer,
+    state: RLHFState,
+    prompt_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]],
+    key: jax.Array,
+    num_steps: int,
+) -> tuple[RLHFState, dict[str, jax.Array]]:
+    """``num_steps`` trainer steps (``lax.scan``), each on ``prompt_fn(key) -> (prompts,
+    prompt_mask)``; metrics [num_steps] each."""
+
+    def step(state: RLHFState, step_key: jax.Array):
+        prompt_key, train_key = jax.random.split(step_key)
+        return trainer.step(state, *prompt_fn(prompt_key), train_key)
+
+    return jax.lax.scan(step, state, jax.random.split(key, num_steps))
