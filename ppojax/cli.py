@@ -378,7 +378,7 @@ def check_seed_flags(args: argparse.Namespace) -> None:
 def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> int:
     """``ppojax train`` and ``ppojax sweep``: train, fill the run folder, print the result."""
     from ppojax import io
-    from ppojax.experiment import Experiment, run_experiment
+    from ppojax.experiment import Experiment, check_env, run_experiment
 
     if args.resume is not None:
         result = resume(args)
@@ -386,6 +386,8 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
         check_seed_flags(args)
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)
+        io.check_out_dir(args.out)
+        check_env(experiment.config)  # an env that cannot be built leaves no empty folder
         run_dir = io.new_run_dir(args.out, experiment.config.env_id)
         print(f"run folder: {run_dir}", flush=True)
         result = run_experiment(experiment, run_dir, options)

@@ -456,7 +456,9 @@ class ChunkHandler:
             description = f"{config.env_id} x{experiment.num_runs}"
             self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
         if run_dir is not None:
-            self.checkpoints = io.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
+            self.checkpoints = io.open_checkpoints(
+                run_dir, options.keep_checkpoints, clean=True, record=run_record(experiment)
+            )
             if options.tensorboard:
                 self.tensorboard = TensorBoardLog(run_dir, self.runs)
 
@@ -531,6 +533,8 @@ def run_experiment(
         run_dir = Path(run_dir)
         if (run_dir / io.CONFIG_FILE).exists():
             raise ValueError(f"{run_dir} already holds a run: resume it or train into a new folder")
+        io.check_out_dir(run_dir)
+        check_env(experiment.config)
         run_dir.mkdir(parents=True, exist_ok=True)
         io.write_json(run_dir / io.CONFIG_FILE, io.config_to_dict(experiment.config))
         io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
@@ -541,14 +545,23 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
     """Continue the run in ``run_dir`` from its newest complete checkpoint to the end. The
     result is the same as the uninterrupted run's: the chunks run the same compiled program.
 
-    A checkpoint that does not read back (truncated, changed, half deleted) is passed over
-    for the one before it, with a ``CheckpointWarning``, and moved to
-    ``checkpoints-unreadable/``; with no complete checkpoint the run starts again at update 0.
-    Metric rows written after the checkpoint are dropped."""
+    Nothing in the folder changes until every file it needs reads back: config.json and
+    run.json that no longer match the checkpoints (an edited num_envs) raise
+    ``RunMismatchError`` naming the fields; a damaged config.json, run.json or metrics.csv
+    raises ``ValueError`` naming the file and field. A checkpoint that does not read back
+    (truncated, changed, half deleted) is passed over for the one before it, with a
+    ``CheckpointWarning``, and moved to ``checkpoints-unreadable/``; with no complete
+    checkpoint the run starts again at update 0. Metric rows written after the checkpoint are
+    dropped."""
     run_dir = Path(run_dir)
     experiment, saved_options = read_experiment(run_dir)
     options = options or saved_options
+    check_record(run_dir, experiment)
     state, step, unreadable = io.restore_newest(run_dir, state_template(experiment))
+    metrics_path = run_dir / io.METRICS_FILE
+    history: dict[str, np.ndarray] = {}
+    if step > 0:
+        header, rows, history = io.metrics_until(metrics_path, step, experiment.num_runs)
     for path in io.set_aside(run_dir, unreadable):
         warnings.warn(f"moved the unreadable checkpoint to {path}", io.CheckpointWarning, 2)
     if state is None:
@@ -558,12 +571,10 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
             stacklevel=2,
         )
         state = init_states(experiment)
-    metrics_path = run_dir / io.METRICS_FILE
-    history: dict[str, np.ndarray] = {}
-    if metrics_path.exists():
-        io.truncate_metrics(metrics_path, step)
-        if step > 0:
-            history = io.read_metrics(metrics_path)[1]
+    if step > 0:
+        io.write_metrics(metrics_path, header, rows)
+    else:  # from update 0 the rows so far (perhaps one cut short) are all dropped
+        metrics_path.unlink(missing_ok=True)
     return continue_experiment(experiment, run_dir, options, state, step, history)
 
 
@@ -637,20 +648,78 @@ def run_settings(experiment: Experiment, options: RunOptions) -> dict[str, Any]:
     }
 
 
+def _is_int(value: Any, low: int, high: float = math.inf) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _is_grid(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(values, list) and values and all(type(item) in (int, float) for item in values)
+        for values in value.values()
+    )
+
+
+# run.json's fields: (what each must be, its check).
+RUN_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "seeds": ("a positive int", lambda value: _is_int(value, 1)),
+    "seed": (f"an int in [0, {MAX_SEED}]", lambda value: _is_int(value, 0, MAX_SEED)),
+    "grid": (
+        "an object of PPOConfig fields to lists of numbers ({} for none)",
+        _is_grid,
+    ),
+    "checkpoint_every": ("a positive int or null", lambda v: v is None or _is_int(v, 1)),
+    "keep_checkpoints": ("a positive int or null (all)", lambda v: v is None or _is_int(v, 1)),
+    "tensorboard": ("true or false", lambda value: type(value) is bool),
+}
+
+
+def read_run_settings(path: Path) -> dict[str, Any]:
+    """run.json, every field checked; a ``ValueError`` naming the file and the field."""
+    settings = io.read_json_object(path, "run settings (seeds, seed, grid, checkpoints)")
+    for name, (kind, valid) in RUN_FIELDS.items():
+        if name not in settings:
+            raise ValueError(f"{path} has no field {name!r} ({kind})")
+        if not valid(settings[name]):
+            raise ValueError(f"{path}: field {name!r} must be {kind}, got {show(settings[name])}")
+    return settings
+
+
+def env_modules_of(path: Path, settings: dict[str, Any]) -> tuple[str, ...]:
+    """run.json's ``env_modules`` (absent in run folders from before it existed: none)."""
+    modules = settings.get("env_modules", [])
+    if not isinstance(modules, list) or not all(isinstance(name, str) for name in modules):
+        raise ValueError(f"{path}: field 'env_modules' must be a list of module names")
+    return tuple(modules)
+
+
+def read_config(path: Path) -> PPOConfig:
+    """config.json as a validated PPOConfig; errors name the file."""
+    settings = io.read_json_object(path, "PPOConfig fields")
+    try:
+        return io.config_from_dict(settings)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
 def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
-    """The experiment and options a run folder was started with; the env modules it records
-    are imported first when its env id is not registered yet."""
+    """The experiment and options a run folder was started with; a ``ValueError`` naming the
+    file and field when config.json or run.json is missing, empty or damaged. The env modules
+    run.json records are imported first when the env id is not registered yet."""
     run_dir = Path(run_dir)
-    if not (run_dir / io.CONFIG_FILE).exists() or not (run_dir / io.RUN_FILE).exists():
+    if not (run_dir / io.CONFIG_FILE).exists() and not (run_dir / io.RUN_FILE).exists():
         raise ValueError(f"{run_dir} is not a ppojax run folder (no config.json / run.json)")
-    settings = io.read_json(run_dir / io.RUN_FILE)
-    modules = tuple(settings.get("env_modules", ()))
-    saved = io.read_json(run_dir / io.CONFIG_FILE)
+    path = run_dir / io.RUN_FILE
+    settings = read_run_settings(path)
+    modules = env_modules_of(path, settings)
+    saved = io.read_json_object(run_dir / io.CONFIG_FILE, "PPOConfig fields")
     if not env_id_known(saved.get("env_id", "CartPole-v1")):
-        import_env_modules(modules, str(run_dir / io.RUN_FILE))
-    config = io.config_from_dict(saved)
+        import_env_modules(modules, str(path))
+    config = read_config(run_dir / io.CONFIG_FILE)
     grid = {name: tuple(values) for name, values in settings["grid"].items()}
-    experiment = Experiment(config, settings["seeds"], settings["seed"], grid)
+    try:
+        experiment = Experiment(config, settings["seeds"], settings["seed"], grid)
+    except ValueError as error:
+        raise ValueError(f"{path}: field 'grid': {error}") from None
     options = RunOptions(
         checkpoint_every=settings["checkpoint_every"],
         keep_checkpoints=settings["keep_checkpoints"],
@@ -658,6 +727,71 @@ def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
         env_modules=modules,
     )
     return experiment, options
+
+
+class RunMismatchError(ValueError):
+    """config.json or run.json no longer matches the checkpoints of its run folder."""
+
+
+def run_record(experiment: Experiment) -> dict[str, Any]:
+    """What fixes a run's state, as saved in each checkpoint's manifest: every config field
+    and the seeds, base seed and grid of run.json."""
+    return {
+        "config": io.config_to_dict(experiment.config),
+        "seeds": experiment.seeds,
+        "seed": experiment.seed,
+        "grid": {name: list(values) for name, values in experiment.grid.items()},
+    }
+
+
+def record_differences(
+    now: dict[str, Any], saved: dict[str, Any]
+) -> list[tuple[str, str, Any, Any]]:
+    """(file, field, value now, value saved) for each field of ``now`` that ``saved`` holds
+    with another value (a field only one of them knows, from another ppojax version, is not
+    compared)."""
+    saved_config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+    pairs = [
+        (io.CONFIG_FILE, name, value, saved_config.get(name, value))
+        for name, value in now["config"].items()
+    ]
+    pairs += [
+        (io.RUN_FILE, name, now[name], saved.get(name, now[name]))
+        for name in ("seeds", "seed", "grid")
+    ]
+    return [pair for pair in pairs if pair[2] != pair[3]]
+
+
+def check_record(run_dir: Path, experiment: Experiment) -> None:
+    """Raise ``RunMismatchError`` naming the fields when config.json or run.json differ from
+    what the checkpoints of ``run_dir`` were saved with (read-only)."""
+    now = run_record(experiment)
+    for step, saved in io.checkpoint_records(run_dir):
+        differences = record_differences(now, saved)
+        if differences:
+            raise RunMismatchError(mismatch_message(run_dir, step, differences))
+
+
+def mismatch_message(run_dir: Path, step: int, differences: list[tuple[str, str, Any, Any]]) -> str:
+    """What differs between the run folder's files and its checkpoint ``step``, and the fix."""
+    files = " and ".join(sorted({file for file, *_ in differences}))
+    changed = "; ".join(
+        f"{name} is {now!r} in {file}, {saved!r} in checkpoint {step}"
+        for file, name, now, saved in differences
+    )
+    restore = ", ".join(f"{name} {saved!r}" for _, name, _, saved in differences)
+    verb = "match" if " and " in files else "matches"
+    return (
+        f"{run_dir}: {files} no longer {verb} the run's checkpoints: {changed}. Nothing was "
+        f"changed. To resume, restore {files} ({restore}); to train with the new settings, "
+        f"start a new run with --config {run_dir / io.CONFIG_FILE}"
+    )
+
+
+def check_env(config: PPOConfig) -> None:
+    """Build ``config``'s env and networks, so that one that cannot be built (an env that
+    downloads its data, offline) fails before a run folder is made."""
+    make_agent(config)
 
 
 def point_label(point: dict[str, float]) -> str:

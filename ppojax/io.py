@@ -57,13 +57,46 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(temp_name, path)
 
 
+def read_text(path: Path) -> str:
+    """The text of a run-folder file; a ``ValueError`` naming the file when it is missing,
+    unreadable, not UTF-8 or empty."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing") from None
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not text (UTF-8)") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty")
+    return text
+
+
 def read_json(path: Path) -> Any:
-    """The JSON in ``path``; a ``ValueError`` naming the file when it is not valid JSON."""
-    with open(path) as file:
-        try:
-            return json.load(file)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
+    """The JSON in ``path``; a ``ValueError`` naming the file when it is missing, empty or not
+    valid JSON."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+
+
+def read_json_object(path: Path, holds: str) -> dict[str, Any]:
+    """The JSON object in ``path``, which ``holds`` the named content (for the error)."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object of {holds}, got {json_kind(data)}")
+    return data
+
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (for errors)."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true or false"}
+    if value is None:
+        return "null"
+    return kinds.get(type(value), "a number")
 
 
 def _plain(value: Any) -> Any:
@@ -165,8 +198,19 @@ def config_from_file(path: Path, **overrides: Any) -> PPOConfig:
         raise
 
 
+def check_out_dir(out: Path) -> None:
+    """Raise ``ValueError`` unless ``out`` is a folder or can be made one (no file in the way)."""
+    for folder in (Path(out), *Path(out).parents):
+        if folder.exists() and not folder.is_dir():
+            where = f"--out {out}" if folder == Path(out) else f"--out {out}: {folder}"
+            raise ValueError(
+                f"{where} is a file, not a folder; give a folder for the run folders (runs/)"
+            )
+
+
 def new_run_dir(out: Path, env_id: str) -> Path:
     """A fresh folder ``out/<env_id>-<UTC time>`` (suffixed -2, -3, ... if taken)."""
+    check_out_dir(out)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     base = Path(out) / f"{env_id.replace('/', '-')}-{stamp}"
     candidate, number = base, 1
@@ -177,6 +221,8 @@ def new_run_dir(out: Path, env_id: str) -> Path:
         except FileExistsError:
             number += 1
             candidate = base.with_name(f"{base.name}-{number}")
+        except OSError as error:
+            raise ValueError(f"--out {out}: cannot make the run folder: {error.strerror}") from None
 
 
 def metric_rows(
@@ -214,45 +260,117 @@ def append_metrics(path: Path, header: Sequence[str], rows: Iterable[dict[str, A
         writer.writerows(rows)
 
 
-def truncate_metrics(path: Path, last_update: int) -> None:
-    """Drop rows after ``last_update`` (written after the checkpoint a resumed run restarts
-    from); atomically, so a crash leaves either the old or the new file."""
-    with open(path, newline="") as file:
-        rows = list(csv.reader(file))
-    header, body = rows[0], rows[1:]
+MetricRow = tuple[int, int, list[str]]  # run, update, the row as written
+
+
+def _metric_rows(path: Path) -> tuple[list[str], list[MetricRow]]:
+    """The header and whole rows of a metrics.csv; a ``ValueError`` naming the file, line and
+    column of anything that is not what ppojax writes. A last line without its line end was
+    cut short by a kill while appending and is left out."""
+    text = read_text(path)
+    lines = text.splitlines(keepends=True)
+    if len(lines) > 1 and not lines[-1].endswith("\n"):
+        lines = lines[:-1]
+    rows = list(csv.reader(lines))
+    header = rows[0] if rows else []
+    if header[:1] != ["run"] or "update" not in header:
+        raise ValueError(
+            f"{path}: line 1 must be the header ppojax writes (run, seed, ..., update, "
+            f"metrics), got {','.join(header)[:80]!r}"
+        )
     column = header.index("update")
-    # A run killed while appending can leave its last row cut short.
-    whole = [row for row in body if len(row) == len(header) and row[column].isdigit()]
-    kept = [row for row in whole if int(row[column]) <= last_update]
+    parsed = []
+    for number, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise ValueError(
+                f"{path}: line {number} has {len(row)} values, the header {len(header)}"
+            )
+        for name, value in zip(header[column + 1 :], row[column + 1 :], strict=True):
+            try:
+                float(value)
+            except ValueError:
+                raise ValueError(
+                    f"{path}: line {number}, column {name!r}: {value!r} is not a number"
+                ) from None
+        run, update = row[0], row[column]
+        if not (run.isdigit() and update.isdigit() and int(update) > 0):
+            raise ValueError(
+                f"{path}: line {number}: run {run!r} and update {update!r} must be "
+                "whole numbers, the update from 1"
+            )
+        parsed.append((int(run), int(update), row))
+    return header, parsed
+
+
+def check_metric_rows(path: Path, rows: Sequence[MetricRow], runs: int, last_update: int) -> None:
+    """Raise ``ValueError`` naming ``path`` unless ``rows`` hold exactly one row for each of
+    ``runs`` runs at every update 1..``last_update``."""
+    seen: dict[tuple[int, int], int] = {}
+    for run, update, _ in rows:
+        seen[run, update] = seen.get((run, update), 0) + 1
+    extra = sorted(run for run, _ in seen if run >= runs)
+    if extra:
+        raise ValueError(f"{path} has rows of run {extra[0]}, but the run folder has {runs} runs")
+    for update in range(1, last_update + 1):
+        for run in range(runs):
+            count = seen.get((run, update), 0)
+            if count != 1:
+                problem = "no row" if count == 0 else f"{count} rows"
+                raise ValueError(
+                    f"{path} has {problem} for update {update} of run {run}, which the "
+                    f"checkpoint at update {last_update} needs: restore the file or start a new run"
+                )
+
+
+def metrics_until(
+    path: Path, last_update: int, runs: int
+) -> tuple[list[str], list[list[str]], dict[str, np.ndarray]]:
+    """Read-only: the header of a metrics.csv, its rows up to ``last_update`` (those after it
+    were written after the checkpoint a resumed run restarts from) and their metrics
+    [runs, last_update]; a ``ValueError`` naming the file if they are not whole."""
+    return _metrics_table(path, *_metric_rows(path), last_update, runs)
+
+
+def _metrics_table(
+    path: Path, header: list[str], rows: list[MetricRow], last_update: int, runs: int
+) -> tuple[list[str], list[list[str]], dict[str, np.ndarray]]:
+    kept = [row for row in rows if row[1] <= last_update]
+    check_metric_rows(path, kept, runs, last_update)
+    kept.sort(key=lambda row: (row[1], row[0]))
+    column = header.index("update")
+    table = np.array([[float(value) for value in row[column + 1 :]] for _, _, row in kept])
+    table = table.reshape(last_update, runs, len(header) - column - 1).transpose(1, 0, 2)
+    metrics = {name: table[:, :, index] for index, name in enumerate(header[column + 1 :])}
+    return header, [row for _, _, row in kept], metrics
+
+
+def write_metrics(path: Path, header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
+    """Replace the CSV at ``path`` atomically, so a crash leaves the old or the new file."""
     handle, temp_name = tempfile.mkstemp(dir=Path(path).parent, prefix=".metrics.")
     with os.fdopen(handle, "w", newline="") as file:
-        csv.writer(file).writerows([header, *kept])
+        csv.writer(file).writerows([header, *rows])
         file.flush()
         os.fsync(file.fileno())
     os.replace(temp_name, path)
 
 
+def truncate_metrics(path: Path, last_update: int) -> None:
+    """Drop rows after ``last_update`` (written after the checkpoint a resumed run restarts
+    from), and a row cut short by a kill; atomically."""
+    header, rows = _metric_rows(path)
+    write_metrics(path, header, [row for _, update, row in rows if update <= last_update])
+
+
 def read_metrics(path: Path) -> tuple[list[dict[str, str]], dict[str, np.ndarray]]:
-    """Runs (their leading columns, in run order) and each metric as an array [runs, updates]."""
-    with open(path, newline="") as file:
-        reader = csv.reader(file)
-        header = next(reader)
-        body = list(reader)
-    update_column = header.index("update")
-    run_names, metric_names = header[:update_column], header[update_column + 1 :]
-    runs: dict[int, dict[str, str]] = {}
-    values: dict[int, dict[int, list[float]]] = {}
-    for row in body:
-        run = int(row[0])
-        runs.setdefault(run, dict(zip(run_names, row[:update_column], strict=True)))
-        values.setdefault(run, {})[int(row[update_column])] = [
-            float(value) for value in row[update_column + 1 :]
-        ]
-    order = sorted(runs)
-    table = np.array([[values[run][step] for step in sorted(values[run])] for run in order])
-    table = table.reshape(len(order), -1, len(metric_names))
-    metrics = {name: table[:, :, index] for index, name in enumerate(metric_names)}
-    return [runs[run] for run in order], metrics
+    """Runs (their leading columns, in run order) and each metric as an array [runs, updates];
+    a ``ValueError`` naming the file unless every run has a row at every update 1..U."""
+    header, rows = _metric_rows(path)
+    runs = 1 + max((run for run, _, _ in rows), default=-1)
+    last = max((update for _, update, _ in rows), default=0)
+    _, kept, metrics = _metrics_table(path, header, rows, last, runs)
+    column = header.index("update")
+    leading = {int(row[0]): dict(zip(header[:column], row[:column], strict=True)) for row in kept}
+    return [leading[run] for run in range(runs)], metrics
 
 
 def rolling_mean(values: np.ndarray, window: int = 10) -> np.ndarray:
@@ -330,6 +448,11 @@ class CheckpointError(ValueError):
         self.step = step
 
 
+class StateMismatchError(ValueError):
+    """A whole checkpoint whose arrays have other shapes than the run's config gives: the
+    config was changed, the checkpoint is not damaged (so no older one is tried)."""
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint was passed over for an older one (or a run restarted from update 0)."""
 
@@ -348,6 +471,38 @@ def file_manifest(folder: Path) -> dict[str, list[Any]]:
     return manifest
 
 
+def manifest_files(path: Path) -> dict[str, tuple[int, str]]:
+    """The ``files`` of a checkpoint manifest, {name: (size, SHA-256)}; a ``ValueError``
+    naming the file and field when it is not what ``Checkpoints.save`` writes."""
+    files = read_json_object(path, "checkpoint files").get("files")
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: field 'files' must be an object, got {json_kind(files)}")
+    checked = {}
+    for name, entry in files.items():
+        size, digest = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+        if not (type(size) is int and isinstance(digest, str)):
+            raise ValueError(f"{path}: files[{name!r}] must be [size, SHA-256], got {entry!r}")
+        checked[name] = (size, digest)
+    return checked
+
+
+def checkpoint_records(run_dir: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(step, record) of every checkpoint of ``run_dir`` whose manifest holds the record of
+    the run that saved it (see ``Checkpoints``), newest first. Read-only; a manifest that does
+    not read back is left out here and found by ``verify_checkpoint`` on restore."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    steps = sorted(int(path.name) for path in folder.glob("*") if path.name.isdigit())
+    records = []
+    for step in reversed(steps):
+        try:
+            record = read_json_object(folder / str(step) / MANIFEST_FILE, "checkpoint files")
+        except ValueError:
+            continue
+        if isinstance(record.get("run"), dict):
+            records.append((step, record["run"]))
+    return records
+
+
 def verify_checkpoint(step_dir: Path, step: int | None = None) -> None:
     """Raise ``CheckpointError`` naming the first file of ``step_dir`` that is missing,
     truncated or changed since it was saved (against its manifest). A checkpoint without a
@@ -357,9 +512,10 @@ def verify_checkpoint(step_dir: Path, step: int | None = None) -> None:
     if not manifest_path.exists():
         return
     try:
-        expected = read_json(manifest_path)["files"]
-    except (ValueError, KeyError, TypeError):
-        raise CheckpointError(step, f"checkpoint {step_dir} has an unreadable manifest") from None
+        expected = manifest_files(manifest_path)
+    except ValueError as error:
+        message = f"checkpoint {step_dir} has an unreadable manifest: {error}"
+        raise CheckpointError(step, message) from None
     for name, (size, digest) in expected.items():
         path = Path(step_dir) / name
         if not path.is_file():
@@ -386,10 +542,18 @@ class Checkpoints:
     atomically; only then are checkpoints beyond the newest ``keep`` (None: all) deleted. A
     kill at any moment therefore leaves every earlier checkpoint whole, and a checkpoint
     damaged later is found by its manifest. ``clean`` removes temporary folders a killed run
-    left (only for the one process that writes the run).
+    left (only for the one process that writes the run). ``record`` (JSON data: the settings
+    that fix what the state is) goes into each manifest, so that a resume can tell a changed
+    config from a damaged checkpoint.
     """
 
-    def __init__(self, run_dir: Path, keep: int | None = None, clean: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        keep: int | None = None,
+        clean: bool = False,
+        record: dict[str, Any] | None = None,
+    ) -> None:
         import orbax.checkpoint as ocp
 
         self.shown = Path(run_dir) / CHECKPOINT_DIR  # the path as the user gave it
@@ -400,7 +564,7 @@ class Checkpoints:
             cleanup_tmp_directories=clean,
         )
         self.manager = ocp.CheckpointManager(self.shown.resolve(), options=options)
-        self.keep = keep
+        self.keep, self.record = keep, record
 
     def steps(self) -> list[int]:
         """The complete (committed) checkpoints, oldest first."""
@@ -412,7 +576,10 @@ class Checkpoints:
         self.manager.save(step, args=ocp.args.StandardSave(to_savable(state)), force=True)
         self.manager.wait_until_finished()
         step_dir = self.shown / str(step)
-        write_json(step_dir / MANIFEST_FILE, {"step": step, "files": file_manifest(step_dir)})
+        manifest = {"step": step, "files": file_manifest(step_dir)}
+        if self.record is not None:
+            manifest["run"] = self.record
+        write_json(step_dir / MANIFEST_FILE, manifest)
         if self.keep:
             for old in self.steps()[: -self.keep]:
                 self.manager.delete(old)
@@ -426,6 +593,7 @@ class Checkpoints:
             raise CheckpointError(step, f"{step_dir} is not a complete checkpoint")
         verify_checkpoint(step_dir, step)
         abstract = jax.eval_shape(to_savable, template)
+        check_shapes(step_dir, abstract)
         try:
             saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as error:  # orbax, tensorstore and JSON errors alike
@@ -437,9 +605,43 @@ class Checkpoints:
         self.manager.close()
 
 
-def open_checkpoints(run_dir: Path, keep: int | None = None, clean: bool = False) -> Checkpoints:
-    """The checkpoints of ``run_dir`` keeping the newest ``keep`` (all when None)."""
-    return Checkpoints(run_dir, keep, clean)
+def _leaf_name(path: tuple[Any, ...]) -> str:
+    """A pytree path as orbax names the array: the keys, attribute names or indices by dots."""
+    parts = [getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))) for key in path]
+    return ".".join(str(part) for part in parts)
+
+
+def check_shapes(step_dir: Path, abstract: Any) -> None:
+    """Raise ``StateMismatchError`` when an array saved in ``step_dir`` has another shape than
+    the same array of ``abstract`` (the state the run folder's config gives). A checkpoint
+    whose metadata does not read back is left to orbax's restore to judge."""
+    import orbax.checkpoint as ocp
+
+    try:
+        metadata = ocp.StandardCheckpointer().metadata(Path(step_dir).resolve() / "default")
+        saved = {leaf.name: tuple(leaf.shape) for leaf in jax.tree.leaves(metadata.item_metadata)}
+    except Exception:  # orbax, tensorstore and JSON errors alike
+        return
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+        name = _leaf_name(path)
+        if name in saved and saved[name] != tuple(leaf.shape):
+            raise StateMismatchError(
+                f"checkpoint {step_dir} holds {name} of shape {saved[name]}, but the run "
+                f"folder's config.json and run.json give {tuple(leaf.shape)}: they were changed "
+                "after it was saved. Nothing was changed; restore them to resume, or start a "
+                "new run with --config"
+            )
+
+
+def open_checkpoints(
+    run_dir: Path,
+    keep: int | None = None,
+    clean: bool = False,
+    record: dict[str, Any] | None = None,
+) -> Checkpoints:
+    """The checkpoints of ``run_dir`` keeping the newest ``keep`` (all when None), each
+    manifest holding ``record``."""
+    return Checkpoints(run_dir, keep, clean, record)
 
 
 def save_checkpoint(checkpoints: Checkpoints, step: int, state: Any) -> None:

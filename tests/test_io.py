@@ -261,3 +261,67 @@ def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     io.truncate_metrics(tmp_path / "m.csv", 5)
     _, metrics = io.read_metrics(tmp_path / "m.csv")
     assert metrics["episode_return"].shape == (2, 5)
+
+
+@pytest.mark.parametrize(
+    "manifest, problem",
+    [
+        ("", "is empty"),
+        ('{"files": ', "is not valid JSON"),
+        ("[]", "must hold a JSON object of checkpoint files, got a list"),
+        ('{"step": 3}', "field 'files' must be an object, got null"),
+        ('{"files": {"default/x": "y"}}', "files['default/x'] must be [size, SHA-256], got 'y'"),
+    ],
+)
+def test_a_damaged_manifest_passes_over_its_checkpoint(tmp_path, batched_state, manifest, problem):
+    folder = _save_three(tmp_path, batched_state)
+    (folder / "3" / io.MANIFEST_FILE).write_text(manifest)
+    template = jax.eval_shape(lambda: batched_state)
+    with pytest.warns(io.CheckpointWarning, match="unreadable manifest") as caught:
+        _, step = io.restore_checkpoint(tmp_path, template)
+    assert step == 2 and problem in str(caught[0].message)
+
+
+def test_manifests_hold_the_run_record_they_were_saved_with(tmp_path, batched_state):
+    record = {"config": {"num_envs": 2}, "seeds": 2, "seed": 0, "grid": {}}
+    checkpoints = io.open_checkpoints(tmp_path, record=record)
+    for step in (1, 2):
+        io.save_checkpoint(checkpoints, step, batched_state)
+    checkpoints.close()
+    (tmp_path / io.CHECKPOINT_DIR / "2" / io.MANIFEST_FILE).write_text("{")  # left out
+    assert io.checkpoint_records(tmp_path) == [(1, record)]
+    plain = tmp_path / "plain"
+    _save_three(plain, batched_state)
+    assert io.checkpoint_records(plain) == []  # saved without a record, as by older versions
+
+
+def test_metrics_that_are_not_whole_are_errors_naming_line_and_column(tmp_path):
+    path = tmp_path / "m.csv"
+    write_chunks(path, [(0, 3)])
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2] + ["0,0,0.1,2,junk,1.0\n"] + lines[3:]))
+    with pytest.raises(ValueError, match=f"{path}: line 3, column 'episode_return': 'junk'"):
+        io.read_metrics(path)
+    path.write_text("".join(lines[:2] + lines[3:]))  # run 1's row of update 1 is gone
+    with pytest.raises(ValueError, match="no row for update 1 of run 1, which the checkpoint"):
+        io.metrics_until(path, 2, runs=2)
+    path.unlink()
+    write_chunks(path, [(0, 5)])
+    before = path.read_bytes()
+    header, rows, metrics = io.metrics_until(path, 3, runs=2)  # read-only, rows up to 3 only
+    assert path.read_bytes() == before and header[:4] == ["run", "seed", "lr", "update"]
+    assert len(rows) == 6
+    np.testing.assert_array_equal(metrics["episode_return"], [[1, 2, 3], [101, 102, 103]])
+    with pytest.raises(ValueError, match="has rows of run 1, but the run folder has 1 runs"):
+        io.metrics_until(path, 3, runs=1)
+
+
+def test_a_checkpoint_of_other_shapes_is_a_changed_config_not_damage(tmp_path, batched_state):
+    """Without a record in its manifest (saved by an older ppojax), a checkpoint whose arrays
+    have other shapes than the config gives is refused, not passed over for an older one."""
+    folder = _save_three(tmp_path, batched_state)
+    config = ppojax.PPOConfig(num_envs=4, num_steps=8, total_timesteps=64, hidden_sizes=(8,))
+    template = jax.eval_shape(lambda: init_states(Experiment(config, seeds=2)))
+    with pytest.raises(io.StateMismatchError, match=r"checkpoint .*3 holds .* of shape \(2, 2"):
+        io.restore_checkpoint(tmp_path, template)
+    assert sorted(path.name for path in folder.iterdir()) == ["1", "2", "3"]

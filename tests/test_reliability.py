@@ -1,8 +1,13 @@
 """Every row of the bad-input table in docs/reliability.md, run and compared with its error
 word for word, so the table and the code cannot drift apart."""
 
+import hashlib
+import json
 import re
 import shlex
+import shutil
+import socket
+import urllib.error
 from pathlib import Path
 
 import gymnax
@@ -15,15 +20,19 @@ import ppojax
 from ppojax.cli import main
 from ppojax.config import PPOConfig
 from ppojax.envs import PPOEnv
-from ppojax.experiment import Experiment, RunOptions
+from ppojax.experiment import Experiment, RunOptions, run_experiment
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 MARKER = "<!-- bad-inputs: tests/test_reliability.py runs every row -->"
-INPUT = re.compile(r"^`(?P<code>[^`]+)`(?: with (?P<file>\S+) holding `(?P<content>[^`]*)`)?$")
+INPUT = re.compile(
+    r"^`(?P<code>[^`]+)`"
+    r"(?: with (?P<file>\S+) (?P<how>holding|updated by|deleted)(?: `(?P<content>[^`]*)`)?)?$"
+)
+RUN_DIR = "run"  # the rows' finished run folder (see finished_run)
 
 
-def table_rows() -> list[tuple[str, str, str | None, str | None]]:
-    """(input, error, file name, file content) of every row of the table after MARKER."""
+def table_rows() -> list[tuple[str, str, str | None, str | None, str | None]]:
+    """(input, error, file name, how it is damaged, content) of every row after MARKER."""
     lines = TABLE.read_text().split(MARKER, 1)[1].strip().splitlines()
     rows = []
     for line in lines[2:]:
@@ -32,7 +41,7 @@ def table_rows() -> list[tuple[str, str, str | None, str | None]]:
         given, error = (cell.strip() for cell in line.strip().strip("|").split("|"))
         match = INPUT.match(given)
         assert match and error.startswith("`") and error.endswith("`"), line
-        rows.append((match["code"], error[1:-1], match["file"], match["content"]))
+        rows.append((match["code"], error[1:-1], match["file"], match["how"], match["content"]))
     return rows
 
 
@@ -72,21 +81,68 @@ ROWS = table_rows()
 
 def test_the_table_holds_at_least_twenty_bad_inputs():
     assert len(ROWS) >= 20
-    assert len({row[0] + str(row[3]) for row in ROWS}) == len(ROWS)
+    assert len({(row[0], row[2], row[4]) for row in ROWS}) == len(ROWS)
 
 
-@pytest.mark.parametrize("code, error, file, content", ROWS, ids=[row[0] for row in ROWS])
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished run folder of a small config (2 envs x 4 steps, 3 updates, a checkpoint
+    every 2, 2 seeds), which the rows on run/ damage."""
+    config = PPOConfig(num_envs=2, num_steps=4, total_timesteps=24, hidden_sizes=(8,))
+    folder = tmp_path_factory.mktemp("finished") / RUN_DIR
+    options = RunOptions(progress=False, checkpoint_every=2)
+    run_experiment(Experiment(config, seeds=2), folder, options)
+    return folder
+
+
+def offline_mnist(directory="/tmp/mnist"):
+    """gymnax's MNIST download on a machine without network (whatever this one has)."""
+    raise urllib.error.URLError(socket.gaierror(-2, "Name or service not known"))
+
+
+def damage(file: str, how: str, content: str | None) -> None:
+    """Write, update (merge a JSON object into) or delete ``file``; ``\\n`` ends a line."""
+    path = Path(file)
+    if how == "deleted":
+        path.unlink()
+    elif how == "updated by":
+        path.write_text(json.dumps({**json.loads(path.read_text()), **json.loads(content)}))
+    else:
+        path.write_text(content.replace("\\n", "\n"))
+
+
+def folder_digest(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file below ``folder``, by relative path."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in files
+    }
+
+
+@pytest.mark.parametrize(
+    "code, error, file, how, content",
+    ROWS,
+    ids=[" ".join(filter(None, (row[0], row[2], row[3], row[4]))) for row in ROWS],
+)
 def test_bad_input_gets_the_error_in_the_table(
-    code, error, file, content, tmp_path, monkeypatch, capsys
+    code, error, file, how, content, request, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("gymnax.utils.load_mnist.load_mnist", offline_mnist)
+    uses_run = RUN_DIR in shlex.split(code) or (file or "").startswith(f"{RUN_DIR}/")
+    if uses_run:
+        shutil.copytree(request.getfixturevalue("finished_run"), RUN_DIR)
     if file is not None:
-        Path(file).write_text(content)
+        damage(file, how, content)
+    before = folder_digest(Path(RUN_DIR)) if uses_run else None
     if code.startswith("ppojax "):
         with pytest.raises(SystemExit) as exit_info:
             main(shlex.split(code)[1:])
         assert exit_info.value.code == 2
         assert Path("runs").exists() is False  # failed before any run folder was made
+        if uses_run:  # refused without touching the folder: byte for byte the same
+            assert folder_digest(Path(RUN_DIR)) == before
         got = capsys.readouterr().err.strip()
     else:
         with pytest.raises(Exception) as raised:

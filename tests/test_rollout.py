@@ -1,6 +1,7 @@
 import jax
 import numpy as np
 import pytest
+from tolerance import assert_close
 
 import ppojax
 from ppojax.rollout import collect_rollout, episode_metrics, reset_envs, rollout_start
@@ -117,7 +118,10 @@ def test_reward_normalization_rescales_the_loss_reward_but_not_the_episode_stats
     np.testing.assert_allclose(
         ratio[-1, 0], np.sqrt(float(carry.reward_normalizer.return_stats.var) + 1e-8), rtol=1e-4
     )
-    np.testing.assert_array_equal(raw.episode_return, scaled.episode_return)
+    # Two programs (the reward normalizer adds ops that XLA may fuse with the env step): the
+    # episode returns are sums of up to 200 Pendulum rewards in [-16.3, 0], so float32
+    # rounding of terms of order 10.
+    assert_close(raw.episode_return, scaled.episode_return, ulps=256, scale=10.0)
 
 
 def test_reward_clip_bounds_the_reward():
