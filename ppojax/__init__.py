@@ -1,7 +1,7 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
 from ppojax.config import PRESETS, ConfigError, PPOConfig
-from ppojax.envs import list_envs, make_env
+from ppojax.envs import list_envs, make_env, register_env
 from ppojax.evaluate import load
 from ppojax.evaluation import EVAL_METRIC_NAMES
 from ppojax.gae import compute_gae
@@ -29,6 +29,7 @@ __all__ = [
     "list_envs",
     "load",
     "make_env",
+    "register_env",
     "run_updates",
     "sweep",
     "sweep_table",

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import functools
 import importlib.util
+import json
 import sys
 import types
 import typing
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from ppojax.config import PRESETS, PPOConfig
+from ppojax.config import PRESETS, EnvKwargs, PPOConfig
 
 if TYPE_CHECKING:
     from ppojax.experiment import RunOptions, RunResult
@@ -98,11 +99,34 @@ def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse_optional
 
 
+def _parse_env_kwargs(text: str) -> dict[str, Any]:
+    """``max_steps_in_episode=50,name=x`` or a JSON object -> a dict; each value is read as
+    JSON (50, 0.5, true, null) and kept as a string where it is not JSON."""
+    if text.strip().startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise argparse.ArgumentTypeError(f"not a JSON object: {error}") from None
+        if isinstance(parsed, dict):
+            return parsed
+    settings = {}
+    for item in filter(None, text.split(",")):
+        name, separator, value = item.partition("=")
+        if not separator or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE,..., got {text!r}")
+        try:
+            settings[name.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[name.strip()] = value
+    return settings
+
+
 SCALAR_PARSERS: dict[type, Callable[[str], Any]] = {
     bool: _parse_bool,
     int: _parse_int,
     float: _parse_float,
     str: str,
+    EnvKwargs: _parse_env_kwargs,
 }
 
 
@@ -154,7 +178,10 @@ def _parse_grid(text: str) -> tuple[str, tuple[float, ...]]:
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared by train and sweep: seeds, config file, run folder, checkpoints, output."""
     parser.add_argument(
-        "env_id", nargs="?", default=None, help="a gymnax env id (default CartPole-v1)"
+        "env_id",
+        nargs="?",
+        default=None,
+        help="a gymnax id, an id registered by --env-module, or suite/name (default CartPole-v1)",
     )
     parser.add_argument("--seeds", type=_parse_int, default=1, help="seeds trained at once (vmap)")
     parser.add_argument("--seed", type=_parse_int, default=0, help="base PRNG seed (default 0)")
@@ -182,6 +209,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         metavar="RUN_DIR",
         help="continue RUN_DIR (a train or sweep run) from its last checkpoint",
     )
+    add_env_module_flag(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cache_flag(parser)
     parser.add_argument(
@@ -200,6 +228,17 @@ def add_wandb_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wandb-entity", metavar="NAME", help="W&B entity (default: yours)")
     parser.add_argument(
         "--wandb-name", metavar="NAME", help="W&B group of the runs (default: the run folder's)"
+    )
+
+
+def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (e.g. mypackage.envs) first, which registers envs with "
+        "ppojax.register_env; repeatable; the run folder remembers it",
     )
 
 
@@ -258,8 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--run", type=_parse_int, default=0, help="which run (seed) to load")
     evaluate.add_argument("--seed", type=_parse_int, default=0, help="PRNG seed (default 0)")
     evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
+    add_env_module_flag(evaluate)
     add_cache_flag(evaluate)
-    commands.add_parser("envs", help="list the environment ids that can be trained")
+    envs = commands.add_parser("envs", help="list the environment ids that can be trained")
+    add_env_module_flag(envs)
     commands.add_parser(
         "rlhf",
         help="PPO, GRPO or RLOO for language models on a digit task (ppojax rlhf --help)",
@@ -313,8 +354,10 @@ def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> Ru
             f"--keep-checkpoints must be 0 (keep all) or more, got {args.keep_checkpoints}"
         )
     base = saved or RunOptions()
+    modules = tuple(dict.fromkeys([*base.env_modules, *args.env_module]))
     return dataclasses.replace(
         base,
+        env_modules=modules,
         progress=not args.no_progress,
         checkpoint_every=args.checkpoint_every or base.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints or None,
@@ -533,10 +576,20 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def list_env_ids() -> int:
-    from ppojax.envs import list_envs
+    """gymnax's ids, the registered ones (after --env-module) and the adapter suites, each
+    with whether it is installed or the extra that installs it."""
+    from ppojax.envs.registry import SUITES, gymnax_envs, registered_envs, suite_installed
 
-    for env_id in list_envs():
-        print(env_id + ("  (tuned preset)" if env_id in PRESETS else ""))
+    print("gymnax:")
+    for env_id in gymnax_envs():
+        print(f"  {env_id}" + ("  (preset)" if env_id in PRESETS else ""))
+    print("registered (ppojax.register_env, --env-module):")
+    for env_id in registered_envs() or ["(none)"]:
+        print(f"  {env_id}")
+    print("suites (suite/name):")
+    for name, suite in SUITES.items():
+        state = "installed" if suite_installed(name) else f'pip install "ppojax[{suite.extra}]"'
+        print(f"  {name + '/':<12} e.g. {suite.example:<40} {state}")
     return 0
 
 
@@ -566,6 +619,10 @@ def show_warning(
 
 def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
+        if getattr(args, "env_module", None):
+            from ppojax.envs.registry import import_env_modules
+
+            import_env_modules(args.env_module, "--env-module")
         if args.command == "envs":
             return list_env_ids()
         use_compile_cache(args)

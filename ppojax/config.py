@@ -26,6 +26,33 @@ def static(default: Any) -> Any:
     return struct.field(pytree_node=False, default=default)
 
 
+def _plain_kwarg(value: Any) -> Any:
+    """A list (JSON's tuple) as a tuple, NumPy scalars as Python ones."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain_kwarg(item) for item in value)
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class EnvKwargs(dict):
+    """``PPOConfig.env_kwargs``: a read-only dict that hashes, as static config fields must
+    (jit caches programs by them), and writes to JSON as an object. Lists become tuples."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        items = {key: _plain_kwarg(value) for key, value in dict(*args, **kwargs).items()}
+        super().__init__(items)
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        # keys are checked to be str by validate; sorting by str keeps a bad key hashable
+        # until then
+        return hash(tuple(sorted(self.items(), key=lambda item: str(item[0]))))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("PPOConfig.env_kwargs is read-only; use config.replace(env_kwargs=...)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+    __ior__ = _read_only  # type: ignore[assignment]
+
+
 @struct.dataclass
 class PPOConfig:
     """Hyperparameters of one PPO run.
@@ -33,9 +60,9 @@ class PPOConfig:
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
     hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
-    normalize_rewards, eval_every, eval_episodes, eval_deterministic. Traced fields (sweepable
-    with vmap): every float. The optional ones (vf_clip_eps, target_kl, reward_clip,
-    eval_every) switch their feature off with ``None``, which changes the program.
+    normalize_rewards, env_kwargs, eval_every, eval_episodes, eval_deterministic. Traced
+    fields (sweepable with vmap): every float. The optional ones (vf_clip_eps, target_kl,
+    reward_clip, eval_every) switch their feature off with ``None``, which changes the program.
 
     policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
     with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when
@@ -56,6 +83,11 @@ class PPOConfig:
     feeding both heads instead of one each; off by default, because the value loss then pulls
     on the policy's features and the balance depends on vf_coef and the reward scale, while
     separate torsos train the classic-control presets as tuned.
+
+    env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
+    names are passed to it (for gymnax ids, to the env's constructor); keys that name a field
+    of the env-params dataclass override it, e.g. ``{"max_steps_in_episode": 50}``; an unknown
+    key is a ``ConfigError`` naming it (see ``ppojax.envs.registry``).
 
     eval_every: every that many updates and after the last one (None: never, and the program
     is exactly the one without evaluation) the compiled loop plays eval_episodes whole
@@ -102,6 +134,8 @@ class PPOConfig:
     recurrent: str | None = static(None)
     recurrent_size: int = static(128)
     shared_torso: bool = static(False)
+
+    env_kwargs: EnvKwargs = static(EnvKwargs())
 
     def __post_init__(self) -> None:
         normalize_static_fields(self)
@@ -163,6 +197,18 @@ PPOConfig.replace = _replace  # type: ignore[method-assign]
 PPOConfig.__init__ = _check_names(PPOConfig.__init__)  # type: ignore[method-assign]
 
 
+# The MinAtar games: 64 envs x 128 steps, 4 epochs of 8 minibatches, lr 5e-4, ReLU, 10M steps,
+# the budget gymnax's published PPO baselines were trained with.
+MINATAR_PRESET: dict[str, Any] = {
+    "num_envs": 64,
+    "num_steps": 128,
+    "total_timesteps": 10_000_000,
+    "update_epochs": 4,
+    "num_minibatches": 8,
+    "learning_rate": 5e-4,
+    "activation": "relu",
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {},
     "Pendulum-v1": {
@@ -176,6 +222,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.0,
         "normalize_observations": True,
         "normalize_rewards": True,
+    },
+    **{
+        f"{game}-MinAtar": MINATAR_PRESET
+        for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders")
     },
 }
 
@@ -240,6 +290,8 @@ def normalize_static_fields(config: Any) -> None:
         if field.metadata.get("pytree_node", True):
             continue
         value = getattr(config, field.name)
+        if isinstance(field.default, EnvKwargs) and isinstance(value, dict):
+            value = EnvKwargs(value)
         if isinstance(field.default, tuple) and isinstance(value, (list, np.ndarray)):
             value = tuple(value.tolist() if isinstance(value, np.ndarray) else value)
         if isinstance(value, tuple):
@@ -325,24 +377,34 @@ def check_range(
 
 
 def check_env_id(env_id: Any) -> None:
-    """Raise ``ConfigError`` unless ``env_id`` is a registered gymnax id; typos get the
-    closest ids."""
-    if not isinstance(env_id, str):
-        raise ConfigError(
-            "env_id",
-            f"PPOConfig.env_id must be a gymnax env id such as 'CartPole-v1', got {show(env_id)}.",
-        )
-    import gymnax
+    """Raise ``ConfigError`` unless ``env_id`` is a gymnax id, a registered id or a suite id
+    (see ``ppojax.envs.registry``); typos get the closest ids."""
+    from ppojax.envs.registry import check_env_id as check_registry_id
 
-    if env_id in gymnax.registered_envs:
-        return
-    close = difflib.get_close_matches(env_id, gymnax.registered_envs, n=3, cutoff=0.5)
-    hint = f" Close matches: {', '.join(close)}." if close else ""
-    raise ConfigError(
-        "env_id",
-        f"PPOConfig.env_id {env_id!r} is not a gymnax environment.{hint} "
-        "ppojax.list_envs() (or ppojax envs) lists every id.",
-    )
+    check_registry_id(env_id)
+
+
+ENV_KWARG_TYPES = (bool, int, float, str, type(None))
+
+
+def check_env_kwargs(env_kwargs: Any) -> None:
+    """Raise ``ConfigError`` unless ``env_kwargs`` maps names to JSON scalars (bool, int,
+    float, str, None) or tuples of them: the field is static, so it must hash and write to
+    config.json."""
+    example = "{'max_steps_in_episode': 50}"
+    if not isinstance(env_kwargs, EnvKwargs):
+        raise ConfigError(
+            "env_kwargs",
+            f"PPOConfig.env_kwargs must be a dict such as {example}, got {show(env_kwargs)}.",
+        )
+    for name, value in env_kwargs.items():
+        items = value if isinstance(value, tuple) else (value,)
+        if not isinstance(name, str) or not all(isinstance(v, ENV_KWARG_TYPES) for v in items):
+            raise ConfigError(
+                "env_kwargs",
+                f"PPOConfig.env_kwargs[{name!r}] = {show(value)}: keys must be str and values "
+                "bool, int, float, str, None or lists of them (the config is written to JSON).",
+            )
 
 
 def check_sizes(name: str, sizes: Any, example: str) -> None:
@@ -414,6 +476,11 @@ def validate(config: PPOConfig) -> None:
             check_range("PPOConfig", name, value, 0.0, math.inf, open_low=True, optional=True)
     check_evaluation(config)
     check_env_id(config.env_id)
+    check_env_kwargs(config.env_kwargs)
+    if config.env_kwargs:
+        from ppojax.envs.registry import check_env_kwargs as check_env_builds
+
+        check_env_builds(config.env_id, config.env_kwargs)
 
 
 def check_evaluation(config: PPOConfig) -> None:

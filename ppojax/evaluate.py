@@ -47,7 +47,8 @@ PYGAME_ENVS = RENDERABLE_ENVS[:5]
 
 def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PPOConfig, Act]:
     """The config of run ``run`` of a run folder and its policy ``act(obs, key=None,
-    deterministic=False) -> action``, from the latest checkpoint (or the one at ``step``).
+    deterministic=False, action_mask=None) -> action``, from the latest checkpoint (or the one
+    at ``step``); for envs with action masks pass the allowed actions (bool [..., n]).
 
     ``obs`` is one raw observation (the env's shape, e.g. [4] or [10, 10, 4]) or a batch
     [N, ...] of them (NumPy or JAX); ``key`` (a ``jax.random.key``) is needed unless
@@ -88,9 +89,10 @@ def _feed_forward_act(
     obs: Any,
     key: jax.Array | None = None,
     deterministic: bool = False,
+    action_mask: jax.Array | None = None,
 ) -> jax.Array:
     """``_act`` of a policy without hidden state: the action alone."""
-    return _act(agent, config, state, obs, None, key, deterministic)[0]
+    return _act(agent, config, state, obs, None, key, deterministic, action_mask)[0]
 
 
 def _act(
@@ -101,6 +103,7 @@ def _act(
     hidden: jax.Array | None = None,
     key: jax.Array | None = None,
     deterministic: bool = False,
+    action_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """The sampled action, or the mode of the policy when ``deterministic``, and the new hidden
     state; observations are normalized with the statistics frozen in the checkpoint, as in
@@ -113,10 +116,11 @@ def _act(
     if single:
         obs = jax.tree.map(lambda leaf: leaf[None], obs)
         hidden = None if hidden is None else jnp.asarray(hidden)[None]
+        action_mask = None if action_mask is None else jnp.asarray(action_mask)[None]
     if hidden is None:
         hidden = initial_hidden(agent.network, jax.tree.leaves(obs)[0].shape[0])
     action, hidden = policy_step(
-        agent, config, state.params, state.obs_stats, obs, hidden, key, deterministic
+        agent, config, state.params, state.obs_stats, obs, hidden, key, deterministic, action_mask
     )
     if single:
         return action[0], None if hidden is None else hidden[0]
@@ -164,7 +168,7 @@ def evaluate(
     after an update is ``evaluate(config, act, eval_episodes, key=eval_key(state.key))``."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
-    env = make_env(config.env_id)
+    env = make_env(config.env_id, **config.env_kwargs)
     rollout = jax.jit(
         functools.partial(run_episodes, env, act, episodes=episodes, deterministic=deterministic)
     )
@@ -196,7 +200,7 @@ def render_gif(
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     from gymnax.visualize import Visualizer
 
-    env = make_env(config.env_id)
+    env = make_env(config.env_id, **config.env_kwargs)
     rollout = jax.jit(functools.partial(episode_frames, env, act, deterministic=deterministic))
     hidden = start_hidden(config, 1)
     states, rewards, ended = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))

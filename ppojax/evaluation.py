@@ -57,7 +57,10 @@ def eval_key(state_key: jax.Array) -> jax.Array:
 
 
 def max_episode_steps(env: PPOEnv) -> int:
-    """gymnax's time limit for the env (every gymnax env truncates its episodes)."""
+    """The env's time limit: an adapter's ``time_limit(params)``, else gymnax's
+    ``max_steps_in_episode`` (every gymnax env truncates its episodes), else 1000."""
+    if callable(getattr(env.env, "time_limit", None)):
+        return int(env.env.time_limit(env.env_params))
     return int(getattr(env.env_params, "max_steps_in_episode", 1000))
 
 
@@ -86,14 +89,20 @@ def eval_step(
     """One action and env step for every env; an env whose first episode ends here keeps that
     episode's return and length. ``act(obs [N, ...], key, deterministic=...) -> action`` for a
     feed-forward policy; with ``carry.hidden``, ``act(obs, hidden, key, deterministic=...) ->
-    (action, hidden)``, and the hidden state resets where an episode ended."""
+    (action, hidden)``, and the hidden state resets where an episode ended; ``act`` also gets
+    ``action_mask=`` [N, A] for an env with action masks."""
     key, act_key, step_key = jax.random.split(carry.key, 3)
     episodes = carry.finished.shape[0]
     hidden = carry.hidden
+    # Envs with action masks (Jumanji) pass them on: a masked action is never taken.
+    options = {"deterministic": deterministic}
+    mask = env.action_masks(carry.env_state)
+    if mask is not None:
+        options["action_mask"] = mask
     if hidden is None:
-        action = act(carry.obs, act_key, deterministic=deterministic)
+        action = act(carry.obs, act_key, **options)
     else:
-        action, hidden = act(carry.obs, hidden, act_key, deterministic=deterministic)
+        action, hidden = act(carry.obs, hidden, act_key, **options)
     result, env_state = jax.vmap(env.step)(
         jax.random.split(step_key, episodes), carry.env_state, action
     )

@@ -37,6 +37,7 @@ from ppojax.config import (
     check_positive_int,
     show,
 )
+from ppojax.envs.registry import env_id_known, env_modules, import_env_modules
 from ppojax.evaluation import EVAL_METRIC_NAMES
 from ppojax.sweeps import grid_points as sweep_grid_points
 from ppojax.train import eval_due, init_state, make_agent, train_step
@@ -356,7 +357,8 @@ class RunOptions:
     """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
     run), checkpoints every N updates (the final state is always saved when there is a run
     folder), how many to keep (None: all), TensorBoard, Weights & Biases (``wandb``: where to
-    log, None: not at all; see ``ppojax.wandb_logger``)."""
+    log, None: not at all; see ``ppojax.wandb_logger``), and the modules that register the env
+    (``--env-module``; recorded in run.json, imported again by ``--resume`` and ``load``)."""
 
     progress: bool = True
     checkpoint_every: int | None = None
@@ -364,6 +366,7 @@ class RunOptions:
     tensorboard: bool = False
     progress_reports: int = 50
     wandb: WandbOptions | None = None
+    env_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("progress", "tensorboard"):
@@ -689,6 +692,7 @@ def run_settings(experiment: Experiment, options: RunOptions) -> dict[str, Any]:
         "checkpoint_every": options.checkpoint_every,
         "keep_checkpoints": options.keep_checkpoints,
         "tensorboard": options.tensorboard,
+        "env_modules": list(env_modules(experiment.config.env_id, options.env_modules)),
     }
 
 
@@ -728,6 +732,14 @@ def read_run_settings(path: Path) -> dict[str, Any]:
     return settings
 
 
+def env_modules_of(path: Path, settings: dict[str, Any]) -> tuple[str, ...]:
+    """run.json's ``env_modules`` (absent in run folders from before it existed: none)."""
+    modules = settings.get("env_modules", [])
+    if not isinstance(modules, list) or not all(isinstance(name, str) for name in modules):
+        raise ValueError(f"{path}: field 'env_modules' must be a list of module names")
+    return tuple(modules)
+
+
 def read_config(path: Path) -> PPOConfig:
     """config.json as a validated PPOConfig; errors name the file."""
     settings = io.read_json_object(path, "PPOConfig fields")
@@ -739,13 +751,18 @@ def read_config(path: Path) -> PPOConfig:
 
 def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
     """The experiment and options a run folder was started with; a ``ValueError`` naming the
-    file and field when config.json or run.json is missing, empty or damaged."""
+    file and field when config.json or run.json is missing, empty or damaged. The env modules
+    run.json records are imported first when the env id is not registered yet."""
     run_dir = Path(run_dir)
     if not (run_dir / io.CONFIG_FILE).exists() and not (run_dir / io.RUN_FILE).exists():
         raise ValueError(f"{run_dir} is not a ppojax run folder (no config.json / run.json)")
-    config = read_config(run_dir / io.CONFIG_FILE)
     path = run_dir / io.RUN_FILE
     settings = read_run_settings(path)
+    modules = env_modules_of(path, settings)
+    saved = io.read_json_object(run_dir / io.CONFIG_FILE, "PPOConfig fields")
+    if not env_id_known(saved.get("env_id", "CartPole-v1")):
+        import_env_modules(modules, str(path))
+    config = read_config(run_dir / io.CONFIG_FILE)
     grid = {name: tuple(values) for name, values in settings["grid"].items()}
     try:
         experiment = Experiment(config, settings["seeds"], settings["seed"], grid)
@@ -755,6 +772,7 @@ def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
         checkpoint_every=settings["checkpoint_every"],
         keep_checkpoints=settings["keep_checkpoints"],
         tensorboard=settings["tensorboard"],
+        env_modules=modules,
     )
     return experiment, options
 

@@ -212,7 +212,7 @@ def new_run_dir(out: Path, env_id: str) -> Path:
     """A fresh folder ``out/<env_id>-<UTC time>`` (suffixed -2, -3, ... if taken)."""
     check_out_dir(out)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    base = Path(out) / f"{env_id}-{stamp}"
+    base = Path(out) / f"{env_id.replace('/', '-')}-{stamp}"
     candidate, number = base, 1
     while True:
         try:

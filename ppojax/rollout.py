@@ -135,7 +135,8 @@ def env_step(
         obs_stats = update_observation_stats(obs_stats, carry.obs)
     obs = network_input(config, obs_stats, carry.obs)
     head, log_std, value, hidden = agent.network.apply(params, obs, carry.hidden)
-    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action)
+    action_mask = agent.env.action_masks(carry.env_state)
+    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action, action_mask)
     result, env_state = jax.vmap(agent.env.step_from)(
         noise.env_key, carry.env_state, action, (noise.reset_obs, noise.reset_state)
     )
@@ -154,6 +155,7 @@ def env_step(
         next_obs=network_input(config, obs_stats, result.next_obs),
         episode_return=result.episode_return,
         episode_length=result.episode_length,
+        action_mask=action_mask,
         next_hidden=hidden,
     )
     new_carry = RolloutCarry(
@@ -200,17 +202,20 @@ def policy_step(
     hidden: jax.Array | None,
     key: jax.Array,
     deterministic: bool = False,
+    action_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """The trained policy's actions [N, ...] for a batch of raw observations [N, ...] (as in
     training: normalized with the frozen ``obs_stats`` when normalization is on) and its new
     hidden state [N, S] (None for a feed-forward policy); the mode when ``deterministic``.
     Actions are unclipped, as the policy produced them. The caller resets ``hidden`` where an
-    episode ended (``ppojax.networks.reset_hidden``)."""
+    episode ended (``ppojax.networks.reset_hidden``). Masked actions (``action_mask`` bool
+    [N, action_dim]) never come."""
     obs = network_input(config, obs_stats, obs)
     head, log_std, _, hidden = agent.network.apply(params, obs, hidden)
+    spec = agent.env.spec
     if deterministic:
-        return deterministic_action(agent.env.spec, head), hidden
-    return policy_distribution(agent.env.spec, head, log_std).sample(seed=key), hidden
+        return deterministic_action(spec, head, action_mask), hidden
+    return policy_distribution(spec, head, log_std, action_mask).sample(seed=key), hidden
 
 
 def policy_action(
@@ -221,6 +226,7 @@ def policy_action(
     obs: Any,
     key: jax.Array,
     deterministic: bool = False,
+    action_mask: jax.Array | None = None,
 ) -> jax.Array:
     """``policy_step`` of a feed-forward policy on a batch [N, ...]: the actions alone."""
     if config.recurrent is not None:
@@ -228,7 +234,8 @@ def policy_action(
             f"policy_action has no hidden state for recurrent={config.recurrent!r}; use "
             "policy_step, which takes and returns it"
         )
-    return policy_step(agent, config, params, obs_stats, obs, None, key, deterministic)[0]
+    step = policy_step(agent, config, params, obs_stats, obs, None, key, deterministic, action_mask)
+    return step[0]
 
 
 def episode_metrics(transitions: Transition) -> dict[str, jax.Array]:

@@ -48,7 +48,7 @@ from ppojax.update import (
 def make_agent(config: PPOConfig) -> Agent:
     """The env and network module that ``config`` describes; ``ConfigError`` naming the field
     when the encoder cannot take the env's observations."""
-    env = make_env(config.env_id)
+    env = make_env(config.env_id, **config.env_kwargs)
     return Agent(env, build_network(config, env))
 
 
@@ -116,6 +116,7 @@ def make_batch(
         policy_log_std=transitions.policy_log_std,
         advantage=advantages,
         target=targets,
+        action_mask=transitions.action_mask,
     )
     if start_hidden is not None:
         done = jnp.logical_or(transitions.terminated, transitions.truncated)

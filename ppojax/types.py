@@ -62,6 +62,7 @@ class Transition(NamedTuple):
     # the recurrent core's state [T, B, S] after reading ``obs``, before any reset at an
     # episode end: V(next_obs) is computed from it (None for a feed-forward policy)
     next_hidden: jax.Array | None = None
+    action_mask: jax.Array | None = None  # allowed actions at obs, for envs that mask them
 
 
 class Batch(NamedTuple):
@@ -76,6 +77,7 @@ class Batch(NamedTuple):
     policy_log_std: jax.Array | None
     advantage: jax.Array
     target: jax.Array
+    action_mask: jax.Array | None = None
 
 
 class SequenceBatch(NamedTuple):

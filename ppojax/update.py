@@ -105,8 +105,9 @@ def ppo_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Total PPO loss on one minibatch ([N] steps, or [T, B] sequences), with its parts."""
     batch, head, log_std, values = policy_outputs(agent, params, batch)
-    distribution = policy_distribution(agent.env.spec, head, log_std)
-    old_distribution = policy_distribution(agent.env.spec, batch.policy_head, batch.policy_log_std)
+    spec, mask = agent.env.spec, batch.action_mask
+    distribution = policy_distribution(spec, head, log_std, mask)
+    old_distribution = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
     kl = old_distribution.kl_divergence(distribution)
     log_ratio = distribution.log_prob(batch.action) - batch.log_prob
     advantages = batch.advantage
@@ -132,8 +133,9 @@ def ppo_loss(
 def policy_kl(agent: Agent, params: Params, batch: Batch | SequenceBatch) -> jax.Array:
     """Mean analytic KL(pi_old || pi_params) over ``batch`` ([N], or sequences [T, B])."""
     batch, head, log_std, _ = policy_outputs(agent, params, batch)
-    old = policy_distribution(agent.env.spec, batch.policy_head, batch.policy_log_std)
-    return old.kl_divergence(policy_distribution(agent.env.spec, head, log_std)).mean()
+    spec, mask = agent.env.spec, batch.action_mask
+    old = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
+    return old.kl_divergence(policy_distribution(spec, head, log_std, mask)).mean()
 
 
 MIN_KL_COEF = 1e-8

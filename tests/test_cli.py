@@ -398,7 +398,9 @@ def test_every_subcommand_has_help(capsys):
 
 def test_envs_lists_ids(capsys):
     assert main(["envs"]) == 0
-    assert "CartPole-v1  (tuned preset)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "CartPole-v1  (preset)" in out and "Breakout-MinAtar  (preset)" in out
+    assert "jumanji/" in out and "xminigrid/" in out
 
 
 def test_rlhf_subcommand_forwards_to_the_rlhf_command(capsys):

@@ -1,3 +1,5 @@
+import json
+
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -5,7 +7,10 @@ import numpy as np
 import pytest
 from gymnax.environments import spaces
 
-from ppojax.envs import PPOEnv, list_envs, make_env
+import ppojax
+from ppojax import io as ppojax_io
+from ppojax.envs import MultiDiscrete, PPOEnv, list_envs, make_env
+from ppojax.train import make_agent
 
 
 def run_env(env, actions, key):
@@ -108,7 +113,7 @@ class OtherSpaces:
         (spaces.Box(1.0, -1.0, (2,)), None, "low > high"),
         (spaces.Box(jnp.nan, 1.0, (2,)), None, "NaN bounds"),
         (spaces.Discrete(0), None, "has no actions"),
-        (spaces.Discrete(2), spaces.Dict({"a": spaces.Discrete(2)}), "observation space Dict"),
+        (spaces.Discrete(2), spaces.Tuple([spaces.Discrete(2)]), "observation space Tuple"),
     ],
 )
 def test_spaces_the_policy_cannot_handle_are_clear_errors(action_space, observation_space, message):
@@ -133,3 +138,68 @@ def test_an_env_that_cannot_be_built_names_its_id(monkeypatch):
     monkeypatch.setattr(gymnax, "make", offline)
     with pytest.raises(ValueError, match="gymnax could not build 'MNISTBandit-bsuite': <urlopen"):
         make_env("MNISTBandit-bsuite")
+
+
+def test_dict_observations_count_every_leaf():
+    obs_space = spaces.Dict({"grid": spaces.Box(0, 1, (3, 4, 2)), "step": spaces.Discrete(5)})
+    base = OtherSpaces(spaces.Discrete(2), obs_space)
+    assert PPOEnv(base, base.params).spec.obs_dim == 3 * 4 * 2 + 1
+
+
+def test_multidiscrete_actions_are_one_categorical_per_choice():
+    base = OtherSpaces(MultiDiscrete([3, 2, 4]))
+    spec = PPOEnv(base, base.params).spec
+    assert spec.discrete and spec.action_nvec == (3, 2, 4) and spec.action_dim == 9
+    with pytest.raises(ValueError, match="empty choice"):
+        PPOEnv(OtherSpaces(MultiDiscrete([3, 0])), base.params)
+
+
+def scripted_episode_ends(env, steps):
+    """Terminated and truncated flags and episode lengths [steps] under a constant action."""
+    _, results = run_env(env, jnp.ones(steps, jnp.int32), jax.random.key(0))
+    return (
+        np.asarray(results.terminated),
+        np.asarray(results.truncated),
+        np.asarray(results.episode_length),
+    )
+
+
+def test_env_kwargs_override_the_env_params_an_episode_length_of_50_truncates_at_50():
+    # MountainCar with no push never reaches the goal: only the time limit ends episodes.
+    terminated, truncated, lengths = scripted_episode_ends(
+        make_env("MountainCar-v0", max_steps_in_episode=50), 120
+    )
+    assert not terminated.any()
+    np.testing.assert_array_equal(np.flatnonzero(truncated), [49, 99])
+    np.testing.assert_array_equal(lengths[[49, 99]], [50, 50])
+    # gymnax's default time limit (200) does not end an episode in those steps.
+    assert not scripted_episode_ends(make_env("MountainCar-v0"), 120)[1].any()
+
+
+def test_env_kwargs_reach_a_training_config_and_survive_json():
+    config = ppojax.PPOConfig(env_id="MountainCar-v0", env_kwargs={"max_steps_in_episode": 50})
+    assert make_agent(config).env.env_params.max_steps_in_episode == 50
+    again = ppojax_io.config_from_dict(json.loads(json.dumps(ppojax_io.config_to_dict(config))))
+    assert again == config and hash(again.env_kwargs) == hash(config.env_kwargs)
+    with pytest.raises(TypeError, match="read-only"):
+        config.env_kwargs["max_steps_in_episode"] = 3
+
+
+def test_env_kwargs_other_than_params_go_to_the_env_constructor():
+    assert make_env("Breakout-MinAtar").spec.action_dim == 3
+    assert make_env("Breakout-MinAtar", use_minimal_action_set=False).spec.action_dim == 6
+
+
+@pytest.mark.parametrize(
+    "env_id, env_kwargs, message",
+    [
+        ("CartPole-v1", {"max_step_in_episode": 5}, "no parameter 'max_step_in_episode'. Did you"),
+        ("Breakout-MinAtar", {"colour": 1}, "no parameter 'colour'"),
+        ("CartPole-v1", {"max_steps_in_episode": [1, {"a": 2}]}, r"env_kwargs\['max_steps"),
+        ("CartPole-v1", "max_steps_in_episode=5", "must be a dict"),
+    ],
+)
+def test_unknown_or_unwritable_env_kwargs_are_config_errors(env_id, env_kwargs, message):
+    with pytest.raises(ppojax.ConfigError, match=message) as error:
+        ppojax.PPOConfig(env_id=env_id, env_kwargs=env_kwargs)
+    assert error.value.field == "env_kwargs"

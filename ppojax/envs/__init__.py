@@ -1,5 +1,26 @@
-"""Environments: gymnax ids behind one wrapper with episode statistics."""
+"""Environments: gymnax ids, registered ids and suite ids behind one wrapper with episode
+statistics."""
 
-from ppojax.envs.wrappers import EnvSpec, EpisodeState, PPOEnv, StepResult, list_envs, make_env
+from ppojax.envs.registry import SUITES, register_env, registered_envs
+from ppojax.envs.wrappers import (
+    EnvSpec,
+    EpisodeState,
+    MultiDiscrete,
+    PPOEnv,
+    StepResult,
+    list_envs,
+    make_env,
+)
 
-__all__ = ["EnvSpec", "EpisodeState", "PPOEnv", "StepResult", "list_envs", "make_env"]
+__all__ = [
+    "SUITES",
+    "EnvSpec",
+    "EpisodeState",
+    "MultiDiscrete",
+    "PPOEnv",
+    "StepResult",
+    "list_envs",
+    "make_env",
+    "register_env",
+    "registered_envs",
+]

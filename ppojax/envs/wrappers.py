@@ -21,17 +21,44 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from ppojax.config import check_env_id
+from ppojax.envs.registry import build_env, gymnax_envs, registered_envs
 
 
 class EnvSpec(NamedTuple):
-    """Static description of an environment's observation and action spaces."""
+    """Static description of an environment's observation and action spaces.
+
+    ``action_nvec`` is set for MultiDiscrete actions: the sizes [k] of the k Categoricals
+    whose product is the policy (``action_dim`` = their sum, the number of logits, and an
+    action is an int vector [k]). ``masked``: the env gives an action mask (bool
+    [action_dim], True = allowed) for every state, through ``action_mask(state, params)``.
+    """
 
     obs_dim: int
     discrete: bool
-    action_dim: int  # number of actions when discrete, action vector size when continuous
+    action_dim: int  # number of actions (logits) when discrete, action vector size when not
     action_low: tuple[float, ...] | None
     action_high: tuple[float, ...] | None
+    action_nvec: tuple[int, ...] | None = None
+    masked: bool = False
+
+
+class MultiDiscrete:
+    """An action space of k independent choices, the i-th among ``nvec[i]`` values: actions
+    are int32 vectors [k] (gymnax has no such space; adapters and user envs may return it)."""
+
+    def __init__(self, nvec: Any) -> None:
+        self.nvec = tuple(int(n) for n in np.asarray(nvec).reshape(-1))
+        self.shape = (len(self.nvec),)
+        self.dtype = jnp.int32
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.randint(key, self.shape, 0, jnp.asarray(self.nvec))
+
+    def contains(self, x: jax.Array) -> jax.Array:
+        return jnp.all((x >= 0) & (x < jnp.asarray(self.nvec)))
+
+    def __repr__(self) -> str:
+        return f"MultiDiscrete({list(self.nvec)})"
 
 
 @struct.dataclass
@@ -54,19 +81,22 @@ class StepResult(NamedTuple):
 
 
 def list_envs() -> list[str]:
-    """Every environment id ppojax can train on (gymnax's registry)."""
-    import gymnax
-
-    return list(gymnax.registered_envs)
+    """Every environment id ppojax can train on without a suite: gymnax's registry, then the
+    ids registered with ``ppojax.register_env`` (suite ids: ``ppojax.envs.registry.SUITES``)."""
+    return gymnax_envs() + [env_id for env_id in registered_envs() if env_id not in gymnax_envs()]
 
 
 def _obs_dim(name: str, obs_space: Any) -> int:
+    """Elements in one observation; a Dict space's observations are dicts of arrays (a
+    pytree), whose leaves all count."""
     from gymnax.environments import spaces
 
+    if isinstance(obs_space, spaces.Dict):
+        return sum(_obs_dim(name, space) for space in obs_space.spaces.values())
     if not isinstance(obs_space, (spaces.Box, spaces.Discrete)):
         raise ValueError(
             f"{name}: observation space {obs_space!r} is not supported; ppojax takes Box and "
-            "Discrete observations. Wrap the env so that it returns one Box."
+            "Discrete observations and Dicts of them. Wrap the env so that it returns those."
         )
     return int(math.prod(obs_space.shape))
 
@@ -97,6 +127,11 @@ def _space_spec(name: str, obs_space: Any, action_space: Any) -> EnvSpec:
     from gymnax.environments import spaces
 
     obs_dim = _obs_dim(name, obs_space)
+    if isinstance(action_space, MultiDiscrete):
+        if not action_space.nvec or min(action_space.nvec) < 1:
+            raise ValueError(f"{name}: action space {action_space!r} has an empty choice.")
+        nvec = action_space.nvec
+        return EnvSpec(obs_dim, True, sum(nvec), None, None, action_nvec=nvec)
     if isinstance(action_space, spaces.Discrete):
         if int(action_space.n) < 1:
             raise ValueError(f"{name}: action space {action_space!r} has no actions.")
@@ -108,8 +143,9 @@ def _space_spec(name: str, obs_space: Any, action_space: Any) -> EnvSpec:
         return EnvSpec(obs_dim, False, size, tuple(map(float, low)), tuple(map(float, high)))
     raise ValueError(
         f"{name}: action space {action_space!r} is not supported; ppojax trains on Discrete "
-        "actions (Categorical policy) and Box actions (Gaussian policy). Wrap the env so that "
-        "it takes one of those (for example one Box for a Tuple of Boxes)."
+        "actions (Categorical policy), ppojax.envs.MultiDiscrete (a product of Categoricals) "
+        "and Box actions (Gaussian policy). Wrap the env so that it takes one of those (for "
+        "example one Box for a Tuple of Boxes)."
     )
 
 
@@ -120,10 +156,23 @@ class PPOEnv:
         self.env = env
         self.env_params = env_params
         name = name or type(env).__name__
-        self.spec = _space_spec(
-            name, env.observation_space(env_params), env.action_space(env_params)
-        )
+        spec = _space_spec(name, env.observation_space(env_params), env.action_space(env_params))
+        self.spec = spec._replace(masked=callable(getattr(env, "action_mask", None)))
         self._action_shape = tuple(env.action_space(env_params).shape)
+        if self.spec.masked:
+            _check_mask_shape(name, self)
+
+    def action_mask(self, state: EpisodeState) -> jax.Array | None:
+        """The allowed actions in ``state`` (bool [action_dim]; for MultiDiscrete each
+        choice's values side by side), None when the env has no mask."""
+        if not self.spec.masked:
+            return None
+        mask = self.env.action_mask(state.env_state, self.env_params)
+        return jnp.asarray(mask, jnp.bool_).reshape(-1)
+
+    def action_masks(self, states: EpisodeState) -> jax.Array | None:
+        """``action_mask`` of a batch of states [B]: [B, action_dim], or None."""
+        return jax.vmap(self.action_mask)(states) if self.spec.masked else None
 
     def reset(self, key: jax.Array) -> tuple[jax.Array, EpisodeState]:
         obs, env_state = self.env.reset(key, self.env_params)
@@ -224,13 +273,18 @@ class PPOEnv:
         return jax.tree.map(lambda leaf: jnp.atleast_1d(jnp.asarray(leaf, jnp.float32)), obs)
 
 
-def make_env(env_id: str, **env_kwargs: Any) -> PPOEnv:
-    """The gymnax environment ``env_id`` with default parameters, wrapped for PPO."""
-    check_env_id(env_id)
-    import gymnax
+def _check_mask_shape(name: str, env: PPOEnv) -> None:
+    """A ``ValueError`` naming the env unless its mask has one entry per logit."""
+    shape = jax.eval_shape(lambda key: env.action_mask(env.reset(key)[1]), jax.random.key(0))
+    if shape.shape != (env.spec.action_dim,):
+        raise ValueError(
+            f"{name}: action_mask(state, params) gives shape {shape.shape}; it must be "
+            f"({env.spec.action_dim},), one entry per action (per value of each choice)."
+        )
 
-    try:
-        env, env_params = gymnax.make(env_id, **env_kwargs)
-    except OSError as error:  # the few envs that download their data (MNISTBandit-bsuite)
-        raise ValueError(f"gymnax could not build {env_id!r}: {error}") from None
+
+def make_env(env_id: str, **env_kwargs: Any) -> PPOEnv:
+    """The environment ``env_id`` (a gymnax id, an id registered with ``ppojax.register_env``
+    or ``suite/name``) built with ``env_kwargs`` (``PPOConfig.env_kwargs``), wrapped for PPO."""
+    env, env_params = build_env(env_id, env_kwargs)
     return PPOEnv(env, env_params, env_id)

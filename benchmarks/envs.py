@@ -1,0 +1,124 @@
+"""One env per adapter suite, trained long enough to show learning on a CPU.
+
+    python benchmarks/envs.py [--seeds 2] [--out benchmarks/results] [--tag cpu-2core]
+
+For each suite: ``jit(vmap(train))`` over ``--seeds`` seeds compiled once (timed on its own),
+then run once; the JSON keeps per seed the mean episode return of the first and of the last
+10 updates, env steps/s (all seeds, run time only) and compile seconds; the PNG the learning
+curves. Craftax is left out: its step alone compiles for minutes on 2 cores, and learning on
+it takes far more steps than this machine runs in a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+import ppojax
+from ppojax.io import rolling_mean
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import machine_description  # noqa: E402
+
+# Small versions of each suite's first env: a 6x6 Snake with a 100-step limit, and
+# MiniGrid's empty 5x5 room; 2-layer 64-unit tanh MLPs as for CartPole.
+SUITE_CONFIGS: dict[str, dict[str, Any]] = {
+    "jumanji": dict(
+        env_id="jumanji/Snake-v1",
+        env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100},
+        num_envs=16,
+        num_steps=64,
+        total_timesteps=600_000,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=5e-4,
+    ),
+    "xminigrid": dict(
+        env_id="xminigrid/MiniGrid-Empty-5x5",
+        num_envs=16,
+        num_steps=64,
+        total_timesteps=200_000,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=5e-4,
+    ),
+}
+
+
+def train_suite(settings: dict[str, Any], seeds: int) -> dict[str, Any]:
+    """Compile and run ``seeds`` seeds of one config; returns its row of the JSON."""
+    config = ppojax.PPOConfig(**settings)
+    keys = jax.random.split(jax.random.key(0), seeds)
+    train = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
+    start = time.perf_counter()
+    compiled = train.lower(config, keys).compile()
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    returns = np.asarray(jax.block_until_ready(compiled(config, keys)).metrics["episode_return"])
+    run_seconds = time.perf_counter() - start
+    smooth = rolling_mean(returns)
+    return {
+        "config": {**settings, "env_kwargs": dict(config.env_kwargs)},
+        "seeds": seeds,
+        "compile_seconds": round(compile_seconds, 2),
+        "run_seconds": round(run_seconds, 2),
+        "env_steps_per_second": round(seeds * config.num_updates * config.batch_size / run_seconds),
+        "return_first_10_updates": np.nanmean(returns[:, :10], axis=1).round(3).tolist(),
+        "return_last_10_updates": np.nanmean(returns[:, -10:], axis=1).round(3).tolist(),
+        "curve_env_steps": ((np.arange(returns.shape[1]) + 1) * config.batch_size).tolist(),
+        "curve_mean_return": np.nanmean(smooth, axis=0).round(4).tolist(),
+    }
+
+
+def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.5))
+    for axis, row in zip(np.atleast_1d(axes), rows.values(), strict=True):
+        axis.plot(row["curve_env_steps"], row["curve_mean_return"])
+        axis.set_title(f"{row['config']['env_id']} ({row['seeds']} seeds)")
+        axis.set_xlabel("env steps")
+        axis.set_ylabel("episode return (10-update mean)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--suites", nargs="+", default=list(SUITE_CONFIGS))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--tag", default="cpu-2core")
+    parser.add_argument("--machine-note", default="2-core AMD EPYC CPU, shared with other jobs")
+    args = parser.parse_args()
+    rows = {}
+    for suite in args.suites:
+        rows[suite] = train_suite(SUITE_CONFIGS[suite], args.seeds)
+        print(suite, {k: v for k, v in rows[suite].items() if not k.startswith("curve")})
+    result = {
+        "command": "python " + shlex.join(sys.argv),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"note": args.machine_note, **machine_description()},
+        "suites": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"envs-{args.tag}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""What the suite adapters share: a gymnax ``Environment`` around another suite's env.
+
+An adapter implements gymnax's ``reset_env`` / ``step_env`` and keeps the suite's own state
+in ``AdapterState`` together with the flags gymnax's API needs and other suites fold into one
+``done``: whether the last step ended the episode by a time limit (``truncated``, read by
+``is_truncated``) rather than by reaching a terminal state (``terminated``, returned by
+``step_env``). Since adapters leave gymnax's ``step`` as it is, ``PPOEnv.step_from`` draws
+their auto-resets in one batch per rollout, as for gymnax's own envs, and keeps the true
+final observation of every episode.
+
+This module imports gymnax, so it is imported only by the adapters, when a suite id is built.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import environment, spaces
+
+from ppojax.config import ConfigError
+
+
+@struct.dataclass
+class AdapterState:
+    inner: Any  # the suite's own state (and timestep, where the suite has one)
+    action_mask: Any  # bool [n] of the actions allowed now, or None for suites without masks
+    truncated: jax.Array  # the step that led here ended the episode by a time limit
+    time: jax.Array  # steps since the reset
+
+
+@struct.dataclass
+class NoParams:
+    """Env params of suites whose settings all go to the constructor (``env_kwargs``)."""
+
+
+class Adapter(environment.Environment):
+    """Base of the adapters: ``is_truncated`` reads the flag ``step_env`` stored. Each adapter
+    also gives ``time_limit(params)``, the most steps of an episode (``ppojax eval`` runs
+    episodes that long)."""
+
+    def is_truncated(self, state: AdapterState, params: Any) -> jax.Array:
+        return state.truncated
+
+    @staticmethod
+    def start(inner: Any, action_mask: Any = None) -> AdapterState:
+        return AdapterState(inner, action_mask, jnp.bool_(False), jnp.int32(0))
+
+    @staticmethod
+    def advance(
+        state: AdapterState, inner: Any, truncated: jax.Array, action_mask: Any = None
+    ) -> AdapterState:
+        return AdapterState(inner, action_mask, jnp.asarray(truncated, jnp.bool_), state.time + 1)
+
+
+def box_like(leaf: Any) -> spaces.Box:
+    """An unbounded Box of the shape and dtype of an array (or ``ShapeDtypeStruct``)."""
+    return spaces.Box(-np.inf, np.inf, tuple(leaf.shape), leaf.dtype)
+
+
+def observation_space_of(obs: Any) -> spaces.Box | spaces.Dict:
+    """A Box for one array, a Dict of Boxes for a dict of arrays (shapes of ``obs``)."""
+    if isinstance(obs, dict):
+        return spaces.Dict({name: box_like(leaf) for name, leaf in obs.items()})
+    return box_like(obs)
+
+
+def unknown_name(suite: str, name: str, known: list[str] | tuple[str, ...]) -> ConfigError:
+    """The ``ConfigError`` for ``suite/name`` when the suite has no env ``name``."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    hint = f" Close matches: {', '.join(f'{suite}/{c}' for c in close)}." if close else ""
+    return ConfigError(
+        "env_id",
+        f"PPOConfig.env_id {suite}/{name!r}: {suite} has no env {name!r}.{hint} "
+        f"Its ids: {', '.join(sorted(known))}.",
+    )

@@ -1,0 +1,184 @@
+"""Each adapter suite against its own step function, and a few updates of training on it.
+
+Each suite is installed by the dev extra; a test is skipped only where its suite is missing.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppojax
+from ppojax.evaluate import max_episode_steps
+
+TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2)
+STEPS = 120
+
+
+def flat(obs) -> jax.Array:
+    return jnp.concatenate([jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree.leaves(obs)])
+
+
+def run_side_by_side(env, raw_reset, raw_step, key, action_logits):
+    """``STEPS`` steps of the adapter (``PPOEnv.step_from``, resets drawn outside as in a
+    rollout) and of the suite's own API (``raw_step(raw, action, key)``, the key the adapter's
+    step gets) from the same keys and actions (drawn from
+    ``action_logits(mask)``): per step the
+    adapter's StepResult and what the suite's step gave (observation before any reset,
+    reward, its terminated and truncated flags, the observation after the reset)."""
+    reset_key, run_key = jax.random.split(key)
+    _, state = env.reset(reset_key)
+    raw = raw_reset(reset_key)
+
+    def step(carry, key):
+        state, raw = carry
+        action_key, env_key, next_reset_key = jax.random.split(key, 3)
+        action = jax.random.categorical(action_key, action_logits(env.action_mask(state)))
+        result, state = env.step_from(env_key, state, action, env.reset(next_reset_key))
+        result = result._replace(obs=flat(result.obs), next_obs=flat(result.next_obs))
+        raw, (obs, reward, terminated, truncated) = raw_step(raw, action, env_key)
+        raw = jax.lax.cond(terminated | truncated, lambda: raw_reset(next_reset_key), lambda: raw)
+        expected = (flat(obs), reward, terminated, truncated, flat(raw_observation(raw)))
+        return (state, raw), (result, expected)
+
+    _, outputs = jax.jit(
+        lambda: jax.lax.scan(step, (state, raw), jax.random.split(run_key, STEPS))
+    )()
+    return jax.device_get(outputs)
+
+
+def raw_observation(raw):
+    return raw[-1]
+
+
+def check_against_suite(outputs, both_ends=True):
+    result, (obs, reward, terminated, truncated, next_obs) = outputs
+    np.testing.assert_array_equal(result.terminated, terminated)
+    np.testing.assert_array_equal(result.truncated, truncated)
+    np.testing.assert_array_equal(result.reward, reward)
+    # The adapter and the suite compute the observation in two fusions of one program: float
+    # observations (Craftax's light level in [0, 1]) may differ in their last bit, 6e-8 at
+    # 0.8; 4 float32 ulps of a value of at most 1 allow for that, integer ones match exactly.
+    np.testing.assert_allclose(result.next_obs, obs, rtol=0, atol=4 * 2**-23)  # final obs
+    np.testing.assert_allclose(result.obs, next_obs, rtol=0, atol=4 * 2**-23)  # next first
+    ended = terminated | truncated
+    assert truncated.any() and (terminated.any() or not both_ends), "the seed shows both ends"
+    np.testing.assert_array_equal(result.episode_length > 0, ended)
+    # Each episode's return is the sum of its rewards.
+    starts = np.concatenate([[0], np.flatnonzero(ended)[:-1] + 1])
+    ends = np.flatnonzero(ended)
+    sums = [reward[start : end + 1].sum() for start, end in zip(starts, ends, strict=True)]
+    np.testing.assert_allclose(result.episode_return[ended], sums, rtol=1e-6)
+
+
+def check_training(env_id, env_kwargs):
+    config = ppojax.PPOConfig(env_id=env_id, env_kwargs=env_kwargs, num_minibatches=2, **TINY)
+    out = jax.jit(ppojax.train)(config, jax.random.key(0))
+    obs_dim = ppojax.make_env(env_id, **env_kwargs).spec.obs_dim
+    leaves = jax.tree.leaves(out.state.obs)  # the env's own shapes, batched over 4 envs
+    assert all(leaf.shape[0] == 4 for leaf in leaves)
+    assert sum(leaf[0].size for leaf in leaves) == obs_dim
+    for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
+        values = np.asarray(out.metrics[name])
+        assert values.shape == (3,) and np.isfinite(values).all(), name
+    return out
+
+
+def test_jumanji_snake_matches_jumanji_and_trains_with_its_action_mask():
+    jumanji = pytest.importorskip("jumanji")
+    raw_env = jumanji.make("Snake-v1", time_limit=15)
+    env = ppojax.make_env("jumanji/Snake-v1", time_limit=15)
+    assert env.spec.masked and env.spec.action_dim == 4
+    assert env.spec.obs_dim == 12 * 12 * 5 + 1  # {"grid", "step_count"}, mask left out
+
+    def without_mask(observation):
+        return observation._replace(action_mask=jnp.zeros(0))
+
+    def raw_reset(key):
+        state, timestep = raw_env.reset(key)
+        return state, without_mask(timestep.observation)
+
+    def raw_step(raw, action, key):
+        state, timestep = raw_env.step(raw[0], action)
+        # Jumanji ends Snake at its time limit with discount 0, as if terminal; the adapter
+        # counts that step as truncated (so GAE bootstraps it).
+        timed_out = state.step_count >= raw_env.time_limit
+        terminated = timestep.last() & (timestep.discount == 0) & ~timed_out
+        truncated = timestep.last() & ~terminated
+        observation = without_mask(timestep.observation)
+        return (state, observation), (observation, timestep.reward, terminated, truncated)
+
+    # Mostly allowed moves, so that some episodes reach the time limit; a masked move (about
+    # 1 in 25 steps) kills the snake, a terminal state.
+    outputs = run_side_by_side(
+        env, raw_reset, raw_step, jax.random.key(3), lambda mask: jnp.where(mask, 2.0, 0.0)
+    )
+    check_against_suite(outputs)
+    check_training("jumanji/Snake-v1", {"time_limit": 15})
+    assert max_episode_steps(env) == 15
+
+
+def test_xminigrid_matches_xminigrid_and_trains():
+    xminigrid = pytest.importorskip("xminigrid")
+    raw_env, params = xminigrid.make("MiniGrid-Empty-5x5")
+    params = params.replace(max_steps=30)
+    env = ppojax.make_env("xminigrid/MiniGrid-Empty-5x5", max_steps=30)
+    assert env.spec.action_dim == 6 and env.spec.obs_dim == 7 * 7 * 2
+
+    def raw_reset(key):
+        timestep = raw_env.reset(params, key)
+        return timestep, timestep.observation
+
+    def raw_step(raw, action, key):
+        timestep = raw_env.step(params, raw[0], action)
+        terminated = timestep.last() & (timestep.discount == 0)
+        truncated = timestep.last() & (timestep.discount > 0)
+        return (timestep, timestep.observation), (
+            timestep.observation,
+            timestep.reward,
+            terminated,
+            truncated,
+        )
+
+    # Forward, left and right only: a random walk that reaches the goal now and then.
+    walk = jnp.array([0.0, 0.0, 0.0, -1e9, -1e9, -1e9])
+    outputs = run_side_by_side(env, raw_reset, raw_step, jax.random.key(0), lambda _: walk)
+    check_against_suite(outputs)
+    check_training("xminigrid/MiniGrid-Empty-5x5", {"max_steps": 12})
+    assert max_episode_steps(env) == 30
+
+
+def test_craftax_classic_matches_craftax_with_the_time_limit_as_truncation():
+    """Not in the dev extra (Craftax's step compiles for minutes on 2 cores): runs where
+    ``pip install "ppojax[craftax]"`` installed it. A random player rarely dies in the 120
+    steps, so only truncations are certain; terminations are checked where they occur."""
+    pytest.importorskip("craftax")
+    from craftax.craftax_env import make_craftax_env_from_name
+
+    raw_env = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=False)
+    params = raw_env.default_params.replace(max_timesteps=25)
+    env = ppojax.make_env("craftax/Craftax-Classic-Symbolic-v1", max_timesteps=25)
+    assert env.spec.action_dim == 17 and env.spec.obs_dim == 1345
+
+    def raw_reset(key):
+        obs, state = raw_env.reset_env(key, params)
+        return state, obs
+
+    def raw_step(raw, action, key):
+        obs, state, reward, done, _ = raw_env.step_env(key, raw[0], action, params)
+        dead = (state.player_health <= 0) | ((state.timestep < params.max_timesteps) & done)
+        return (state, obs), (obs, reward, done & dead, done & ~dead)
+
+    outputs = run_side_by_side(env, raw_reset, raw_step, jax.random.key(0), lambda _: jnp.zeros(17))
+    check_against_suite(outputs, both_ends=False)
+
+
+def test_suite_ids_name_unknown_envs_and_missing_extras(monkeypatch):
+    pytest.importorskip("jumanji")
+    with pytest.raises(ppojax.ConfigError, match="Close matches: jumanji/Snake-v1"):
+        ppojax.make_env("jumanji/Snak-v1")
+    from ppojax.envs import registry
+
+    monkeypatch.setattr(registry, "suite_installed", lambda suite: False)
+    with pytest.raises(ppojax.ConfigError, match=r'pip install "ppojax\[jumanji\]"'):
+        ppojax.PPOConfig(env_id="jumanji/Snake-v1")
