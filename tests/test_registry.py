@@ -17,7 +17,8 @@ from gymnax.environments import spaces
 import ppojax
 from ppojax.cli import main
 from ppojax.envs import registry
-from ppojax.evaluate import episode_rollout, make_act
+from ppojax.evaluate import make_act
+from ppojax.evaluation import eval_start, eval_step, max_episode_steps
 
 
 @struct.dataclass
@@ -73,6 +74,13 @@ def corridor(length: int = 4) -> tuple[MaskedCorridor, CorridorParams]:
     return MaskedCorridor(), CorridorParams(length=length)
 
 
+@pytest.fixture(autouse=True)
+def registry_restored(monkeypatch):
+    """Registered ids are process-wide, and env-id errors that other tests compare list them:
+    each test here registers into a copy that is dropped after it."""
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
+
+
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2)
 
 
@@ -94,8 +102,13 @@ def test_a_registered_env_trains_and_its_mask_reaches_the_rollout_and_the_loss()
     # Evaluation episodes pass the env's mask to the trained policy too.
     act = make_act(config, out.state)
     env = ppojax.make_env(config.env_id, **config.env_kwargs)
-    states, _, ended, returns = episode_rollout(env, act, jax.random.key(1), 8, False)
-    assert int(states.masked_taken.max()) == 0 and ended.any()
+
+    def step(carry, _):
+        return eval_step(env, act, False, carry)[0], None
+
+    start = eval_start(env, jax.random.key(1), 8)
+    end, _ = jax.lax.scan(step, start, None, max_episode_steps(env))
+    assert int(end.env_state.env_state.masked_taken.max()) == 0 and bool(end.finished.any())
 
 
 def test_registering_checks_the_id_and_the_factory():
