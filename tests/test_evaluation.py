@@ -68,6 +68,16 @@ def test_in_loop_evaluation_equals_ppojax_eval_of_the_same_params_and_key(config
     assert not np.array_equal(returns, deterministic)  # the sampled policy was evaluated
 
 
+def test_a_recurrent_policy_is_evaluated_with_its_hidden_state_in_the_loop_and_by_eval(config):
+    """The evaluation carries a GRU's state (zeros at each episode's start) inside the loop and
+    in ``evaluate``; the same reasoning as above gives equal integer returns."""
+    recurrent = config.replace(recurrent="gru", recurrent_size=8, num_minibatches=2)
+    out = jax.jit(ppojax.train)(recurrent, jax.random.key(1))
+    act = make_act(recurrent, out.state)
+    returns = evaluate(recurrent, act, recurrent.eval_episodes, key=eval_key(out.state.key))
+    np.testing.assert_allclose(out.metrics["eval_return"][-1], returns.mean(), rtol=1e-6)
+
+
 def todays_updates(config, state, num_updates):
     """The training loop without any evaluation hook: a scan of ``update_step``."""
     step = functools.partial(update_step, make_agent(config), make_optimizer(config), config)
