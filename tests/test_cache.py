@@ -8,6 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from tolerance import TRAINING_ULPS, assert_close
 
 from ppojax import cache, io
 from ppojax.experiment import read_experiment, state_template
@@ -57,11 +58,18 @@ def test_programs_loaded_from_the_cache_give_the_fresh_programs_arrays(tmp_path)
     for x, y in zip(final_state(a), final_state(b), strict=True):
         np.testing.assert_array_equal(x, y)
     assert (a / io.METRICS_FILE).read_text() == (b / io.METRICS_FILE).read_text()
-    # The one-call program runs the same update body as the chunks, and on CPU chunked runs
-    # reproduce one call exactly (the resume tests rely on it too): bit for bit as well.
+    # The one-call program is another compiled program than the chunks: floats may differ by
+    # float32 ulps of their terms (see tests/tolerance.py), integers and keys not at all.
     for x, y in zip(final_state(a), final_state(c), strict=True):
-        np.testing.assert_array_equal(x, y)
-    assert (a / io.METRICS_FILE).read_text() == (c / io.METRICS_FILE).read_text()
+        if x.dtype.kind == "f":
+            assert_close(y, x, ulps=TRAINING_ULPS)
+        else:
+            np.testing.assert_array_equal(x, y)
+    _, chunked = io.read_metrics(a / io.METRICS_FILE)
+    _, one_call = io.read_metrics(c / io.METRICS_FILE)
+    assert list(one_call) == list(chunked)
+    for name, values in chunked.items():
+        assert_close(one_call[name], values, ulps=TRAINING_ULPS, err_msg=name)
 
 
 def test_an_unusable_cache_folder_is_a_clear_error(tmp_path):
