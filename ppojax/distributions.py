@@ -1,4 +1,4 @@
-"""Policy distributions (distrax) built from the actor's output.
+"""Policy distributions built from the actor's output.
 
 Discrete actions: a Categorical over the logits, masked where the env gives an action mask.
 MultiDiscrete actions (``spec.action_nvec`` = [n_1, ..., n_k]): a product of k Categoricals,
@@ -9,11 +9,16 @@ A masked action's logit is replaced by the lowest float32: its probability, ``ex
 minus the log-normalizer, is exactly 0, so it is never sampled and adds exactly 0 to the
 entropy and the KL, while the logits stay finite, which keeps gradients free of NaN (a logit
 of -inf gives 0 * inf in the entropy's gradient). The mask must allow at least one action.
+
+The distributions are a few lines of ``jax.numpy`` each rather than distrax's: the formulas are
+exact and tested against NumPy, and importing distrax (with TensorFlow Probability's JAX
+substrate) took 1.7 s of ``import ppojax``'s 4.5 s (benchmarks/README.md, "Startup").
 """
 
 from __future__ import annotations
 
-import distrax
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +26,68 @@ import numpy as np
 from ppojax.envs import EnvSpec
 
 MASKED_LOGIT = float(np.finfo(np.float32).min)
+HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class Categorical:
+    """A Categorical over ``logits`` [..., n]; with ``choices`` the product of independent
+    Categoricals over the second-to-last axis (logits [..., k, n], actions [..., k]), whose
+    log-probabilities, entropies and KLs are sums over the k choices."""
+
+    def __init__(self, logits: jax.Array, choices: bool = False):
+        self.logits = logits
+        self.log_probs = jax.nn.log_softmax(logits, axis=-1)
+        self.choices = choices
+
+    def _reduce(self, values: jax.Array) -> jax.Array:
+        return values.sum(axis=-1) if self.choices else values
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        action = jnp.asarray(action, jnp.int32)
+        shape = jnp.broadcast_shapes(action.shape, self.log_probs.shape[:-1])
+        log_probs = jnp.broadcast_to(self.log_probs, shape + self.log_probs.shape[-1:])
+        index = jnp.broadcast_to(action, shape)[..., None]
+        picked = jnp.take_along_axis(log_probs, index, axis=-1)[..., 0]
+        return self._reduce(picked)
+
+    def entropy(self) -> jax.Array:
+        """-sum p log p; a masked action (p exactly 0, log p finite) adds exactly 0."""
+        return self._reduce(-(jnp.exp(self.log_probs) * self.log_probs).sum(axis=-1))
+
+    def kl_divergence(self, other: Categorical) -> jax.Array:
+        """KL(self || other) = sum p (log p - log q)."""
+        difference = self.log_probs - other.log_probs
+        return self._reduce((jnp.exp(self.log_probs) * difference).sum(axis=-1))
+
+    def sample(self, seed: jax.Array) -> jax.Array:
+        return jax.random.categorical(seed, self.logits, axis=-1)
+
+
+class DiagGaussian:
+    """A Gaussian N(loc, diag(scale^2)) over the last axis of ``loc`` [..., d]."""
+
+    def __init__(self, loc: jax.Array, scale: jax.Array):
+        self.loc = loc
+        self.scale = scale
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        z = (action - self.loc) / self.scale
+        return (-0.5 * jnp.square(z) - jnp.log(self.scale) - HALF_LOG_TWO_PI).sum(axis=-1)
+
+    def entropy(self) -> jax.Array:
+        return (0.5 + HALF_LOG_TWO_PI + jnp.log(self.scale)).sum(axis=-1)
+
+    def kl_divergence(self, other: DiagGaussian) -> jax.Array:
+        """KL(self || other) = sum log(s_q / s_p) + (s_p^2 + (m_p - m_q)^2) / (2 s_q^2) - 1/2."""
+        variance_ratio = jnp.square(self.scale / other.scale)
+        mean_term = jnp.square((self.loc - other.loc) / other.scale)
+        return (0.5 * (variance_ratio + mean_term - 1.0 - jnp.log(variance_ratio))).sum(axis=-1)
+
+    def sample(self, seed: jax.Array) -> jax.Array:
+        return self.loc + self.scale * jax.random.normal(seed, self.loc.shape, self.loc.dtype)
+
+
+Distribution = Categorical | DiagGaussian
 
 
 def masked_logits(logits: jax.Array, action_mask: jax.Array | None) -> jax.Array:
@@ -52,18 +119,18 @@ def policy_distribution(
     head: jax.Array,
     log_std: jax.Array | None,
     action_mask: jax.Array | None = None,
-) -> distrax.Distribution:
+) -> Distribution:
     """Categorical(logits=head) for discrete actions, with masked actions at probability 0
     (``action_mask`` bool [..., action_dim]); for MultiDiscrete actions the product of
     Categoricals over ``choice_logits``; for continuous actions a diagonal Gaussian
     N(head, exp(log_std)^2)."""
     if spec.action_nvec is not None:
         logits = choice_logits(spec, masked_logits(head, action_mask))
-        return distrax.Independent(distrax.Categorical(logits=logits), 1)
+        return Categorical(logits, choices=True)
     if spec.discrete:
-        return distrax.Categorical(logits=masked_logits(head, action_mask))
+        return Categorical(masked_logits(head, action_mask))
     scale = jnp.broadcast_to(jnp.exp(log_std), head.shape)
-    return distrax.MultivariateNormalDiag(loc=head, scale_diag=scale)
+    return DiagGaussian(head, scale)
 
 
 def deterministic_action(

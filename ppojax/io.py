@@ -736,7 +736,7 @@ def set_aside(run_dir: Path, steps: Sequence[int]) -> list[Path]:
 
 def versions() -> dict[str, str]:
     """Versions of Python, the packages ppojax runs on, and the JAX backend and devices."""
-    packages = ("ppojax", "jax", "jaxlib", "flax", "optax", "distrax", "gymnax", "numpy")
+    packages = ("ppojax", "jax", "jaxlib", "flax", "optax", "gymnax", "numpy")
     found = {"python": platform.python_version()}
     for name in (*packages, "orbax-checkpoint"):
         try:
