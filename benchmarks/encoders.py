@@ -38,18 +38,13 @@ from throughput import machine_description  # noqa: E402
 import ppojax  # noqa: E402
 
 MINATAR_ENVS = ("Breakout-MinAtar", "Asterix-MinAtar")
-MINATAR = {
-    "num_envs": 64,
-    "num_steps": 128,
-    "update_epochs": 4,
-    "num_minibatches": 8,
-    "learning_rate": 5e-4,
-    "activation": "relu",
-}
+# Both start from ppojax's MinAtar preset (ppojax.PRESETS); "mlp" is the preset itself.
 ENCODERS = {
     "cnn": {"encoder": "cnn", "cnn_channels": (16,), "hidden_sizes": (128,)},
     "mlp": {"encoder": "mlp", "hidden_sizes": (256, 256)},
 }
+# gymnax's published PPO returns at 1e7 steps (its README's baseline table), for comparison.
+GYMNAX_PPO_BASELINE = {"Breakout-MinAtar": 28, "Asterix-MinAtar": 15}
 CORES = {
     "feed-forward": {},
     "gru-64": {"recurrent": "gru", "recurrent_size": 64},
@@ -71,7 +66,10 @@ def timed_runs(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
         out = jax.block_until_ready(compiled(config, keys))
         seconds.append(time.perf_counter() - start)
     steps = seeds * config.num_updates * config.batch_size
-    returns = np.nanmean(np.asarray(out.metrics["episode_return"])[:, -10:], axis=1)
+    curves = np.asarray(out.metrics["episode_return"])  # [seeds, updates]
+    returns = np.nanmean(curves[:, -10:], axis=1)
+    # the learning curve, averaged over seeds and over 100 equal stretches of updates
+    stretches = np.array_split(np.nanmean(curves, axis=0), min(100, curves.shape[1]))
     return {
         "seeds": seeds,
         "env_steps": steps,
@@ -79,17 +77,28 @@ def timed_runs(config: ppojax.PPOConfig, seeds: int, repeats: int) -> dict:
         "run_seconds": [round(value, 2) for value in seconds],
         "env_steps_per_second": round(steps / statistics.median(seconds)),
         "final_return_last_10_updates_per_seed": [round(float(r), 2) for r in returns],
+        "return_curve": {
+            "env_steps": [int(steps * (i + 1) / len(stretches)) for i in range(len(stretches))],
+            "mean_return": [round(float(np.nanmean(part)), 3) for part in stretches],
+        },
     }
 
 
-def minatar_results(timesteps: int, seeds: int, save: Callable[[], None]) -> Iterator[dict]:
-    """CNN and MLP on each MinAtar env; ``save`` runs after each result (long runs)."""
-    for env_id in MINATAR_ENVS:
-        for name, settings in ENCODERS.items():
-            config = ppojax.PPOConfig(
-                env_id=env_id, total_timesteps=timesteps, **MINATAR, **settings
-            )
-            result = {"env_id": env_id, "encoder": name, **settings, **timed_runs(config, seeds, 1)}
+def minatar_results(
+    envs: list[str], encoders: list[str], timesteps: int, seeds: int, save: Callable[[], None]
+) -> Iterator[dict]:
+    """Each encoder on each MinAtar env; ``save`` runs after each result (long runs)."""
+    for env_id in envs:
+        for name in encoders:
+            settings = ENCODERS[name]
+            config = ppojax.PPOConfig.preset(env_id, total_timesteps=timesteps, **settings)
+            result = {
+                "env_id": env_id,
+                "encoder": name,
+                **settings,
+                **timed_runs(config, seeds, 1),
+                "gymnax_ppo_baseline_at_1e7_steps": GYMNAX_PPO_BASELINE.get(env_id),
+            }
             print(json.dumps(result), flush=True)
             yield result
             save()
@@ -112,6 +121,9 @@ def main() -> None:
     parser.add_argument("--cartpole-timesteps", type=int, default=500_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip-minatar", action="store_true")
+    parser.add_argument("--skip-recurrent", action="store_true")
+    parser.add_argument("--envs", nargs="+", default=list(MINATAR_ENVS))
+    parser.add_argument("--encoders", nargs="+", default=list(ENCODERS), choices=list(ENCODERS))
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument("--note", default="", help="recorded in the JSON (e.g. machine load)")
@@ -122,7 +134,7 @@ def main() -> None:
         "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
         "machine": machine_description(),
         "note": args.note,
-        "minatar_config": {**MINATAR, "total_timesteps": args.timesteps},
+        "minatar_config": {**ppojax.PRESETS["Breakout-MinAtar"], "total_timesteps": args.timesteps},
         "recurrent_cartpole": [],
         "minatar": [],
     }
@@ -133,10 +145,12 @@ def main() -> None:
         path.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {path}", flush=True)
 
-    for result in recurrent_results(args.cartpole_timesteps, args.repeats, save):
-        report["recurrent_cartpole"].append(result)
+    if not args.skip_recurrent:
+        for result in recurrent_results(args.cartpole_timesteps, args.repeats, save):
+            report["recurrent_cartpole"].append(result)
     if not args.skip_minatar:
-        for result in minatar_results(args.timesteps, args.seeds, save):
+        runs = minatar_results(args.envs, args.encoders, args.timesteps, args.seeds, save)
+        for result in runs:
             report["minatar"].append(result)
 
 

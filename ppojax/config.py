@@ -197,8 +197,9 @@ PPOConfig.replace = _replace  # type: ignore[method-assign]
 PPOConfig.__init__ = _check_names(PPOConfig.__init__)  # type: ignore[method-assign]
 
 
-# The MinAtar games: 64 envs x 128 steps, 4 epochs of 8 minibatches, lr 5e-4, ReLU, 10M steps,
-# the budget gymnax's published PPO baselines were trained with.
+# The MinAtar games: 64 envs x 128 steps, 4 epochs of 8 minibatches, lr 5e-4, ReLU 256-256 MLPs
+# on the flattened 10x10xC frame, 10M steps: the budget gymnax's published PPO baselines were
+# trained with (benchmarks/encoders.py trains it, and the same with encoder="cnn").
 MINATAR_PRESET: dict[str, Any] = {
     "num_envs": 64,
     "num_steps": 128,
@@ -207,6 +208,7 @@ MINATAR_PRESET: dict[str, Any] = {
     "num_minibatches": 8,
     "learning_rate": 5e-4,
     "activation": "relu",
+    "hidden_sizes": (256, 256),
 }
 
 PRESETS: dict[str, dict[str, Any]] = {

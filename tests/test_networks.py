@@ -1,3 +1,4 @@
+import functools
 import os
 import re
 import subprocess
@@ -247,3 +248,32 @@ def test_recurrent_kernels_are_orthogonal_with_unit_gain():
         rows, cols = kernel.shape
         gram = kernel.T @ kernel if rows >= cols else kernel @ kernel.T
         np.testing.assert_allclose(gram, np.eye(min(rows, cols)), atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "shape, features, kernel, stride", [((10, 10, 4), 16, 3, 1), ((11, 9, 3), 5, 3, 2)]
+)
+def test_patch_convolution_equals_xla_convolution_with_its_gradients(
+    shape, features, kernel, stride
+):
+    """The CNN's matmul-over-patches convolution against flax's nn.Conv (lax.conv) with the same
+    parameters: outputs and the gradients of both parameters and the input. Both are sums of
+    k*k*C float32 products of order 1, so they agree to float32 ulps of that scale."""
+    import flax.linen as nn
+
+    from ppojax.networks.modules import PatchConv
+
+    x = jax.random.normal(jax.random.key(0), (5, *shape))
+    patch = PatchConv(features, kernel, stride)
+    reference = nn.Conv(features, (kernel, kernel), strides=(stride, stride), padding="VALID")
+    params = patch.init(jax.random.key(1), x)
+    ours = patch.apply(params, x)
+    np.testing.assert_allclose(ours, reference.apply(params, x), atol=1e-5)
+
+    def loss(module, params, x):
+        return jnp.sum(jnp.sin(module.apply(params, x)))
+
+    ours_grads = jax.grad(functools.partial(loss, patch), argnums=(0, 1))(params, x)
+    want_grads = jax.grad(functools.partial(loss, reference), argnums=(0, 1))(params, x)
+    for have, want in zip(jax.tree.leaves(ours_grads), jax.tree.leaves(want_grads), strict=True):
+        np.testing.assert_allclose(have, want, atol=1e-4)

@@ -71,10 +71,47 @@ class MLP(nn.Module):
         return x
 
 
+class PatchConv(nn.Module):
+    """A VALID convolution (cross-correlation, as ``nn.Conv``, same ``kernel`` [k, k, C, F] and
+    ``bias`` [F] parameters) computed as one matrix product: the k x k patches of the input
+    are laid side by side, [B, H', W', k * k * C], and multiplied by the kernel reshaped to
+    [k * k * C, F]. XLA's CPU convolution, forward and especially backward, ran a MinAtar
+    update 14x slower than this (benchmarks/README.md, "Encoders"); a product of these small
+    shapes runs on the fast matmul path, on CPU and on GPU alike."""
+
+    features: int
+    kernel_size: int
+    stride: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        k, stride = self.kernel_size, self.stride
+        height, width, channels = x.shape[-3:]
+        out_h, out_w = (height - k) // stride + 1, (width - k) // stride + 1
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (k, k, channels, self.features)
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        patches = jnp.concatenate(
+            [
+                x[
+                    ...,
+                    i : i + stride * (out_h - 1) + 1 : stride,
+                    j : j + stride * (out_w - 1) + 1 : stride,
+                    :,
+                ]
+                for i in range(k)
+                for j in range(k)
+            ],
+            axis=-1,
+        )
+        return patches @ kernel.reshape(k * k * channels, self.features) + bias
+
+
 class CNN(nn.Module):
     """VALID convolutions of ``channels`` (square kernels, one stride) on [B, H, W, C], then
     flattened and the MLP of ``hidden_sizes``: with the defaults MinAtar's network (one 3x3
-    conv of 16 channels, as in Young & Tian 2019)."""
+    conv of 16 channels, as in Young & Tian 2019). Each convolution is a ``PatchConv``."""
 
     channels: tuple[int, ...]
     kernel_size: int
@@ -86,9 +123,9 @@ class CNN(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATION_FNS[self.activation]
         x = jnp.asarray(x, jnp.float32)
-        for channels in self.channels:
-            window, strides = (self.kernel_size,) * 2, (self.stride,) * 2
-            x = act(nn.Conv(channels, window, strides=strides, padding="VALID")(x))
+        for index, channels in enumerate(self.channels):
+            conv = PatchConv(channels, self.kernel_size, self.stride, name=f"Conv_{index}")
+            x = act(conv(x))
         x = x.reshape((x.shape[0], -1))
         return MLP(self.hidden_sizes, self.activation)(x)
 
