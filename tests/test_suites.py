@@ -19,11 +19,11 @@ def flat(obs) -> jax.Array:
     return jnp.concatenate([jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree.leaves(obs)])
 
 
-def run_side_by_side(env, raw_reset, raw_step, key, action_logits):
+def run_side_by_side(env, raw_reset, raw_step, key, action_logits, draw_action=None):
     """``STEPS`` steps of the adapter (``PPOEnv.step_from``, resets drawn outside as in a
     rollout) and of the suite's own API (``raw_step(raw, action, key)``, the key the adapter's
     step gets) from the same keys and actions (drawn from
-    ``action_logits(mask)``): per step the
+    ``action_logits(mask)``, or by ``draw_action(key)`` for continuous actions): per step the
     adapter's StepResult and what the suite's step gave (observation before any reset,
     reward, its terminated and truncated flags, the observation after the reset)."""
     reset_key, run_key = jax.random.split(key)
@@ -33,7 +33,10 @@ def run_side_by_side(env, raw_reset, raw_step, key, action_logits):
     def step(carry, key):
         state, raw = carry
         action_key, env_key, next_reset_key = jax.random.split(key, 3)
-        action = jax.random.categorical(action_key, action_logits(env.action_mask(state)))
+        if draw_action is None:
+            action = jax.random.categorical(action_key, action_logits(env.action_mask(state)))
+        else:
+            action = draw_action(action_key)
         result, state = env.step_from(env_key, state, action, env.reset(next_reset_key))
         result = result._replace(obs=flat(result.obs), next_obs=flat(result.next_obs))
         raw, (obs, reward, terminated, truncated) = raw_step(raw, action, env_key)
@@ -146,6 +149,34 @@ def test_xminigrid_matches_xminigrid_and_trains():
     check_against_suite(outputs)
     check_training("xminigrid/MiniGrid-Empty-5x5", {"max_steps": 12})
     assert max_episode_steps(env) == 30
+
+
+def test_brax_inverted_pendulum_matches_brax_with_its_time_limit_as_truncation():
+    pytest.importorskip("brax")
+    from brax import envs as brax_envs
+
+    limit = 25
+    raw_env = brax_envs.get_environment("inverted_pendulum", backend="spring")
+    env = ppojax.make_env("brax/inverted_pendulum", backend="spring", max_steps_in_episode=limit)
+    assert not env.spec.discrete and env.spec.action_dim == 1 and env.spec.obs_dim == 4
+    assert max_episode_steps(env) == limit
+
+    def raw_reset(key):
+        state = raw_env.reset(key)
+        return state, jnp.int32(0), state.obs
+
+    def raw_step(raw, action, key):
+        state = raw_env.step(raw[0], action)
+        terminated = state.done > 0.5
+        truncated = ~terminated & (raw[1] + 1 >= limit)  # the adapter's own time limit
+        return (state, raw[1] + 1, state.obs), (state.obs, state.reward, terminated, truncated)
+
+    def draw(key):  # uniform pushes in [-1, 1]: the pole falls in some episodes, not all
+        return jax.random.uniform(key, (1,), minval=-1.0, maxval=1.0)
+
+    outputs = run_side_by_side(env, raw_reset, raw_step, jax.random.key(0), None, draw)
+    check_against_suite(outputs)
+    check_training("brax/inverted_pendulum", {"backend": "spring", "max_steps_in_episode": 12})
 
 
 def test_craftax_classic_matches_craftax_with_the_time_limit_as_truncation():

@@ -43,6 +43,7 @@ class Suite(NamedTuple):
 
 
 SUITES: dict[str, Suite] = {
+    "brax": Suite("ppojax.envs.brax", "brax", "brax", "brax/inverted_pendulum"),
     "craftax": Suite(
         "ppojax.envs.craftax", "craftax", "craftax", "craftax/Craftax-Classic-Symbolic-v1"
     ),
