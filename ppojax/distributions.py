@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppojax import prng
 from ppojax.envs import EnvSpec
 
 MASKED_LOGIT = float(np.finfo(np.float32).min)
@@ -148,8 +149,8 @@ def deterministic_action(
 def draw_action_noise(spec: EnvSpec, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Noise for ``shape`` actions at once: standard Gumbel, one per logit (discrete and
     MultiDiscrete), or standard normal, [*shape, action_dim]."""
-    draw = jax.random.gumbel if spec.discrete else jax.random.normal
-    return draw(key, shape + (spec.action_dim,))
+    sampler = jax.random.gumbel if spec.discrete else jax.random.normal
+    return prng.draw(sampler, key, shape + (spec.action_dim,))
 
 
 def sample_from_noise(

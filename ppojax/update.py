@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ppojax import losses
+from ppojax import losses, prng
 from ppojax.config import PPOConfig
 from ppojax.distributions import policy_distribution
 from ppojax.networks import reset_hidden
@@ -222,7 +222,7 @@ def permutation(key: jax.Array, size: int) -> jax.Array:
     index_bits = max(size - 1, 1).bit_length()
     mask = jnp.uint32((1 << index_bits) - 1)
     order = jnp.arange(size, dtype=jnp.int32)
-    random_bits = jax.random.bits(key, (sort_rounds(size), size), jnp.uint32)
+    random_bits = prng.draw(jax.random.bits, key, (sort_rounds(size), size), jnp.uint32)
     for bits in random_bits:
         packed = (bits << index_bits) | jnp.arange(size, dtype=jnp.uint32)
         order = order[(jnp.sort(packed) & mask).astype(jnp.int32)]
