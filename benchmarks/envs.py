@@ -29,34 +29,20 @@ from ppojax.io import rolling_mean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import machine_description  # noqa: E402
 
-# Small versions of each suite's first env: a 6x6 Snake with a 100-step limit, and
-# MiniGrid's empty 5x5 room; 2-layer 64-unit tanh MLPs as for CartPole.
+# Each suite's preset (ppojax.PRESETS: 16 envs x 64 steps, 4 x 4 minibatches, lr 5e-4, 64-64
+# tanh MLPs as for CartPole), Snake on a 6x6 board with a 100-step limit.
 SUITE_CONFIGS: dict[str, dict[str, Any]] = {
     "jumanji": dict(
         env_id="jumanji/Snake-v1",
         env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100},
-        num_envs=16,
-        num_steps=64,
-        total_timesteps=600_000,
-        update_epochs=4,
-        num_minibatches=4,
-        learning_rate=5e-4,
     ),
-    "xminigrid": dict(
-        env_id="xminigrid/MiniGrid-Empty-5x5",
-        num_envs=16,
-        num_steps=64,
-        total_timesteps=200_000,
-        update_epochs=4,
-        num_minibatches=4,
-        learning_rate=5e-4,
-    ),
+    "xminigrid": dict(env_id="xminigrid/MiniGrid-Empty-5x5"),
 }
 
 
 def train_suite(settings: dict[str, Any], seeds: int) -> dict[str, Any]:
     """Compile and run ``seeds`` seeds of one config; returns its row of the JSON."""
-    config = ppojax.PPOConfig(**settings)
+    config = ppojax.PPOConfig.preset(**settings)
     keys = jax.random.split(jax.random.key(0), seeds)
     train = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
     start = time.perf_counter()

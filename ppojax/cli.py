@@ -590,6 +590,9 @@ def list_env_ids() -> int:
     for name, suite in SUITES.items():
         state = "installed" if suite_installed(name) else f'pip install "ppojax[{suite.extra}]"'
         print(f"  {name + '/':<12} e.g. {suite.example:<40} {state}")
+        presets = [env_id for env_id in PRESETS if env_id.startswith(name + "/")]
+        if presets:
+            print(f"  {'':<12} presets: {', '.join(presets)}")
     return 0
 
 

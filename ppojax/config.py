@@ -211,6 +211,14 @@ MINATAR_PRESET: dict[str, Any] = {
     "hidden_sizes": (256, 256),
 }
 
+SUITE_PRESET: dict[str, Any] = {
+    "num_envs": 16,
+    "num_steps": 64,
+    "update_epochs": 4,
+    "num_minibatches": 4,
+    "learning_rate": 5e-4,
+}
+
 PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {},
     "Pendulum-v1": {
@@ -229,6 +237,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         f"{game}-MinAtar": MINATAR_PRESET
         for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders")
     },
+    # The adapter suites' settings that benchmarks/envs.py trains (Snake there on a 6x6 board,
+    # env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100}); the envs stay as they are.
+    "jumanji/Snake-v1": {**SUITE_PRESET, "total_timesteps": 600_000},
+    "xminigrid/MiniGrid-Empty-5x5": {**SUITE_PRESET, "total_timesteps": 200_000},
 }
 
 

@@ -400,7 +400,8 @@ def test_envs_lists_ids(capsys):
     assert main(["envs"]) == 0
     out = capsys.readouterr().out
     assert "CartPole-v1  (preset)" in out and "Breakout-MinAtar  (preset)" in out
-    assert "jumanji/" in out and "xminigrid/" in out
+    assert "jumanji/" in out and "xminigrid/" in out and "brax/" in out
+    assert "presets: xminigrid/MiniGrid-Empty-5x5" in out
 
 
 def test_rlhf_subcommand_forwards_to_the_rlhf_command(capsys):
