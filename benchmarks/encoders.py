@@ -114,6 +114,32 @@ def recurrent_results(timesteps: int, repeats: int, save: Callable[[], None]) ->
         save()
 
 
+def plot_minatar(rows: list[dict], path: Path) -> None:
+    """Learning curves per MinAtar env (one line per encoder), gymnax's baseline dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = sorted({row["env_id"] for row in rows})
+    figure, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 3.8), squeeze=False)
+    for axis, env_id in zip(axes[0], envs, strict=True):
+        for row in (row for row in rows if row["env_id"] == env_id):
+            curve = row["return_curve"]
+            label = f"{row['encoder']} ({row['env_steps_per_second']:,} steps/s)"
+            axis.plot(curve["env_steps"], curve["mean_return"], label=label)
+        baseline = GYMNAX_PPO_BASELINE.get(env_id)
+        if baseline is not None:
+            axis.axhline(baseline, color="gray", linestyle="--", label="gymnax PPO at 1e7")
+        axis.set_title(env_id)
+        axis.set_xlabel("env steps")
+        axis.set_ylabel("training episode return")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timesteps", type=int, default=10_000_000)
@@ -127,7 +153,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument("--note", default="", help="recorded in the JSON (e.g. machine load)")
+    parser.add_argument("--plot-only", type=Path, help="redraw the MinAtar PNG of this JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        rows = json.loads(args.plot_only.read_text())["minatar"]
+        plot_minatar(rows, args.plot_only.with_suffix(".png"))
+        return
     report = {
         "benchmark": "encoders",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -152,6 +183,7 @@ def main() -> None:
         runs = minatar_results(args.envs, args.encoders, args.timesteps, args.seeds, save)
         for result in runs:
             report["minatar"].append(result)
+            plot_minatar(report["minatar"], path.with_suffix(".png"))
 
 
 if __name__ == "__main__":
