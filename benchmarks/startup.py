@@ -80,7 +80,9 @@ def wall(command: list[str], env: dict[str, str] | None = None, cwd: str | None 
 
 
 def median_wall(command: list[str], repeats: int, env: dict[str, str] | None = None) -> dict:
-    seconds = [wall(command, env)[0] for _ in range(repeats)]
+    # From a neutral folder: ``python -c`` puts the current folder first on sys.path, ahead of
+    # PYTHONPATH, so run from a checkout it would import that checkout's ppojax.
+    seconds = [wall(command, env, cwd=tempfile.gettempdir())[0] for _ in range(repeats)]
     return {
         "median_s": round(statistics.median(seconds), 3),
         "runs_s": [round(s, 3) for s in seconds],
