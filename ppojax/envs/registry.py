@@ -150,6 +150,16 @@ def env_factory(env_id: str) -> EnvFactory:
     return make_gymnax
 
 
+def unknown_parameter(env_id: str, name: str, accepted: list[str], detail: str) -> ConfigError:
+    """The ``ConfigError`` for an ``env_kwargs`` key ``name`` that ``env_id`` does not take,
+    with the closest of ``accepted`` and ``detail`` (what it does take)."""
+    close = difflib.get_close_matches(name, accepted, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(
+        "env_kwargs", f"PPOConfig.env_kwargs: {env_id} has no parameter {name!r}.{hint} {detail}"
+    )
+
+
 def build_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """``(env, env_params)`` of ``env_id`` with ``env_kwargs`` applied (see the module's
     docstring for where each key goes); ``ConfigError`` for a key nothing takes."""
@@ -163,14 +173,11 @@ def build_env(env_id: str, env_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     overrides = {key: value for key, value in rest.items() if key in fields}
     extra = {key: value for key, value in rest.items() if key not in fields}
     if extra and not takes_kwargs:
-        name = sorted(extra)[0]
-        accepted = sorted(named) + sorted(fields)
-        close = difflib.get_close_matches(name, accepted, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            "env_kwargs",
-            f"PPOConfig.env_kwargs: {env_id} has no parameter {name!r}.{hint} Its factory takes "
-            f"{_names(named)}; its env params have {_names(fields)}.",
+        raise unknown_parameter(
+            env_id,
+            sorted(extra)[0],
+            sorted(named) + sorted(fields),
+            f"Its factory takes {_names(named)}; its env params have {_names(fields)}.",
         )
     if extra:
         env, params = _call(env_id, factory, {**given, **extra}, fields)
@@ -249,13 +256,11 @@ def _call(
         found = re.search(r"unexpected keyword argument '(\w+)'", str(error))
         if found is None:
             raise
-        name = found.group(1)
-        close = difflib.get_close_matches(name, fields, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            "env_kwargs",
-            f"PPOConfig.env_kwargs: {env_id} has no parameter {name!r}.{hint} Its env params "
-            f"have {_names(fields)}; its constructor said: {error}",
+        raise unknown_parameter(
+            env_id,
+            found.group(1),
+            list(fields),
+            f"Its env params have {_names(fields)}; its constructor said: {error}",
         ) from None
     if not (isinstance(built, tuple) and len(built) == 2):
         raise TypeError(
