@@ -257,8 +257,10 @@ def test_patch_convolution_equals_xla_convolution_with_its_gradients(
     shape, features, kernel, stride
 ):
     """The CNN's matmul-over-patches convolution against flax's nn.Conv (lax.conv) with the same
-    parameters: outputs and the gradients of both parameters and the input. Both are sums of
-    k*k*C float32 products of order 1, so they agree to float32 ulps of that scale."""
+    parameters: outputs and the gradients of both parameters and the input. Two programs that sum
+    in different orders: an output sums k*k*C <= 36 products of order 1 (ulp 1.2e-7, so 1e-5
+    is ~80 ulps); a kernel gradient sums B*H'*W' = 320 terms, of magnitude up to ~20 (ulp
+    1.9e-6, so 1e-4 is ~50 ulps)."""
     import flax.linen as nn
 
     from ppojax.networks.modules import PatchConv
