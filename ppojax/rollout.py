@@ -140,6 +140,10 @@ def env_step(
     head, log_std, value, hidden = agent.network.apply(params, obs, carry.hidden)
     action_mask = agent.env.action_masks(carry.env_state)
     action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action, action_mask)
+    if config.recurrent is None:
+        # Filled in after the scan (``batched_values_and_log_probs``); unused here, the
+        # critic's forward pass leaves the step.
+        value, log_prob = None, None
     result, env_state = jax.vmap(agent.env.step_from)(
         noise.env_key, carry.env_state, action, (noise.reset_obs, noise.reset_state)
     )
@@ -178,7 +182,8 @@ def collect_rollout(
     """``config.num_steps`` env steps with the current policy; transitions are [T, B].
 
     The steps' randomness is drawn ahead in blocks (``draw_noise``, ``noise_block``), and
-    ``carry.key`` advances once per rollout.
+    ``carry.key`` advances once per rollout. A feed-forward policy's values and log-probs
+    come after the scan, in one batched call each (``batched_values_and_log_probs``).
     """
     step = functools.partial(env_step, agent, config, params)
     block = noise_block(agent, config)
@@ -190,10 +195,44 @@ def collect_rollout(
 
     carry = carry._replace(key=key)
     if block == config.num_steps:
-        return run_block(carry, noise_key)
-    blocks = config.num_steps // block
-    carry, transitions = jax.lax.scan(run_block, carry, jax.random.split(noise_key, blocks))
-    return carry, jax.tree.map(lambda x: x.reshape((config.num_steps,) + x.shape[2:]), transitions)
+        carry, transitions = run_block(carry, noise_key)
+    else:
+        blocks = config.num_steps // block
+        carry, transitions = jax.lax.scan(run_block, carry, jax.random.split(noise_key, blocks))
+        transitions = jax.tree.map(
+            lambda x: x.reshape((config.num_steps,) + x.shape[2:]), transitions
+        )
+    if transitions.value is None:
+        transitions = batched_values_and_log_probs(agent, params, transitions)
+    return carry, transitions
+
+
+def batched_values_and_log_probs(
+    agent: Agent, params: Params, transitions: Transition
+) -> Transition:
+    """``transitions`` [T, B] with V(obs) and log pi(action | obs) from one call each over
+    all T * B samples, for a feed-forward policy.
+
+    On CPU a small rollout is bound by kernel launches, not arithmetic: the critic's layers
+    and the log-prob inside every step of the scan cost more than the same work done once
+    over the whole rollout (benchmarks/README.md, "Kernel launches").
+    """
+    shape = transitions.reward.shape
+
+    def merge(x: jax.Array) -> jax.Array:
+        return x.reshape((-1,) + x.shape[2:])
+
+    obs = jax.tree.map(merge, transitions.obs)
+    values = agent.network.apply(params, obs, None, method="value").reshape(shape)
+    log_std = transitions.policy_log_std
+    distribution = policy_distribution(
+        agent.env.spec,
+        merge(transitions.policy_head),
+        None if log_std is None else merge(log_std),
+        None if transitions.action_mask is None else merge(transitions.action_mask),
+    )
+    log_prob = distribution.log_prob(merge(transitions.action)).reshape(shape)
+    return transitions._replace(value=values, log_prob=log_prob)
 
 
 def policy_step(

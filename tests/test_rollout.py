@@ -129,3 +129,21 @@ def test_reward_clip_bounds_the_reward():
     _, transitions = _rollout(config)
     assert transitions.reward.min() == -1.0 and transitions.reward.max() <= 1.0
     assert transitions.episode_return.min() < -100.0  # the episode statistics stay raw
+
+
+def test_values_and_log_probs_are_the_networks_at_each_step(rollout):
+    # A feed-forward rollout computes V(obs) and log pi(a | obs) after the scan, batched over
+    # all steps; they must be what the network gives on each step's observations.
+    config, state, _, transitions = rollout
+    agent = make_agent(config)
+    steps, envs = transitions.reward.shape
+    obs = transitions.obs.reshape(steps * envs, -1)
+    head, _, value, _ = agent.network.apply(state.params, obs, None)
+    head, value = np.asarray(head).reshape(steps, envs, -1), np.asarray(value).reshape(steps, envs)
+    log_prob = jax.nn.log_softmax(head)
+    taken = np.take_along_axis(np.asarray(log_prob), transitions.action[..., None], -1)[..., 0]
+    # Two programs (the rollout's, and this eager call): dense layers of 64 units
+    # with weights of order 1/8 and values of order 1, so ulps of 1.
+    assert_close(transitions.value, value, ulps=64)
+    assert_close(transitions.log_prob, taken, ulps=64)
+    np.testing.assert_allclose(transitions.policy_head, head, atol=64 * 1.2e-7)
