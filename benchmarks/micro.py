@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import ppojax
+from ppojax import packing
 from ppojax.rollout import collect_rollout, rollout_start
 from ppojax.train import init_state, make_agent, make_batch
 from ppojax.update import (
@@ -152,7 +153,8 @@ def gradient_steps() -> None:
         def run(state, minibatch):
             loss = functools.partial(ppo_loss, agent, config, state.kl_coef)
             step = functools.partial(gradient_step, loss, optimizer, None)
-            start = EpochCarry(OptimizerCarry(state.params, state.opt_state), jnp.bool_(False))
+            opt_state = packing.pack_subtrees(state.opt_state, state.params)  # as run_epochs
+            start = EpochCarry(OptimizerCarry(state.params, opt_state), jnp.bool_(False))
             _, metrics = jax.lax.scan(lambda carry, _: step(carry, minibatch), start, None, repeats)
             return metrics["policy_loss"].sum()
 

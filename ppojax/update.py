@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ppojax import losses, prng
+from ppojax import losses, packing, prng
 from ppojax.config import PPOConfig
 from ppojax.distributions import policy_distribution
 from ppojax.networks import reset_hidden
@@ -167,7 +167,9 @@ def gradient_step(
     carry: EpochCarry,
     minibatch: Any,
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
-    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
+    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``; the
+    optimizer state holds its moments packed (``packing.pack_subtrees(state, params)``),
+    and the optimizer sees the gradients packed the same way.
 
     The step is skipped (parameters and optimizer state kept) when its loss, the global norm
     of its gradients or the global norm of its parameter update is not finite (counted in
@@ -182,15 +184,20 @@ def gradient_step(
     with jax.named_scope("loss_and_grad"):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     with jax.named_scope("optimizer"):
+        grads, layout = packing.pack(grads)
         grad_norm = optax.tree.norm(grads)
-        updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
-        new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
+        # the packed parameters are only built if the optimizer reads them (weight decay)
+        packed_params = packing.pack(old.params)[0]
+        updates, opt_state = optimizer.update(grads, old.opt_state, packed_params)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
     take, stopped = finite, carry.stopped
     if stop_kl is not None:
         kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
         take = finite & ~carry.stopped & ~kl_stop
         stopped = carry.stopped | kl_stop
+    new = OptimizerCarry(
+        optax.apply_updates(old.params, packing.unpack(updates, layout)), opt_state
+    )
     kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
     counts = {
         "grad_norm": grad_norm,
@@ -277,16 +284,33 @@ def run_epochs(
     finite. Metrics are means over the steps
     taken (NaN when none was); ``gradient_steps`` counts them, ``nonfinite_steps`` the steps
     the divergence guard skipped.
+
+    Inside the epochs the optimizer's moments and each step's metrics travel packed, one
+    array per dtype (ppojax/packing.py), and the optimizer runs on packed gradients: Adam,
+    clipping and the guard then take a few kernels per step instead of a few per parameter
+    leaf. The parameters stay a tree: the loss reads them as they are (slicing a packed
+    vector there would make the gradient a sum of padded copies). The steps are those on
+    the unpacked trees up to float32 rounding (the global gradient norm is summed in another
+    order, and longer arrays compile to other vector loops).
     """
+    opt_state = packing.pack_subtrees(carry.opt_state, carry.params)
     step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
+    metric_layouts: list[packing.Layout] = []  # filled when the step is traced
+
+    def packed_step(carry: EpochCarry, minibatch: Any):
+        carry, metrics = step(carry, minibatch)
+        arrays, layout = packing.pack(metrics)
+        metric_layouts.append(layout)
+        return carry, arrays
 
     def epoch(carry: EpochCarry, epoch_key: jax.Array):
         with jax.named_scope("shuffle"):
             minibatches = shuffle_any(epoch_key, batch, num_minibatches)
-        return jax.lax.scan(step, carry, minibatches)
+        return jax.lax.scan(packed_step, carry, minibatches)
 
-    start = EpochCarry(carry, jnp.bool_(False))
-    end, metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
+    start = EpochCarry(OptimizerCarry(carry.params, opt_state), jnp.bool_(False))
+    end, packed_metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
+    metrics = packing.unpack(packed_metrics, metric_layouts[0])
     taken = metrics.pop("gradient_steps")
     skipped = metrics.pop("nonfinite_steps").sum()
     count = taken.sum()
@@ -297,7 +321,11 @@ def run_epochs(
         return jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
 
     means = jax.tree.map(mean_over_taken, metrics)
-    return end.optimizer, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
+    optimized = OptimizerCarry(
+        end.optimizer.params,
+        packing.unpack_subtrees(end.optimizer.opt_state, carry.opt_state, carry.params),
+    )
+    return optimized, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 
 def update_epochs(

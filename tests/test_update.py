@@ -282,3 +282,47 @@ def test_a_skipped_step_does_not_count_as_a_target_kl_stop():
     x = jnp.array([[jnp.nan, 0.0, 0.0], [1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [-2.0, 1.0, 0.0]])
     _, metrics = _guarded_epoch(_nan_loss, optax.adam(0.1), x, stop_kl=1e9)
     assert float(metrics["gradient_steps"]) == 3 and float(metrics["nonfinite_steps"]) == 1
+
+
+def test_epochs_on_a_tree_of_several_dtypes_match_a_loop_of_optax_steps():
+    # run_epochs packs parameters and moments into one array per dtype; the steps must be
+    # optax's on the tree: clipping by the global norm over all leaves, Adam per element.
+    params = {
+        "a": jnp.array([[0.5, -1.0], [2.0, 0.0]]),
+        "b": jnp.array([1.0, 2.0, 3.0]),
+        "h": jnp.array([0.25, -0.5], jnp.bfloat16),
+    }
+    x = jax.random.normal(jax.random.key(0), (8, 3))
+
+    def loss_fn(p, xs):
+        h = p["h"].astype(jnp.float32)
+        y = jnp.tanh(xs @ p["b"][:, None] * p["a"][0] + h) @ p["a"][1]
+        return jnp.mean(jnp.square(y - 1.0)), {"approx_kl": jnp.float32(0)}
+
+    optimizer = optax.chain(optax.clip_by_global_norm(0.1), optax.adam(0.05))
+    carry, metrics = run_epochs(
+        loss_fn,
+        optimizer,
+        OptimizerCarry(params, optimizer.init(params)),
+        x,
+        jax.random.key(3),
+        num_epochs=2,
+        num_minibatches=4,
+    )
+    assert float(metrics["gradient_steps"]) == 8
+    assert carry.params["h"].dtype == jnp.bfloat16
+    expected, state = params, optimizer.init(params)
+    for epoch_key in jax.random.split(jax.random.key(3), 2):
+        minibatches = shuffle_into_minibatches(epoch_key, x, 4)
+        for minibatch in minibatches:
+            grads, _ = jax.grad(loss_fn, has_aux=True)(expected, minibatch)
+            updates, state = optimizer.update(grads, state, expected)
+            expected = optax.apply_updates(expected, updates)
+    # Compiled scan against eager steps, with the global norm summed in another order: eight
+    # clipped Adam steps of 0.05 on parameters of order 1, so ulps of 1; h, rounded to
+    # bfloat16 at every step, may round the other way: one bfloat16 ulp (2**-7 relative).
+    assert_close(carry.params["a"], expected["a"], ulps=64)
+    assert_close(carry.params["b"], expected["b"], ulps=64)
+    np.testing.assert_allclose(np.float32(carry.params["h"]), np.float32(expected["h"]), rtol=2**-7)
+    restored = jax.tree.leaves(carry.opt_state)
+    assert [leaf.shape for leaf in restored] == [leaf.shape for leaf in jax.tree.leaves(state)]
