@@ -98,16 +98,19 @@ RENDER_ONLY_IMPORTS = ("seaborn", "matplotlib.pyplot")
 
 class DeferredModule(types.ModuleType):
     """A stand-in in ``sys.modules`` for a module not yet run: the first attribute it lacks
-    imports the real module (which replaces it in ``sys.modules``) and copies its namespace
-    in, so names bound to the stand-in keep working. (``importlib.util.LazyLoader`` cannot
-    do this on Python 3.11: ``import`` itself reads ``__spec__`` and that runs the module.)"""
+    imports the real module (which replaces it in ``sys.modules``), and from then on every
+    attribute read goes to the real module, so names bound to the stand-in see it live.
+    (``importlib.util.LazyLoader`` cannot do this on Python 3.11: ``import`` itself reads
+    ``__spec__``, and that runs the module.)"""
 
     def __getattr__(self, attr: str) -> Any:
-        name = self.__name__
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        module = importlib.import_module(name)
-        self.__dict__.update(module.__dict__)
+        module = self.__dict__.get("_real_module")
+        if module is None:
+            name = self.__name__
+            if sys.modules.get(name) is self:
+                del sys.modules[name]
+            module = importlib.import_module(name)
+            self._real_module = module
         return getattr(module, attr)
 
 
