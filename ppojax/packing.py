@@ -1,11 +1,11 @@
 """A pytree as one array per dtype, for fewer kernels on small batches.
 
 On CPU at small batch sizes (the classic 4-env config) a training step is bound by kernel
-launches, not arithmetic: XLA runs one kernel per leaf for a scan's stacked output, a gather, a
-``where`` or an optimizer's update, each ~1.5 us whatever its size. Packing the leaves of a
-pytree into one array per dtype turns a dozen such kernels into one or two: the rollout's
-stored transitions, the minibatch gathers, the parameters and optimizer state inside the
-update epochs, and the per-step metrics (benchmarks/README.md, "Kernel launches").
+launches, not arithmetic: XLA runs one kernel per leaf for an optimizer's update, a ``where``
+or a scan's stacked output, each ~1.5 us whatever its size. Packing the leaves of a pytree into
+one array per dtype turns a dozen such kernels into one or two; the update epochs pack the
+optimizer's moments, the gradients and the per-step metrics this way (benchmarks/README.md,
+"Kernel launches").
 
 ``pack(tree, batch_ndim)`` keeps each leaf's first ``batch_ndim`` axes and flattens the rest
 into the last axis; the leaves of one dtype are concatenated there, in tree order. ``unpack``
@@ -36,7 +36,6 @@ class Layout(NamedTuple):
     treedef: Any
     dtypes: tuple[np.dtype, ...]
     slots: tuple[LeafSlot, ...]
-    batch_ndim: int
 
 
 def layout_of(tree: Any, batch_ndim: int = 0) -> Layout:
@@ -55,7 +54,7 @@ def layout_of(tree: Any, batch_ndim: int = 0) -> Layout:
         size = math.prod(shape)
         slots.append(LeafSlot(group, sizes[group], sizes[group] + size, shape))
         sizes[group] += size
-    return Layout(treedef, tuple(dtypes), tuple(slots), batch_ndim)
+    return Layout(treedef, tuple(dtypes), tuple(slots))
 
 
 def pack(tree: Any, batch_ndim: int = 0) -> tuple[tuple[jax.Array, ...], Layout]:

@@ -140,7 +140,7 @@ def env_step(
     head, log_std, value, hidden = agent.network.apply(params, obs, carry.hidden)
     action_mask = agent.env.action_masks(carry.env_state)
     action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action, action_mask)
-    if config.recurrent is None:
+    if values_after_scan(config):
         # Filled in after the scan (``batched_values_and_log_probs``); unused here, the
         # critic's forward pass leaves the step.
         value, log_prob = None, None
@@ -183,7 +183,7 @@ def collect_rollout(
 
     The steps' randomness is drawn ahead in blocks (``draw_noise``, ``noise_block``), and
     ``carry.key`` advances once per rollout. A feed-forward policy's values and log-probs
-    come after the scan, in one batched call each (``batched_values_and_log_probs``).
+    come after the scan, in one batched call each (``values_after_scan``).
     """
     step = functools.partial(env_step, agent, config, params)
     block = noise_block(agent, config)
@@ -202,9 +202,16 @@ def collect_rollout(
         transitions = jax.tree.map(
             lambda x: x.reshape((config.num_steps,) + x.shape[2:]), transitions
         )
-    if transitions.value is None:
+    if values_after_scan(config):
         transitions = batched_values_and_log_probs(agent, params, transitions)
     return carry, transitions
+
+
+def values_after_scan(config: PPOConfig) -> bool:
+    """Whether the rollout computes values and log-probs after its scan: for a feed-forward
+    policy with its own critic torso. A recurrent critic needs the step's hidden state, and a
+    shared torso's value head is one small layer on features the step computes anyway."""
+    return config.recurrent is None and not config.shared_torso
 
 
 def batched_values_and_log_probs(

@@ -285,7 +285,7 @@ def test_a_skipped_step_does_not_count_as_a_target_kl_stop():
 
 
 def test_epochs_on_a_tree_of_several_dtypes_match_a_loop_of_optax_steps():
-    # run_epochs packs parameters and moments into one array per dtype; the steps must be
+    # run_epochs packs gradients and Adam's moments into one array per dtype; the steps must be
     # optax's on the tree: clipping by the global norm over all leaves, Adam per element.
     params = {
         "a": jnp.array([[0.5, -1.0], [2.0, 0.0]]),
