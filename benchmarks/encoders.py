@@ -2,6 +2,7 @@
 
     python benchmarks/encoders.py [--timesteps 10000000] [--seeds 1] [--cartpole-timesteps
         500000] [--repeats 2] [--out benchmarks/results] [--tag cpu-2core]
+    python benchmarks/encoders.py --plot-only A.json [B.json ...] [--plot-out C.png]
 
 MinAtar part: Breakout-MinAtar and Asterix-MinAtar, each trained with the CNN encoder
 (MinAtar's one 3x3 conv of 16 channels, then a 128-unit layer) and with an MLP (256-256), both
@@ -153,11 +154,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument("--note", default="", help="recorded in the JSON (e.g. machine load)")
-    parser.add_argument("--plot-only", type=Path, help="redraw the MinAtar PNG of this JSON")
+    parser.add_argument(
+        "--plot-only",
+        type=Path,
+        nargs="+",
+        help="redraw the MinAtar PNG from the runs in these JSONs (no training)",
+    )
+    parser.add_argument(
+        "--plot-out", type=Path, help="where --plot-only writes (default: the first JSON's .png)"
+    )
     args = parser.parse_args()
     if args.plot_only:
-        rows = json.loads(args.plot_only.read_text())["minatar"]
-        plot_minatar(rows, args.plot_only.with_suffix(".png"))
+        rows = [row for path in args.plot_only for row in json.loads(path.read_text())["minatar"]]
+        plot_minatar(rows, args.plot_out or args.plot_only[0].with_suffix(".png"))
         return
     report = {
         "benchmark": "encoders",
