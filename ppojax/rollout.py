@@ -182,8 +182,9 @@ def collect_rollout(
     """``config.num_steps`` env steps with the current policy; transitions are [T, B].
 
     The steps' randomness is drawn ahead in blocks (``draw_noise``, ``noise_block``), and
-    ``carry.key`` advances once per rollout. A feed-forward policy's values and log-probs
-    come after the scan, in one batched call each (``values_after_scan``).
+    ``carry.key`` advances once per rollout. A feed-forward policy with its own critic torso
+    gets its values and log-probs after the scan, in one batched call each
+    (``values_after_scan``, ``batched_values_and_log_probs``).
     """
     step = functools.partial(env_step, agent, config, params)
     block = noise_block(agent, config)
