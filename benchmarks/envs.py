@@ -30,13 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import machine_description  # noqa: E402
 
 # Each suite's preset (ppojax.PRESETS: 16 envs x 64 steps, 4 x 4 minibatches, lr 5e-4, 64-64
-# tanh MLPs as for CartPole), Snake on a 6x6 board with a 100-step limit.
+# tanh MLPs as for CartPole), Snake on a 6x6 board with a 100-step limit, the brax pendulum on
+# brax's default backend with its 1000-step limit.
 SUITE_CONFIGS: dict[str, dict[str, Any]] = {
     "jumanji": dict(
         env_id="jumanji/Snake-v1",
         env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100},
     ),
     "xminigrid": dict(env_id="xminigrid/MiniGrid-Empty-5x5"),
+    "brax": dict(env_id="brax/inverted_pendulum"),
 }
 
 
@@ -87,7 +89,7 @@ def main() -> None:
     parser.add_argument("--suites", nargs="+", default=list(SUITE_CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--tag", default="cpu-2core")
-    parser.add_argument("--machine-note", default="2-core AMD EPYC CPU, shared with other jobs")
+    parser.add_argument("--machine-note", default="2-core AMD EPYC CPU")
     args = parser.parse_args()
     rows = {}
     for suite in args.suites:

@@ -241,6 +241,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100}); the envs stay as they are.
     "jumanji/Snake-v1": {**SUITE_PRESET, "total_timesteps": 600_000},
     "xminigrid/MiniGrid-Empty-5x5": {**SUITE_PRESET, "total_timesteps": 200_000},
+    # brax's default (generalized) backend: continuous actions, so no entropy bonus and
+    # observations normalized, as for Pendulum; lr 3e-4, the usual for Box actions
+    "brax/inverted_pendulum": {
+        **SUITE_PRESET,
+        "total_timesteps": 500_000,
+        "learning_rate": 3e-4,
+        "ent_coef": 0.0,
+        "normalize_observations": True,
+    },
 }
 
 
