@@ -250,6 +250,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.0,
         "normalize_observations": True,
     },
+    # DeepMind Control's cartpole on MJX: 1000-step episodes, rewards in [0, 1] every step;
+    # Playground's own settings scaled down (a long horizon, gamma 0.995, normalized rewards)
+    "playground/CartpoleBalance": {
+        "num_envs": 64,
+        "num_steps": 32,
+        "total_timesteps": 3_000_000,
+        "update_epochs": 8,
+        "num_minibatches": 8,
+        "learning_rate": 1e-3,
+        "gamma": 0.995,
+        "ent_coef": 0.0,
+        "normalize_observations": True,
+        "normalize_rewards": True,
+    },
 }
 
 

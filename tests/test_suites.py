@@ -179,6 +179,40 @@ def test_brax_inverted_pendulum_matches_brax_with_its_time_limit_as_truncation()
     check_training("brax/inverted_pendulum", {"backend": "spring", "max_steps_in_episode": 12})
 
 
+def test_playground_cartpole_matches_playground_with_its_episode_length_as_truncation():
+    pytest.importorskip("mujoco_playground")
+    from mujoco_playground import registry
+
+    limit = 25
+    config = registry.get_default_config("CartpoleBalance")
+    config.impl = "jax"
+    raw_env = registry.load("CartpoleBalance", config=config)
+    env = ppojax.make_env("playground/CartpoleBalance", max_steps_in_episode=limit)
+    assert env.env.env._config.impl == "jax"  # MJX's JAX pipeline, not warp's CPU kernels
+    assert not env.spec.discrete and env.spec.action_dim == 1 and env.spec.obs_dim == 5
+    assert max_episode_steps(env) == limit
+    assert max_episode_steps(ppojax.make_env("playground/CartpoleBalance")) == 1000
+
+    def raw_reset(key):
+        state = raw_env.reset(key)
+        return state, jnp.int32(0), state.obs
+
+    def raw_step(raw, action, key):
+        state = raw_env.step(raw[0], action)
+        terminated = state.done > 0.5
+        truncated = ~terminated & (raw[1] + 1 >= limit)  # the config's episode length
+        return (state, raw[1] + 1, state.obs), (state.obs, state.reward, terminated, truncated)
+
+    def draw(key):
+        return jax.random.uniform(key, (1,), minval=-1.0, maxval=1.0)
+
+    outputs = run_side_by_side(env, raw_reset, raw_step, jax.random.key(0), None, draw)
+    check_against_suite(outputs, both_ends=False)  # the DM Control cartpole never terminates
+    with pytest.raises(ppojax.ConfigError, match="no parameter 'episode_lenght'.*episode_length"):
+        ppojax.make_env("playground/CartpoleBalance", episode_lenght=50)
+    check_training("playground/CartpoleBalance", {"max_steps_in_episode": 12})
+
+
 def test_craftax_classic_matches_craftax_with_the_time_limit_as_truncation():
     """Not in the dev extra (Craftax's step compiles for minutes on 2 cores): runs where
     ``pip install "ppojax[craftax]"`` installed it. A random player rarely dies in the 120

@@ -49,6 +49,9 @@ SUITES: dict[str, Suite] = {
         "ppojax.envs.craftax", "craftax", "craftax", "craftax/Craftax-Classic-Symbolic-v1"
     ),
     "jumanji": Suite("ppojax.envs.jumanji", "jumanji", "jumanji", "jumanji/Snake-v1"),
+    "playground": Suite(
+        "ppojax.envs.playground", "mujoco_playground", "playground", "playground/CartpoleBalance"
+    ),
     "xminigrid": Suite(
         "ppojax.envs.xminigrid", "xminigrid", "xminigrid", "xminigrid/MiniGrid-Empty-6x6"
     ),

@@ -1,6 +1,6 @@
 """Where one PPO update's time goes, from a trace of the compiled training loop.
 
-    python benchmarks/profile.py [--seeds 1 8] [--num-envs 4] [--updates 50]
+    python benchmarks/phases.py [--seeds 1 8] [--num-envs 4] [--updates 50]
 
 Runs ``--updates`` updates of the classic CartPole config (or ``--num-envs`` envs) under
 ``jax.profiler.trace`` and adds up the time of every compiled kernel (XLA thunk), grouped by
