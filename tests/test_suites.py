@@ -151,6 +151,23 @@ def test_xminigrid_matches_xminigrid_and_trains():
     assert max_episode_steps(env) == 30
 
 
+def brax_api_with_time_limit(raw_env, limit):
+    """``raw_reset`` and ``raw_step`` for ``run_side_by_side`` of an env with brax's API
+    (brax's, Playground's): ``done`` is terminal, and ``limit`` steps truncate an episode."""
+
+    def raw_reset(key):
+        state = raw_env.reset(key)
+        return state, jnp.int32(0), state.obs
+
+    def raw_step(raw, action, key):
+        state = raw_env.step(raw[0], action)
+        terminated = state.done > 0.5
+        truncated = ~terminated & (raw[1] + 1 >= limit)
+        return (state, raw[1] + 1, state.obs), (state.obs, state.reward, terminated, truncated)
+
+    return raw_reset, raw_step
+
+
 def test_brax_inverted_pendulum_matches_brax_with_its_time_limit_as_truncation():
     pytest.importorskip("brax")
     from brax import envs as brax_envs
@@ -161,15 +178,7 @@ def test_brax_inverted_pendulum_matches_brax_with_its_time_limit_as_truncation()
     assert not env.spec.discrete and env.spec.action_dim == 1 and env.spec.obs_dim == 4
     assert max_episode_steps(env) == limit
 
-    def raw_reset(key):
-        state = raw_env.reset(key)
-        return state, jnp.int32(0), state.obs
-
-    def raw_step(raw, action, key):
-        state = raw_env.step(raw[0], action)
-        terminated = state.done > 0.5
-        truncated = ~terminated & (raw[1] + 1 >= limit)  # the adapter's own time limit
-        return (state, raw[1] + 1, state.obs), (state.obs, state.reward, terminated, truncated)
+    raw_reset, raw_step = brax_api_with_time_limit(raw_env, limit)
 
     def draw(key):  # uniform pushes in [-1, 1]: the pole falls in some episodes, not all
         return jax.random.uniform(key, (1,), minval=-1.0, maxval=1.0)
@@ -193,15 +202,7 @@ def test_playground_cartpole_matches_playground_with_its_episode_length_as_trunc
     assert max_episode_steps(env) == limit
     assert max_episode_steps(ppojax.make_env("playground/CartpoleBalance")) == 1000
 
-    def raw_reset(key):
-        state = raw_env.reset(key)
-        return state, jnp.int32(0), state.obs
-
-    def raw_step(raw, action, key):
-        state = raw_env.step(raw[0], action)
-        terminated = state.done > 0.5
-        truncated = ~terminated & (raw[1] + 1 >= limit)  # the config's episode length
-        return (state, raw[1] + 1, state.obs), (state.obs, state.reward, terminated, truncated)
+    raw_reset, raw_step = brax_api_with_time_limit(raw_env, limit)  # the config's length
 
     def draw(key):
         return jax.random.uniform(key, (1,), minval=-1.0, maxval=1.0)
