@@ -202,7 +202,7 @@ def test_playground_cartpole_matches_playground_with_its_episode_length_as_trunc
     assert max_episode_steps(env) == limit
     assert max_episode_steps(ppojax.make_env("playground/CartpoleBalance")) == 1000
 
-    raw_reset, raw_step = brax_api_with_time_limit(raw_env, limit)  # the config's length
+    raw_reset, raw_step = brax_api_with_time_limit(raw_env, limit)
 
     def draw(key):
         return jax.random.uniform(key, (1,), minval=-1.0, maxval=1.0)

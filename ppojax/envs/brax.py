@@ -24,7 +24,7 @@ from brax import envs
 from flax import struct
 from gymnax.environments import spaces
 
-from ppojax.envs.adapter import Adapter, AdapterState, box_like, unknown_name
+from ppojax.envs.adapter import Adapter, AdapterState, observation_space_of, unknown_name
 
 
 @struct.dataclass
@@ -35,13 +35,15 @@ class BraxParams:
 class Brax(Adapter):
     """A brax env with gymnax's ``reset_env`` / ``step_env`` and a time limit."""
 
+    suite = "brax"  # the ids' prefix; suites with brax's interface (Playground) subclass this
+
     def __init__(self, env: Any, name: str) -> None:
         self.env = env
         self.env_name = name
 
     @property
     def name(self) -> str:
-        return f"brax/{self.env_name}"
+        return f"{self.suite}/{self.env_name}"
 
     def reset_env(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, AdapterState]:
         inner = self.env.reset(key)
@@ -63,8 +65,8 @@ class Brax(Adapter):
         size = self.env.action_size
         return spaces.Box(-np.ones(size, np.float32), np.ones(size, np.float32), (size,))
 
-    def observation_space(self, params: Any) -> spaces.Box:
-        return box_like(jax.eval_shape(self.env.reset, jax.random.key(0)).obs)
+    def observation_space(self, params: Any) -> spaces.Box | spaces.Dict:
+        return observation_space_of(jax.eval_shape(self.env.reset, jax.random.key(0)).obs)
 
 
 def make(name: str, **kwargs: Any) -> tuple[Brax, BraxParams]:

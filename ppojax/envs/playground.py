@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-from gymnax.environments import spaces
 from mujoco_playground import registry
 
-from ppojax.envs.adapter import observation_space_of, unknown_name
+from ppojax.envs.adapter import unknown_name
 from ppojax.envs.brax import Brax, BraxParams
 from ppojax.envs.registry import unknown_parameter
 
@@ -33,14 +31,9 @@ CPU_IMPL = "jax"
 
 
 class Playground(Brax):
-    """A Playground env: brax's adapter, its own suite prefix and dict observations."""
+    """A Playground env: brax's adapter under its own prefix (dict observations included)."""
 
-    @property
-    def name(self) -> str:
-        return f"playground/{self.env_name}"
-
-    def observation_space(self, params: Any) -> spaces.Box | spaces.Dict:
-        return observation_space_of(jax.eval_shape(self.env.reset, jax.random.key(0)).obs)
+    suite = "playground"
 
 
 def make(name: str, **kwargs: Any) -> tuple[Playground, BraxParams]:
