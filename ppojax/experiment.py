@@ -12,6 +12,7 @@ chunked updates give the same numbers as one call.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -128,6 +129,22 @@ def init_states(experiment: Experiment) -> TrainState:
     config, axes = run_config(experiment)
     init = jax.jit(jax.vmap(init_state, in_axes=(axes, 0)))
     return init(config, run_keys(experiment))
+
+
+def init_states_compiling(
+    experiment: Experiment, compile_for: Callable[[Any], Any]
+) -> tuple[TrainState, Any]:
+    """``init_states(experiment)`` and ``compile_for(template)`` at once, ``template`` being
+    the states' shapes and dtypes: the second runs in a thread while the init program compiles
+    and runs. XLA compiles outside the GIL, so on a fresh run the chunk runner's compile hides
+    the init program's."""
+    config, axes = run_config(experiment)
+    keys = run_keys(experiment)
+    lowered = jax.jit(jax.vmap(init_state, in_axes=(axes, 0))).lower(config, keys)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ppojax-compile") as pool:
+        compiling = pool.submit(compile_for, lowered.out_info)
+        states = lowered.compile()(config, keys)
+        return states, compiling.result()
 
 
 def state_template(experiment: Experiment) -> TrainState:
@@ -384,7 +401,9 @@ class RunOptions:
 @dataclasses.dataclass
 class RunResult:
     """A finished experiment: final states [runs] and metrics [runs, updates] of the whole run
-    (earlier sessions' included after a resume); timings and env steps of this session."""
+    (earlier sessions' included after a resume); timings and env steps of this session.
+    ``compile_seconds`` runs until the first update can start: on a fresh run it includes the
+    init program, which compiles and runs while the chunk runner compiles."""
 
     experiment: Experiment
     run_dir: Path | None
@@ -585,7 +604,7 @@ def run_experiment(
         run_dir.mkdir(parents=True, exist_ok=True)
         io.write_json(run_dir / io.CONFIG_FILE, io.config_to_dict(experiment.config))
         io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
-    return continue_experiment(experiment, run_dir, options, init_states(experiment), 0, {})
+    return continue_experiment(experiment, run_dir, options, None, 0, {})
 
 
 def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunResult:
@@ -617,7 +636,6 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
             io.CheckpointWarning,
             stacklevel=2,
         )
-        state = init_states(experiment)
     if step > 0:
         io.write_metrics(metrics_path, header, rows)
     else:  # from update 0 the rows so far (perhaps one cut short) are all dropped
@@ -629,12 +647,13 @@ def continue_experiment(
     experiment: Experiment,
     run_dir: Path | None,
     options: RunOptions,
-    state: TrainState,
+    state: TrainState | None,
     start: int,
     history: dict[str, np.ndarray],
 ) -> RunResult:
-    """Train from update ``start`` (``state`` batched over runs) to the end; ``history`` holds
-    the metrics [runs, start] of the updates before."""
+    """Train from update ``start`` (``state`` batched over runs; None: fresh states, made
+    while the chunk runner compiles) to the end; ``history`` holds the metrics [runs, start]
+    of the updates before."""
     config, _ = run_config(experiment)
     num_updates = experiment.config.num_updates
     length = chunk_length(num_updates, options.checkpoint_every)
@@ -649,7 +668,14 @@ def continue_experiment(
     try:
         begin = time.perf_counter()
         runner = chunk_runner(experiment, length, report, every)
-        compiled = runner.lower(config, state, 0, 0).compile()
+
+        def compile_for(template: Any) -> Any:
+            return runner.lower(config, template, 0, 0).compile()
+
+        if state is None:
+            state, compiled = init_states_compiling(experiment, compile_for)
+        else:
+            compiled = compile_for(state)
         compile_seconds = time.perf_counter() - begin
         if handler.bar is not None:
             handler.bar.open()

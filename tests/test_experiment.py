@@ -13,6 +13,8 @@ from ppojax.experiment import (
     chunk_length,
     chunk_plan,
     grid_points,
+    init_states,
+    init_states_compiling,
     latest_finite,
     report_interval,
     run_config,
@@ -74,6 +76,30 @@ def test_bad_grids_are_clear_errors():
 def test_latest_finite_takes_each_runs_last_episode_return():
     returns = np.array([[1.0, np.nan, 3.0, np.nan], [np.nan] * 4])
     np.testing.assert_array_equal(latest_finite(returns), [3.0, np.nan])
+
+
+def test_fresh_states_are_made_while_the_runner_compiles_in_another_thread():
+    """init_states_compiling gives init_states' arrays bit for bit, and hands compile_for the
+    states' shapes and dtypes in a thread of its own (so the two compiles overlap)."""
+    import threading
+
+    experiment = Experiment(CONFIG, seeds=2, grid={"learning_rate": (1e-3, 3e-4)})
+    seen = {}
+
+    def compile_for(template):
+        seen["thread"] = threading.current_thread().name
+        seen["template"] = template
+        return "compiled"
+
+    states, compiled = init_states_compiling(experiment, compile_for)
+    assert compiled == "compiled" and seen["thread"] != threading.current_thread().name
+    expected = init_states(experiment)
+    template = jax.tree.map(lambda leaf: (leaf.shape, leaf.dtype), seen["template"])
+    assert template == jax.tree.map(lambda leaf: (leaf.shape, leaf.dtype), expected)
+    for got, want in zip(jax.tree.leaves(states), jax.tree.leaves(expected), strict=True):
+        if jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
+            got, want = jax.random.key_data(got), jax.random.key_data(want)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 def test_an_interrupted_run_keeps_its_checkpoints_and_resumes(tmp_path, monkeypatch):
