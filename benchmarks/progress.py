@@ -29,8 +29,6 @@ import jax
 import ppojax
 from ppojax.experiment import (
     Experiment,
-    ProgressBar,
-    RunOptions,
     chunk_runner,
     init_states,
     report_interval,
@@ -38,6 +36,7 @@ from ppojax.experiment import (
     run_keys,
     train_chunks,
 )
+from ppojax.reporting import ProgressBar, RunOptions
 
 REPORTS = RunOptions().progress_reports
 

@@ -11,7 +11,7 @@ import ppojax
 from ppojax.config import ConfigError
 from ppojax.evaluate import evaluate, make_act
 from ppojax.evaluation import EVAL_METRIC_NAMES, eval_key
-from ppojax.experiment import ProgressBar, TensorBoardLog
+from ppojax.reporting import ProgressBar, TensorBoardLog
 from ppojax.train import init_state, make_agent, update_step
 from ppojax.update import make_optimizer
 

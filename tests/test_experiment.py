@@ -15,7 +15,6 @@ from ppojax.experiment import (
     grid_points,
     init_states,
     init_states_compiling,
-    latest_finite,
     report_interval,
     run_config,
     run_keys,
@@ -71,11 +70,6 @@ def test_bad_grids_are_clear_errors():
         Experiment(CONFIG, grid={"gamma": (0.9, 1.5)})
     with pytest.raises(ValueError, match="seeds"):
         Experiment(CONFIG, seeds=0)
-
-
-def test_latest_finite_takes_each_runs_last_episode_return():
-    returns = np.array([[1.0, np.nan, 3.0, np.nan], [np.nan] * 4])
-    np.testing.assert_array_equal(latest_finite(returns), [3.0, np.nan])
 
 
 def test_fresh_states_are_made_while_the_runner_compiles_in_another_thread():

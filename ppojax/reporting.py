@@ -1,0 +1,309 @@
+"""The host side of a run: what it shows and writes while the compiled chunks train.
+
+``RunOptions`` says what to show and keep; ``ChunkHandler`` receives every chunk's metrics and
+states and feeds the progress bar (``ProgressBar``), metrics.csv, TensorBoard
+(``TensorBoardLog``), Weights & Biases and the checkpoints. ``ppojax.experiment`` runs the
+chunks and hands them over; nothing here compiles or traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from ppojax import io
+from ppojax.config import PPOConfig, check_bool, check_positive_int, show
+from ppojax.evaluation import EVAL_METRIC_NAMES
+from ppojax.types import TrainState
+from ppojax.wandb_logger import WandbLog, WandbOptions
+
+
+class ProgressBar:
+    """A tqdm bar over env steps (all runs together) with steps/s, the latest mean return and
+    the latest mean evaluation return (with ``eval_every``), fed by ``report`` from inside the
+    compiled loop and by ``chunk_done`` after each chunk. ``open`` shows it, once compiling is
+    done, so that steps/s counts training only."""
+
+    def __init__(
+        self, num_updates: int, start: int, steps_per_update: int, description: str
+    ) -> None:
+        self.num_updates, self.description = num_updates, description
+        self.steps_per_update = steps_per_update
+        self.update_number = start
+        # Reports arrive on an XLA thread while the main thread may be finishing a chunk.
+        self.lock = threading.Lock()
+        self.bar: Any = None
+        self.shown: dict[str, float] = {}
+
+    def open(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=self.num_updates * self.steps_per_update,
+            initial=self.update_number * self.steps_per_update,
+            desc=self.description,
+            unit="step",
+            unit_scale=True,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+
+    def report(
+        self, update: jax.Array, episode_returns: jax.Array, eval_returns: Any = None
+    ) -> None:
+        """Every run's mean episode return [runs] at ``update`` (NaN where none ended), and
+        its evaluation return [runs] (NaN without an evaluation at this update)."""
+        with self.lock:
+            self.show_return("return", np.asarray(episode_returns))
+            if eval_returns is not None:
+                self.show_return("eval", np.asarray(eval_returns))
+            self.advance(int(update))
+
+    def chunk_done(
+        self, update: int, returns: np.ndarray, eval_returns: np.ndarray | None = None
+    ) -> None:
+        """A chunk ended at ``update``; ``returns`` [runs, updates] are its episode returns,
+        ``eval_returns`` [runs, updates] its evaluation returns."""
+        with self.lock:
+            self.show_return("return", latest_finite(returns))
+            if eval_returns is not None:
+                self.show_return("eval", latest_finite(eval_returns))
+            self.advance(update)
+
+    def show_return(self, label: str, values: np.ndarray) -> None:
+        """Show the mean of the finite ``values`` [runs] as ``label``; keep the old one if
+        none is finite."""
+        if not np.isfinite(values).any():
+            return
+        self.shown[label] = float(np.nanmean(values))
+        text = ", ".join(f"{name} {value:.1f}" for name, value in self.shown.items())
+        self.bar.set_postfix_str(text, refresh=False)
+
+    def advance(self, update: int) -> None:
+        if update > self.update_number:
+            self.bar.update((update - self.update_number) * self.steps_per_update)
+            self.update_number = update
+
+    def write(self, message: str) -> None:
+        """A line on stderr above the bar."""
+        from tqdm import tqdm
+
+        with self.lock:
+            tqdm.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def latest_finite(returns: np.ndarray) -> np.ndarray:
+    """Each run's last finite value along the update axis ([runs, U] -> [runs]); NaN if none."""
+    finite = np.isfinite(returns)
+    last = returns.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
+    values = returns[np.arange(returns.shape[0]), last]
+    return np.where(finite.any(axis=1), values, np.nan)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
+    run), checkpoints every N updates (the final state is always saved when there is a run
+    folder), how many to keep (None: all), TensorBoard, Weights & Biases (``wandb``: where to
+    log, None: not at all; see ``ppojax.wandb_logger``), and the modules that register the env
+    (``--env-module``; recorded in run.json, imported again by ``--resume`` and ``load``)."""
+
+    progress: bool = True
+    checkpoint_every: int | None = None
+    keep_checkpoints: int | None = 3
+    tensorboard: bool = False
+    progress_reports: int = 50
+    wandb: WandbOptions | None = None
+    env_modules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("progress", "tensorboard"):
+            check_bool("RunOptions", name, getattr(self, name))
+        for name in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) is not None:
+                check_positive_int("RunOptions", name, getattr(self, name))
+        check_positive_int("RunOptions", "progress_reports", self.progress_reports)
+        if self.wandb is not None and not isinstance(self.wandb, WandbOptions):
+            raise TypeError(
+                f"RunOptions.wandb must be WandbOptions or None, got {show(self.wandb)}"
+            )
+
+
+def divergence_report(nonfinite: np.ndarray | None) -> list[dict[str, Any]]:
+    """Per run, from ``nonfinite_steps`` [runs, U]: the minibatch steps the guard skipped in
+    all, the first update (counted from 1) that skipped any (None if none did), the steps its
+    last update skipped, and ``recovered``: whether that last update skipped none. A run
+    whose last update still skipped steps has not recovered, whatever happened before."""
+    if nonfinite is None:
+        return []
+    rows = []
+    for run, counts in enumerate(np.asarray(nonfinite)):
+        hits = np.flatnonzero(counts > 0)
+        last = int(counts[-1]) if counts.size else 0
+        rows.append(
+            {
+                "run": run,
+                "nonfinite_steps": int(counts.sum()),
+                "first_update": int(hits[0]) + 1 if hits.size else None,
+                "last_update_skipped": last,
+                "recovered": last == 0,
+            }
+        )
+    return rows
+
+
+class TensorBoardLog:
+    """TensorBoard event files, one folder per run, every metric against env steps."""
+
+    def __init__(self, run_dir: Path, runs: Sequence[dict[str, Any]]) -> None:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise ValueError(
+                "--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'"
+            ) from None
+        folder = Path(run_dir) / io.TENSORBOARD_DIR
+        self.writers = [SummaryWriter(str(folder / f"run-{run['run']}")) for run in runs]
+
+    def write(self, first: int, metrics: dict[str, np.ndarray], batch_size: int) -> None:
+        for run, writer in enumerate(self.writers):
+            for offset in range(next(iter(metrics.values())).shape[1]):
+                step = (first + offset + 1) * batch_size
+                for name, values in metrics.items():
+                    value = float(values[run, offset])
+                    # NaN marks an update without an evaluation: no point to draw.
+                    if name not in EVAL_METRIC_NAMES or np.isfinite(value):
+                        writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
+
+
+class ChunkHandler:
+    """What happens on the host after each chunk: keep the metrics, advance the progress bar,
+    append to metrics.csv and TensorBoard, and checkpoint on multiples of checkpoint_every."""
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        runs: list[dict[str, Any]],
+        run_dir: Path | None,
+        options: RunOptions,
+        start: int,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        """``runs``: one {"run", "seed", **grid point} per run, in run order; ``record``: what
+        every checkpoint records of the experiment (see ``io.open_checkpoints``)."""
+        self.config, self.run_dir, self.options = config, run_dir, options
+        self.runs = runs
+        # Grid values get a prefix: a swept field can share its name with a metric
+        # (learning_rate is both).
+        self.columns = [
+            {
+                name if name in ("run", "seed") else f"grid_{name}": value
+                for name, value in run.items()
+            }
+            for run in self.runs
+        ]
+        self.chunks: list[dict[str, np.ndarray]] = []
+        self.warned_divergence = False
+        # A resumed run starts from a checkpoint that is already on disk.
+        self.saved_step: int | None = start or None
+        self.bar = self.checkpoints = self.tensorboard = self.wandb = None
+        if options.progress:
+            steps_per_update = len(runs) * config.batch_size
+            description = f"{config.env_id} x{len(runs)}"
+            self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
+        if run_dir is not None:
+            self.checkpoints = io.open_checkpoints(
+                run_dir, options.keep_checkpoints, clean=True, record=record
+            )
+            if options.tensorboard:
+                self.tensorboard = TensorBoardLog(run_dir, self.runs)
+        if options.wandb is not None:
+            self.wandb = WandbLog(options.wandb, config, self.runs, run_dir)
+
+    def __call__(self, first: int, state: TrainState, metrics: dict[str, np.ndarray]) -> None:
+        count = next(iter(metrics.values())).shape[1]
+        config = self.config
+        self.chunks.append(metrics)
+        if self.run_dir is not None:
+            header = io.metrics_header(self.columns, list(metrics))
+            io.append_metrics(
+                self.run_dir / io.METRICS_FILE, header, io.metric_rows(self.columns, first, metrics)
+            )
+        if self.tensorboard is not None:
+            self.tensorboard.write(first, metrics, config.batch_size)
+        if self.wandb is not None:
+            self.wandb.log(first, metrics)
+        every = self.options.checkpoint_every
+        if self.checkpoints is not None and every and (first + count) % every == 0:
+            self.save(first + count, state)
+        if self.bar is not None:
+            self.bar.chunk_done(
+                first + count, metrics["episode_return"], metrics.get("eval_return")
+            )
+        self.note_divergence(first, metrics)
+
+    def note_divergence(self, first: int, metrics: dict[str, np.ndarray]) -> None:
+        """Say on stderr, once, that the guard skipped steps (an overnight run shows it long
+        before its end): the first such update of the chunk and its run."""
+        skipped = metrics.get("nonfinite_steps")
+        if self.warned_divergence or skipped is None or not skipped.any():
+            return
+        self.warned_divergence = True
+        offset, run = np.argwhere(skipped.T > 0)[0]
+        message = (
+            f"ppojax: at update {first + offset + 1} the divergence guard skipped "
+            f"{int(skipped[run, offset])} minibatch step(s) of run {run} (a NaN or inf in the "
+            "loss, gradients or parameters); training goes on from the last finite parameters"
+        )
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+
+    def save(self, step: int, state: TrainState) -> None:
+        io.save_checkpoint(self.checkpoints, step, state)
+        self.saved_step = step
+
+    def finish(self, state: TrainState) -> dict[str, np.ndarray]:
+        """Save the final state and close; this session's metrics [runs, U]."""
+        final = self.config.num_updates
+        if self.checkpoints is not None and self.saved_step != final:
+            self.save(final, state)
+        self.close(failed=False)
+        if not self.chunks:
+            return {}
+        return {name: np.concatenate([c[name] for c in self.chunks], 1) for name in self.chunks[0]}
+
+    def close(self, failed: bool = True) -> None:
+        """Close the checkpoint manager, TensorBoard files and the bar (also after an error);
+        W&B runs only when ``failed`` (a finished experiment closes them in ``finish_wandb``,
+        with its summary)."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb is not None and failed:
+            self.wandb.abort()
+
+    def finish_wandb(self, metrics: dict[str, np.ndarray], diverged_runs: list[int]) -> None:
+        """The W&B summaries of a finished experiment (its metrics [runs, U] and the runs
+        that never recovered from divergence), then close its W&B runs."""
+        if self.wandb is not None:
+            self.wandb.finish(metrics, diverged_runs)
