@@ -1,12 +1,14 @@
 """One env per adapter suite, trained long enough to show learning on a CPU.
 
-    python benchmarks/envs.py [--seeds 2] [--out benchmarks/results] [--tag cpu-2core]
+    python benchmarks/envs.py [--seeds 2] [--suites NAME ...] [--out DIR] [--tag cpu-2core]
 
 For each suite: ``jit(vmap(train))`` over ``--seeds`` seeds compiled once (timed on its own),
 then run once; the JSON keeps per seed the mean episode return of the first and of the last
 10 updates that ended an episode, env steps/s (all seeds, run time only) and compile seconds;
-the PNG the learning curves. Craftax is left out: its step alone compiles for minutes on 2
-cores, and learning on it takes far more steps than this machine runs in a benchmark.
+the PNG the learning curves. ``--suites`` reruns only those; the other rows stay as they
+were, each with its own command, date and machine. Craftax is left out: its step alone
+compiles for minutes on 2 cores, and learning on it takes far more steps than this machine
+runs in a benchmark.
 """
 
 from __future__ import annotations
@@ -92,6 +94,16 @@ def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
+def kept_rows(path: Path, rerun: list[str]) -> dict[str, dict[str, Any]]:
+    """The rows of ``path`` for the suites not in ``rerun``, each carrying its measurement's
+    command, date and machine (a file of the older layout keeps those once, at the top)."""
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    shared = {name: old[name] for name in ("command", "date_utc", "machine") if name in old}
+    return {suite: {**shared, **row} for suite, row in old["suites"].items() if suite not in rerun}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=2)
@@ -100,19 +112,20 @@ def main() -> None:
     parser.add_argument("--tag", default="cpu-2core")
     parser.add_argument("--machine-note", default="2-core AMD EPYC CPU")
     args = parser.parse_args()
-    rows = {}
-    for suite in args.suites:
-        rows[suite] = train_suite(SUITE_CONFIGS[suite], args.seeds)
-        print(suite, {k: v for k, v in rows[suite].items() if not k.startswith("curve")})
-    result = {
-        "command": "python " + shlex.join(sys.argv),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"note": args.machine_note, **machine_description()},
-        "suites": rows,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"envs-{args.tag}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    # Suites not rerun keep their rows from the file, each with the command, date and machine
+    # it was measured with.
+    rows = kept_rows(path, args.suites)
+    command = "python " + shlex.join(sys.argv)
+    machine = {"note": args.machine_note, **machine_description()}
+    for suite in args.suites:
+        row = train_suite(SUITE_CONFIGS[suite], args.seeds)
+        print(suite, {k: v for k, v in row.items() if not k.startswith("curve")})
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        rows[suite] = {"command": command, "date_utc": date, "machine": machine, **row}
+    rows = {suite: rows[suite] for suite in SUITE_CONFIGS if suite in rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"suites": rows}, indent=1) + "\n")
     plot(rows, path.with_suffix(".png"))
     print(f"wrote {path} and {path.with_suffix('.png')}")
 
