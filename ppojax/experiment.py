@@ -121,11 +121,16 @@ def run_keys(experiment: Experiment) -> jax.Array:
     return jnp.concatenate([keys] * (experiment.num_runs // experiment.seeds))
 
 
+def init_program(experiment: Experiment) -> tuple[Any, tuple[PPOConfig, jax.Array]]:
+    """The jitted function that makes every run's fresh TrainState, and its arguments."""
+    config, axes = run_config(experiment)
+    return jax.jit(jax.vmap(init_state, in_axes=(axes, 0))), (config, run_keys(experiment))
+
+
 def init_states(experiment: Experiment) -> TrainState:
     """Fresh TrainStates for every run, batched along a leading axis [runs]."""
-    config, axes = run_config(experiment)
-    init = jax.jit(jax.vmap(init_state, in_axes=(axes, 0)))
-    return init(config, run_keys(experiment))
+    init, args = init_program(experiment)
+    return init(*args)
 
 
 def init_states_compiling(
@@ -135,18 +140,18 @@ def init_states_compiling(
     the states' shapes and dtypes: the second runs in a thread while the init program compiles
     and runs. XLA compiles outside the GIL, so on a fresh run the chunk runner's compile hides
     the init program's."""
-    config, axes = run_config(experiment)
-    keys = run_keys(experiment)
-    lowered = jax.jit(jax.vmap(init_state, in_axes=(axes, 0))).lower(config, keys)
+    init, args = init_program(experiment)
+    lowered = init.lower(*args)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ppojax-compile") as pool:
         compiling = pool.submit(compile_for, lowered.out_info)
-        states = lowered.compile()(config, keys)
+        states = lowered.compile()(*args)
         return states, compiling.result()
 
 
 def state_template(experiment: Experiment) -> TrainState:
     """Shapes and dtypes of ``init_states(experiment)``, without computing it."""
-    return jax.eval_shape(functools.partial(init_states, experiment))
+    init, args = init_program(experiment)
+    return jax.eval_shape(init, *args)
 
 
 Reporter = Callable[..., None]
