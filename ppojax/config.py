@@ -252,9 +252,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # DeepMind Control's cartpole on MJX: 1000-step episodes, rewards in [0, 1] every step;
     # Playground's own settings scaled down (a long horizon, gamma 0.995, normalized rewards,
-    # an entropy bonus of 0.01). lr 5e-4: at 1e-3 both seeds of a sweep reached ~1000, then
-    # fell to ~200; without the entropy bonus a seed can stall near 450 (benchmarks/README.md,
-    # "One env per adapter suite").
+    # an entropy bonus of 0.01). lr 5e-4: at 1e-3 the two seeds of a sweep rose to 998 and
+    # 876, then fell to ~230; without the entropy bonus a seed can stall near 450
+    # (benchmarks/README.md, "One env per adapter suite").
     "playground/CartpoleBalance": {
         "num_envs": 64,
         "num_steps": 32,
