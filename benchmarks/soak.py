@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax import io
+from ppojax import checkpointing, io
 from ppojax.experiment import read_experiment, state_template
 
 MACHINE = "2-core AMD EPYC CPU, shared with other jobs"
@@ -65,7 +65,7 @@ def complete_steps(run_dir: Path | None) -> list[int]:
     return sorted(
         int(path.name)
         for path in folder.glob("*")
-        if path.name.isdigit() and (path / io.MANIFEST_FILE).exists()
+        if path.name.isdigit() and (path / checkpointing.MANIFEST_FILE).exists()
     )
 
 
@@ -77,7 +77,7 @@ def saves_in_flight(run_dir: Path) -> list[str]:
     return sorted(
         path.name
         for path in folder.iterdir()
-        if path.is_dir() and not (path / io.MANIFEST_FILE).exists()
+        if path.is_dir() and not (path / checkpointing.MANIFEST_FILE).exists()
     )
 
 
@@ -141,8 +141,8 @@ def attempt(
 def final_arrays(run_dir: Path) -> list[np.ndarray]:
     """Every leaf of the final checkpoint (PRNG keys as their data)."""
     experiment, _ = read_experiment(run_dir)
-    state, _ = io.restore_checkpoint(run_dir, state_template(experiment))
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(io.to_savable(state))]
+    state, _ = checkpointing.restore_checkpoint(run_dir, state_template(experiment))
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpointing.to_savable(state))]
 
 
 def same_end(run_dir: Path, reference: Path) -> dict[str, bool]:

@@ -612,7 +612,7 @@ def show_warning(
 ) -> None:
     """ppojax's own warnings (a checkpoint passed over) as one plain line on stderr; others
     as Python shows them."""
-    from ppojax.io import CheckpointWarning
+    from ppojax.checkpointing import CheckpointWarning
 
     if issubclass(category, CheckpointWarning):
         sys.stderr.write(f"ppojax: warning: {message}\n")

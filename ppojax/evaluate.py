@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import io
+from ppojax import checkpointing
 from ppojax.config import PPOConfig
 from ppojax.envs import PPOEnv, make_env
 from ppojax.evaluation import Act, EvalCarry, eval_start, eval_step, max_episode_steps, run_episodes
@@ -66,7 +66,7 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
     runs = run_table(experiment)
     if not 0 <= run < len(runs):
         raise ValueError(f"run must lie in [0, {len(runs) - 1}] for {run_dir}, got {run}")
-    state, _ = io.restore_checkpoint(Path(run_dir), state_template(experiment), step)
+    state, _ = checkpointing.restore_checkpoint(Path(run_dir), state_template(experiment), step)
     point = {name: runs[run][name] for name in experiment.grid}
     config = experiment.config.replace(**point)
     return config, make_act(config, jax.tree.map(lambda leaf: leaf[run], state))

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import cache, io
+from ppojax import cache, checkpointing, io
 from ppojax.config import (
     ConfigError,
     PPOConfig,
@@ -349,17 +349,19 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
     experiment, saved_options = read_experiment(run_dir)
     options = options or saved_options
     check_record(run_dir, experiment)
-    state, step, unreadable = io.restore_newest(run_dir, state_template(experiment))
+    state, step, unreadable = checkpointing.restore_newest(run_dir, state_template(experiment))
     metrics_path = run_dir / io.METRICS_FILE
     history: dict[str, np.ndarray] = {}
     if step > 0:
         header, rows, history = io.metrics_until(metrics_path, step, experiment.num_runs)
-    for path in io.set_aside(run_dir, unreadable):
-        warnings.warn(f"moved the unreadable checkpoint to {path}", io.CheckpointWarning, 2)
+    for path in checkpointing.set_aside(run_dir, unreadable):
+        warnings.warn(
+            f"moved the unreadable checkpoint to {path}", checkpointing.CheckpointWarning, 2
+        )
     if state is None:
         warnings.warn(
             f"{run_dir} has no complete checkpoint: training again from update 0",
-            io.CheckpointWarning,
+            checkpointing.CheckpointWarning,
             stacklevel=2,
         )
     if step > 0:
@@ -568,7 +570,7 @@ def check_record(run_dir: Path, experiment: Experiment) -> None:
     """Raise ``RunMismatchError`` naming the fields when config.json or run.json differ from
     what the checkpoints of ``run_dir`` were saved with (read-only)."""
     now = run_record(experiment)
-    for step, saved in io.checkpoint_records(run_dir):
+    for step, saved in checkpointing.checkpoint_records(run_dir):
         differences = record_differences(now, saved)
         if differences:
             raise RunMismatchError(mismatch_message(run_dir, step, differences))

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax import io
+from ppojax import checkpointing, io
 from ppojax.config import PPOConfig, check_bool, check_positive_int, show
 from ppojax.evaluation import EVAL_METRIC_NAMES
 from ppojax.types import TrainState
@@ -205,7 +205,7 @@ class ChunkHandler:
         record: dict[str, Any] | None = None,
     ) -> None:
         """``runs``: one {"run", "seed", **grid point} per run, in run order; ``record``: what
-        every checkpoint records of the experiment (see ``io.open_checkpoints``)."""
+        every checkpoint records of the experiment (see ``checkpointing.open_checkpoints``)."""
         self.config, self.run_dir, self.options = config, run_dir, options
         self.runs = runs
         # Grid values get a prefix: a swept field can share its name with a metric
@@ -227,7 +227,7 @@ class ChunkHandler:
             description = f"{config.env_id} x{len(runs)}"
             self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
         if run_dir is not None:
-            self.checkpoints = io.open_checkpoints(
+            self.checkpoints = checkpointing.open_checkpoints(
                 run_dir, options.keep_checkpoints, clean=True, record=record
             )
             if options.tensorboard:
@@ -276,7 +276,7 @@ class ChunkHandler:
             print(message, file=sys.stderr, flush=True)
 
     def save(self, step: int, state: TrainState) -> None:
-        io.save_checkpoint(self.checkpoints, step, state)
+        checkpointing.save_checkpoint(self.checkpoints, step, state)
         self.saved_step = step
 
     def finish(self, state: TrainState) -> dict[str, np.ndarray]:

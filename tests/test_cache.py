@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tolerance import TRAINING_ULPS, assert_close
 
-from ppojax import cache, io
+from ppojax import cache, checkpointing, io
 from ppojax.experiment import read_experiment, state_template
 
 TINY = [
@@ -37,9 +37,9 @@ def loaded(stdout: str) -> int:
 
 def final_state(run_dir) -> list[np.ndarray]:
     experiment, _ = read_experiment(run_dir)
-    state, step = io.restore_checkpoint(run_dir, state_template(experiment))
+    state, step = checkpointing.restore_checkpoint(run_dir, state_template(experiment))
     assert step == experiment.config.num_updates
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(io.to_savable(state))]
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpointing.to_savable(state))]
 
 
 def test_programs_loaded_from_the_cache_give_the_fresh_programs_arrays(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from tolerance import TRAINING_ULPS, assert_close, assert_trees_close, assert_trees_equal
 
 import ppojax
-from ppojax import io
+from ppojax import checkpointing, io
 from ppojax.cli import (
     annotation_parser,
     build_config,
@@ -74,7 +74,7 @@ def trained(tmp_path_factory):
 
 def final_state(run_dir):
     experiment, _ = read_experiment(run_dir)
-    return io.restore_checkpoint(run_dir, state_template(experiment))
+    return checkpointing.restore_checkpoint(run_dir, state_template(experiment))
 
 
 def test_train_prints_the_learning_curve_and_final_return(trained):
@@ -142,7 +142,9 @@ def assert_same_final_state(run_dir, other_dir, same_program):
         assert (other_dir / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
         return
     pairs = zip(
-        jax.tree.leaves(io.to_savable(got)), jax.tree.leaves(io.to_savable(expected)), strict=True
+        jax.tree.leaves(checkpointing.to_savable(got)),
+        jax.tree.leaves(checkpointing.to_savable(expected)),
+        strict=True,
     )
     for have, want in pairs:
         if np.asarray(want).dtype.kind == "f":
@@ -193,7 +195,11 @@ KILLED_RUN = (
 
 def complete_checkpoints(out):
     """The checkpoints under the run folders in ``out`` whose save finished (manifest written)."""
-    return [path for path in out.glob("*/checkpoints/*") if (path / io.MANIFEST_FILE).exists()]
+    return [
+        path
+        for path in out.glob("*/checkpoints/*")
+        if (path / checkpointing.MANIFEST_FILE).exists()
+    ]
 
 
 def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters(tmp_path):

@@ -1,13 +1,13 @@
+"""Run folders: config files, run folders, the metrics CSV, learning-curve plots, versions."""
+
 import json
 
-import jax
 import numpy as np
 import pytest
 
 import ppojax
 from ppojax import io
 from ppojax.config import ConfigError, UnknownFieldError
-from ppojax.experiment import Experiment, init_states
 
 
 def test_config_round_trips_through_json(tmp_path):
@@ -141,117 +141,9 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def batched_state():
-    config = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=64, hidden_sizes=(8,))
-    return init_states(Experiment(config, seeds=2))
-
-
-def test_checkpoint_round_trips_every_leaf_including_keys(tmp_path, batched_state):
-    state = batched_state.replace(
-        params=jax.tree.map(lambda leaf: leaf + 1.0, batched_state.params)
-    )
-    manager = io.open_checkpoints(tmp_path, keep=2)
-    for step in (1, 2, 3):
-        io.save_checkpoint(manager, step, state)
-    manager.close()
-    assert sorted(int(path.name) for path in (tmp_path / io.CHECKPOINT_DIR).iterdir()) == [2, 3]
-    template = jax.eval_shape(lambda: batched_state)
-    restored, step = io.restore_checkpoint(tmp_path, template)
-    assert step == 3
-    assert jax.tree.structure(restored) == jax.tree.structure(state)
-    for saved, loaded in zip(
-        jax.tree.leaves(io.to_savable(state)), jax.tree.leaves(io.to_savable(restored)), strict=True
-    ):
-        np.testing.assert_array_equal(np.asarray(saved), np.asarray(loaded))
-    assert jax.dtypes.issubdtype(restored.key.dtype, jax.dtypes.prng_key)
-
-
-def test_restoring_without_a_checkpoint_is_a_clear_error(tmp_path, batched_state):
-    with pytest.raises(ValueError, match="holds no checkpoint"):
-        io.restore_checkpoint(tmp_path, jax.eval_shape(lambda: batched_state))
-
-
 def test_versions_name_the_stack():
     found = io.versions()
     assert {"python", "ppojax", "jax", "orbax-checkpoint", "backend"} <= set(found)
-
-
-def _save_three(directory, state, keep=None):
-    checkpoints = io.open_checkpoints(directory, keep=keep)
-    for step in (1, 2, 3):
-        io.save_checkpoint(checkpoints, step, state)
-    checkpoints.close()
-    return directory / io.CHECKPOINT_DIR
-
-
-def _largest_file(folder):
-    return max(
-        (path for path in folder.rglob("*") if path.is_file()), key=lambda p: p.stat().st_size
-    )
-
-
-@pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "truncate-no-manifest"])
-def test_a_damaged_checkpoint_names_its_file_and_the_previous_one_is_used(
-    tmp_path, batched_state, damage
-):
-    folder = _save_three(tmp_path, batched_state)
-    newest = folder / "3"
-    victim = _largest_file(newest)
-    name = str(victim.relative_to(newest))
-    if damage.startswith("truncate"):
-        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    elif damage == "flip":
-        data = bytearray(victim.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        victim.write_bytes(bytes(data))
-    else:
-        victim.unlink()
-    if damage.endswith("no-manifest"):  # orbax's own read fails instead of the manifest check
-        (newest / io.MANIFEST_FILE).unlink()
-        message, expected = "does not read back", "does not read back"
-    else:
-        problem = {
-            "truncate": "truncated",
-            "flip": "changed since it was saved",
-            "delete": "missing",
-        }
-        message, expected = name, problem[damage]
-    template = jax.eval_shape(lambda: batched_state)
-    with pytest.warns(
-        io.CheckpointWarning, match="using the previous complete checkpoint"
-    ) as caught:
-        restored, step = io.restore_checkpoint(tmp_path, template)
-    assert step == 2 and message in str(caught[0].message) and expected in str(caught[0].message)
-    assert str(newest) in str(caught[0].message) and str(folder / "2") in str(caught[0].message)
-    np.testing.assert_array_equal(restored.update_step, batched_state.update_step)
-    with pytest.raises(io.CheckpointError, match=f"checkpoint {newest} .*{expected}"):
-        io.restore_checkpoint(tmp_path, template, step=3)
-
-
-def test_a_failed_save_keeps_the_checkpoint_before_it(tmp_path, batched_state, monkeypatch):
-    """Old checkpoints go only after the new one is complete: a save that dies half-way (here
-    orbax raising) leaves the previous checkpoint in place, even with keep=1."""
-    checkpoints = io.open_checkpoints(tmp_path, keep=1)
-    io.save_checkpoint(checkpoints, 1, batched_state)
-
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(checkpoints.manager, "save", disk_full)
-    with pytest.raises(OSError, match="No space left"):
-        io.save_checkpoint(checkpoints, 2, batched_state)
-    checkpoints.close()
-    assert [path.name for path in (tmp_path / io.CHECKPOINT_DIR).iterdir()] == ["1"]
-    _, step = io.restore_checkpoint(tmp_path, jax.eval_shape(lambda: batched_state))
-    assert step == 1
-
-
-def test_every_saved_checkpoint_has_a_manifest_of_its_files(tmp_path, batched_state):
-    folder = _save_three(tmp_path, batched_state, keep=2)
-    manifest = io.read_json(folder / "3" / io.MANIFEST_FILE)
-    assert manifest["step"] == 3 and manifest["files"] == io.file_manifest(folder / "3")
-    assert any(name.startswith("default/") for name in manifest["files"])
 
 
 def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
@@ -261,38 +153,6 @@ def test_a_row_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     io.truncate_metrics(tmp_path / "m.csv", 5)
     _, metrics = io.read_metrics(tmp_path / "m.csv")
     assert metrics["episode_return"].shape == (2, 5)
-
-
-@pytest.mark.parametrize(
-    "manifest, problem",
-    [
-        ("", "is empty"),
-        ('{"files": ', "is not valid JSON"),
-        ("[]", "must hold a JSON object of checkpoint files, got a list"),
-        ('{"step": 3}', "field 'files' must be an object, got null"),
-        ('{"files": {"default/x": "y"}}', "files['default/x'] must be [size, SHA-256], got 'y'"),
-    ],
-)
-def test_a_damaged_manifest_passes_over_its_checkpoint(tmp_path, batched_state, manifest, problem):
-    folder = _save_three(tmp_path, batched_state)
-    (folder / "3" / io.MANIFEST_FILE).write_text(manifest)
-    template = jax.eval_shape(lambda: batched_state)
-    with pytest.warns(io.CheckpointWarning, match="unreadable manifest") as caught:
-        _, step = io.restore_checkpoint(tmp_path, template)
-    assert step == 2 and problem in str(caught[0].message)
-
-
-def test_manifests_hold_the_run_record_they_were_saved_with(tmp_path, batched_state):
-    record = {"config": {"num_envs": 2}, "seeds": 2, "seed": 0, "grid": {}}
-    checkpoints = io.open_checkpoints(tmp_path, record=record)
-    for step in (1, 2):
-        io.save_checkpoint(checkpoints, step, batched_state)
-    checkpoints.close()
-    (tmp_path / io.CHECKPOINT_DIR / "2" / io.MANIFEST_FILE).write_text("{")  # left out
-    assert io.checkpoint_records(tmp_path) == [(1, record)]
-    plain = tmp_path / "plain"
-    _save_three(plain, batched_state)
-    assert io.checkpoint_records(plain) == []  # saved without a record, as by older versions
 
 
 def test_metrics_that_are_not_whole_are_errors_naming_line_and_column(tmp_path):
@@ -314,14 +174,3 @@ def test_metrics_that_are_not_whole_are_errors_naming_line_and_column(tmp_path):
     np.testing.assert_array_equal(metrics["episode_return"], [[1, 2, 3], [101, 102, 103]])
     with pytest.raises(ValueError, match="has rows of run 1, but the run folder has 1 runs"):
         io.metrics_until(path, 3, runs=1)
-
-
-def test_a_checkpoint_of_other_shapes_is_a_changed_config_not_damage(tmp_path, batched_state):
-    """Without a record in its manifest (saved by an older ppojax), a checkpoint whose arrays
-    have other shapes than the config gives is refused, not passed over for an older one."""
-    folder = _save_three(tmp_path, batched_state)
-    config = ppojax.PPOConfig(num_envs=4, num_steps=8, total_timesteps=64, hidden_sizes=(8,))
-    template = jax.eval_shape(lambda: init_states(Experiment(config, seeds=2)))
-    with pytest.raises(io.StateMismatchError, match=r"checkpoint .*3 holds .* of shape \(2, 2"):
-        io.restore_checkpoint(tmp_path, template)
-    assert sorted(path.name for path in folder.iterdir()) == ["1", "2", "3"]

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from ppojax import io
+from ppojax import checkpointing, io
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps
 from ppojax.rlhf.__main__ import frozen_params, main, prepare
 from ppojax.rlhf.model import zero_value_head
@@ -41,7 +41,7 @@ TINY_RUN = [
 def restore_state(run_dir, step):
     settings = io.read_json(run_dir / io.CONFIG_FILE)
     _, template, _ = prepare(settings, frozen_params(settings, run_dir, resume=True))
-    return io.restore_checkpoint(run_dir, template, step)[0]
+    return checkpointing.restore_checkpoint(run_dir, template, step)[0]
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from ppojax import io
+from ppojax import checkpointing, io
 from ppojax.cli import main
 from ppojax.evaluate import evaluate, load
 from ppojax.evaluation import EVAL_METRIC_NAMES, eval_key
@@ -99,7 +99,7 @@ def test_in_loop_evaluation_equals_ppojax_eval_of_the_loaded_policy(swept):
     run_dir, _ = swept
     _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
     experiment, _ = read_experiment(run_dir)
-    states, _ = io.restore_checkpoint(run_dir, state_template(experiment))
+    states, _ = checkpointing.restore_checkpoint(run_dir, state_template(experiment))
     for run in (0, 3):
         config, act = load(run_dir, run=run)
         state = jax.tree.map(lambda leaf, run=run: leaf[run], states)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import io
+from ppojax import checkpointing, io
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.trainer import RLHFState, Trainer
 
@@ -72,16 +72,16 @@ def rlhf_config_from_dict(values: dict[str, Any]) -> RLHFConfig:
 
 def save_frozen(run_dir: Path, tree: Any) -> None:
     """Write the rewards' frozen arrays once, as an orbax checkpoint ``frozen/0``."""
-    checkpoints = io.open_checkpoints(Path(run_dir) / FROZEN_DIR)
+    checkpoints = checkpointing.open_checkpoints(Path(run_dir) / FROZEN_DIR)
     try:
-        io.save_checkpoint(checkpoints, 0, tree)
+        checkpointing.save_checkpoint(checkpoints, 0, tree)
     finally:
         checkpoints.close()
 
 
 def load_frozen(run_dir: Path, template: Any) -> Any:
     """The arrays ``save_frozen`` wrote (``template`` gives their structure and shapes)."""
-    return io.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
+    return checkpointing.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
 
 
 def plot_curves(path: Path, metrics: dict[str, np.ndarray], names: tuple[str, ...]) -> None:
@@ -131,9 +131,9 @@ def curve_names(metrics: dict[str, Any]) -> tuple[str, ...]:
 def resume_point(run_dir: Path, template: RLHFState) -> tuple[RLHFState | None, int]:
     """The newest readable checkpoint and its step (None, 0 without one); checkpoints that do
     not read back are set aside and metrics rows after the step dropped."""
-    state, step, unreadable = io.restore_newest(run_dir, template)
+    state, step, unreadable = checkpointing.restore_newest(run_dir, template)
     if unreadable:
-        io.set_aside(run_dir, unreadable)
+        checkpointing.set_aside(run_dir, unreadable)
     metrics_path = Path(run_dir) / io.METRICS_FILE
     if metrics_path.exists():
         io.truncate_metrics(metrics_path, step)
@@ -163,7 +163,7 @@ def train_run(
         restored, start = resume_point(run_dir, state)
         state = state if restored is None else restored
     compiled: dict[int, Callable[..., Any]] = {}
-    checkpoints = io.open_checkpoints(run_dir, clean=True)
+    checkpoints = checkpointing.open_checkpoints(run_dir, clean=True)
     bar = tqdm(total=num_steps, initial=start, unit="step", disable=not progress)
     began, step = time.perf_counter(), start
     try:
@@ -177,7 +177,7 @@ def train_run(
             rows = io.metric_rows([{"run": 0}], step, table)
             io.append_metrics(run_dir / io.METRICS_FILE, header, rows)
             step += count
-            io.save_checkpoint(checkpoints, step, state)
+            checkpointing.save_checkpoint(checkpoints, step, state)
             bar.update(count)
             last = {
                 name: float(table[name][0, -1]) for name in ("objective/scores", "objective/kl")
