@@ -158,6 +158,8 @@ def test_bradley_terry_loss_hand_values():
         ("temperature", 0.0),
         ("gae_lambda", 1.5),
         ("reward_weights", (1.0, float("nan"))),
+        ("lora_targets", "qkv"),  # a string, not a tuple of names
+        ("lora_full", ("value_head", "")),
     ],
 )
 def test_invalid_config_names_the_field(field, value):
@@ -171,6 +173,8 @@ def test_config_errors_that_need_two_fields():
         RLHFConfig(algorithm="grpo")
     with pytest.raises(ConfigError, match="lora_targets"):
         RLHFConfig(lora_rank=4)
+    with pytest.raises(ConfigError, match="lora_full names .* set lora_rank"):
+        RLHFConfig(lora_full=("value_head",))
 
 
 def dummy_policy(params, tokens, mask):
@@ -207,6 +211,42 @@ def test_lora_adapts_only_the_named_kernels_and_starts_at_the_base():
     np.testing.assert_array_equal(moved["params"]["mlp"]["kernel"], base["params"]["mlp"]["kernel"])
     with pytest.raises(ValueError, match="lora_targets"):
         init_adapters(base, ("attention",), 2, jax.random.key(0))
+
+
+def test_lora_full_trains_the_named_leaves_as_copies_and_leaves_the_adapters_as_they_were():
+    base = {
+        "params": {
+            "qkv": {"kernel": jnp.ones((4, 6))},
+            "mlp": {"kernel": jnp.ones((4, 4)), "bias": jnp.ones(4)},
+            "value_head": {"kernel": jnp.full((4, 1), 2.0), "bias": jnp.zeros(1)},
+        }
+    }
+    plain = init_adapters(base, ("qkv", "mlp"), 2, jax.random.key(0))
+    both = init_adapters(base, ("qkv", "mlp"), 2, jax.random.key(0), full=("value_head", "mlp"))
+    # mlp's kernel is trained in full, so it gets no adapter; the bias comes along
+    assert set(both) == {
+        "params-qkv-kernel",
+        "params-mlp-kernel",
+        "params-mlp-bias",
+        "params-value_head-kernel",
+        "params-value_head-bias",
+    }
+    assert set(both["params-mlp-kernel"]) == {"full"}
+    np.testing.assert_array_equal(both["params-value_head-kernel"]["full"], np.full((4, 1), 2.0))
+    assert plain["params-mlp-kernel"]["a"].shape == (4, 2)  # adapted when not trained in full
+    # the adapters are drawn as without lora_full from the kernels that remain adapted
+    adapters_only = init_adapters(base, ("qkv",), 2, jax.random.key(0))
+    np.testing.assert_array_equal(
+        adapters_only["params-qkv-kernel"]["a"], both["params-qkv-kernel"]["a"]
+    )
+    merged = merge(base, both, 8.0)
+    jax.tree.map(np.testing.assert_array_equal, merged, base)  # starts exactly at the base
+    both["params-value_head-bias"]["full"] = jnp.array([0.5])
+    moved = merge(base, both, 8.0)
+    np.testing.assert_array_equal(moved["params"]["value_head"]["bias"], [0.5])
+    np.testing.assert_array_equal(base["params"]["value_head"]["bias"], [0.0])  # base untouched
+    with pytest.raises(ValueError, match="lora_full"):
+        init_adapters(base, ("qkv",), 2, jax.random.key(0), full=("critic",))
 
 
 TASK = DigitTask(num_digits=6, min_digits=2, max_digits=4, response_len=5)

@@ -224,6 +224,34 @@ def test_lora_reference_is_the_base_and_the_policy_starts_there():
     assert not np.allclose(new.params["policy"]["params-hidden-kernel"]["b"], 0.0)
 
 
+def test_lora_full_lets_a_value_head_read_from_the_policy_learn():
+    """PPO whose critic is the policy's own value head: under LoRA on the other layers that
+    head stays at its initial values, and with lora_full=("value",) it is trained."""
+    prompts, mask = prompt_batch(jax.random.key(14), 8)
+
+    def heads_after_steps(config):
+        trainer = trainer_for(config)
+
+        def train(key):
+            state = trainer.init(init_params(0), key)  # no critic params: the value head
+            for step_key in jax.random.split(key, 3):
+                state, metrics = trainer.step(state, prompts, mask, step_key)
+            merged = policy_params_fn(config, state.reference)(state.params)
+            return merged["params"]["value"], merged["params"]["hidden"], metrics
+
+        return jax.jit(train)(jax.random.key(15))
+
+    config = config_for("ppo", lora_rank=2, lora_targets=("hidden", "logits"))
+    frozen_head, frozen_hidden, _ = heads_after_steps(config)
+    head, hidden, metrics = heads_after_steps(config.replace(lora_full=("value",)))
+    start = init_params(0)["params"]
+    chex.assert_trees_all_equal(frozen_head, start["value"])
+    assert not np.allclose(head["kernel"], start["value"]["kernel"])
+    assert not np.allclose(head["bias"], start["value"]["bias"])
+    assert not np.allclose(frozen_hidden["kernel"], start["hidden"]["kernel"])  # adapters move
+    assert np.isfinite(metrics["loss/value_avg"]).all()
+
+
 def test_kl_coef_and_kl_in_change_the_advantages_or_the_loss():
     reward_kl = config_for("ppo", kl_estimator="k3", loss_aggregation="sequence")
     loss_kl = reward_kl.replace(kl_in="loss")

@@ -65,7 +65,7 @@ def field_type(field: dataclasses.Field) -> Any:
     """How to parse an RLHFConfig field from one command-line word."""
     if field.name == "reward_weights":
         return lambda text: tuple(float(part) for part in text.split(","))
-    if field.name == "lora_targets":
+    if field.name in ("lora_targets", "lora_full"):
         return lambda text: tuple(part for part in text.split(",") if part)
     if field.name == "clip_eps_high":
         return float

@@ -35,7 +35,8 @@ class RLHFConfig:
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
     ppo_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
     whiten_advantages, group_std, critic_warmup_steps), the reward weights and the LoRA
-    layout. Traced: temperature, learning rate and every coefficient.
+    layout (lora_rank, lora_targets, lora_full). Traced: temperature, learning rate and every
+    coefficient.
     """
 
     pad_id: int = static(0)  # the token after EOS and on the left of short prompts
@@ -55,6 +56,7 @@ class RLHFConfig:
     reward_weights: tuple[float, ...] | None = static(None)  # None: weight 1 for each fn
     lora_rank: int = static(0)  # 0: full fine-tuning; > 0: frozen base + adapters
     lora_targets: tuple[str, ...] = static(())  # param path parts whose kernels get adapters
+    lora_full: tuple[str, ...] = static(())  # param path parts trained in full (a value head)
 
     temperature: float = 1.0
     learning_rate: float = 1e-4
@@ -100,6 +102,19 @@ def _check_ints(config: RLHFConfig) -> None:
             "group_size",
             f"RLHFConfig.group_size must be >= 2 for algorithm={config.algorithm!r} (its "
             f"baseline is the other samples of the same prompt), got {config.group_size}.",
+        )
+    for name in ("lora_targets", "lora_full"):
+        names = getattr(config, name)
+        if not (isinstance(names, tuple) and all(isinstance(n, str) and n for n in names)):
+            raise ConfigError(
+                name, f"RLHFConfig.{name} must be a tuple of parameter path parts, got {names!r}."
+            )
+    if config.lora_full and not config.lora_rank:
+        raise ConfigError(
+            "lora_full",
+            "RLHFConfig.lora_full names parameters trained in full beside LoRA adapters; "
+            "without lora_rank > 0 every parameter is trained in full: set lora_rank or "
+            "leave lora_full empty.",
         )
     if config.lora_rank and not config.lora_targets:
         raise ConfigError(

@@ -3,7 +3,9 @@
 A kernel W [in, out] whose parameter path contains one of ``targets`` (``"qkv"``, ``"lm_head"``)
 gets adapters A [in, r] and B [r, out]; the policy uses W + (alpha / r) A @ B. B starts at 0,
 so the adapted model starts exactly equal to its base, and the base itself serves as the
-reference: there is no second copy of the weights.
+reference: there is no second copy of the weights. The leaves whose path has a part in
+``full`` (``lora_full``: a value head the critic reads from the policy's params, which would
+otherwise stay at its initial values) are trained in full instead, each as its own copy.
 """
 
 from __future__ import annotations
@@ -29,33 +31,57 @@ def adapted_kernels(params: Any, targets: tuple[str, ...]) -> dict[str, tuple[in
     return found
 
 
-def init_adapters(
-    params: Any, targets: tuple[str, ...], rank: int, key: jax.Array
-) -> dict[str, dict[str, jax.Array]]:
-    """{name: {"a": [in, r] ~ N(0, 1 / in), "b": zeros [r, out]}} for each adapted kernel.
+def full_leaves(params: Any, full: tuple[str, ...]) -> dict[str, jax.Array]:
+    """The leaves whose path has a part in ``full``: name -> leaf."""
+    found = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        if any(str(getattr(part, "key", part)) in full for part in path):
+            found[path_name(path)] = leaf
+    return found
 
-    Raises ValueError naming ``lora_targets`` when no kernel matches."""
+
+def init_adapters(
+    params: Any, targets: tuple[str, ...], rank: int, key: jax.Array, full: tuple[str, ...] = ()
+) -> dict[str, dict[str, jax.Array]]:
+    """{name: {"a": [in, r] ~ N(0, 1 / in), "b": zeros [r, out]}} for each adapted kernel,
+    and {name: {"full": a copy of the leaf}} for each leaf trained in full (``full``), which
+    then gets no adapter.
+
+    Raises ValueError naming ``lora_targets`` (or ``lora_full``) when nothing matches."""
     shapes = adapted_kernels(params, targets)
     if not shapes:
         raise ValueError(
             f"RLHFConfig.lora_targets={targets!r} matches no 2-D 'kernel' in the policy's "
             "params; name a part of a dense layer's path (print the params' tree to see them)."
         )
-    keys = jax.random.split(key, len(shapes))
-    adapters = {}
-    for layer_key, (name, (fan_in, fan_out)) in zip(keys, sorted(shapes.items()), strict=True):
+    trained = full_leaves(params, full)
+    if full and not trained:
+        raise ValueError(
+            f"RLHFConfig.lora_full={full!r} matches no leaf of the policy's params; name a "
+            "part of the path of the layer to train in full, such as its module's name."
+        )
+    adapted = sorted(name for name in shapes if name not in trained)
+    keys = jax.random.split(key, len(adapted)) if adapted else []
+    adapters: dict[str, dict[str, jax.Array]] = {
+        name: {"full": jnp.array(leaf)} for name, leaf in trained.items()
+    }
+    for layer_key, name in zip(keys, adapted, strict=True):
+        fan_in, fan_out = shapes[name]
         a = jax.random.normal(layer_key, (fan_in, rank), jnp.float32) / jnp.sqrt(fan_in)
         adapters[name] = {"a": a, "b": jnp.zeros((rank, fan_out), jnp.float32)}
     return adapters
 
 
 def merge(base: Any, adapters: dict[str, dict[str, jax.Array]], scale: Any) -> Any:
-    """``base`` with W + scale * A @ B at every adapted kernel (the rest untouched)."""
+    """``base`` with W + scale * A @ B at every adapted kernel, the trained copy at every leaf
+    trained in full, the rest untouched."""
 
     def adapt(path: tuple, leaf: jax.Array) -> jax.Array:
         adapter = adapters.get(path_name(path))
         if adapter is None:
             return leaf
+        if "full" in adapter:
+            return adapter["full"]
         return leaf + scale * (adapter["a"] @ adapter["b"]).astype(leaf.dtype)
 
     return jax.tree_util.tree_map_with_path(adapt, base)

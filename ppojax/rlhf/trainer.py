@@ -127,7 +127,9 @@ def make_trainer(
         """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen
         reference and beta = config.kl_coef."""
         if config.lora_rank:
-            policy = lora.init_adapters(policy_params, config.lora_targets, config.lora_rank, key)
+            policy = lora.init_adapters(
+                policy_params, config.lora_targets, config.lora_rank, key, config.lora_full
+            )
         else:
             policy = policy_params
         params = {"policy": policy}
