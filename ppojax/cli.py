@@ -362,12 +362,13 @@ def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> Ru
         checkpoint_every=args.checkpoint_every or base.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints or None,
         tensorboard=args.tensorboard or base.tensorboard,
-        wandb=wandb_options(args),
+        wandb=wandb_options(args, base.wandb),
     )
 
 
-def wandb_options(args: argparse.Namespace) -> Any:
-    """WandbOptions from --wandb and its flags; None without --wandb."""
+def wandb_options(args: argparse.Namespace, saved: Any = None) -> Any:
+    """WandbOptions from --wandb and its flags; None without --wandb. On --resume, ``saved``
+    (the run's W&B settings, which it logs on to without --wandb) with the flags on top."""
     from ppojax.wandb_logger import WandbOptions
 
     given = {
@@ -379,10 +380,12 @@ def wandb_options(args: argparse.Namespace) -> Any:
         if given:
             flags = ", ".join(f"--wandb-{name}" for name in given)
             raise ValueError(f"{flags} apply only with --wandb; add --wandb")
-        return None
+        if saved is None:
+            return None
     if importlib.util.find_spec("wandb") is None:
-        raise ValueError("--wandb needs wandb: pip install 'ppojax[wandb]'")
-    return WandbOptions(**given)
+        logged = "" if args.wandb else " (this run logs to W&B: its run.json has wandb settings)"
+        raise ValueError(f"--wandb needs wandb{logged}: pip install 'ppojax[wandb]'")
+    return dataclasses.replace(saved, **given) if saved is not None else WandbOptions(**given)
 
 
 def resume(args: argparse.Namespace) -> RunResult:

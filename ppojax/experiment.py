@@ -42,6 +42,7 @@ from ppojax.sweeps import grid_points as sweep_grid_points
 from ppojax.train import eval_due, init_state, make_agent, train_step
 from ppojax.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.update import make_optimizer
+from ppojax.wandb_logger import options_from_settings, wandb_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,6 +328,10 @@ def run_experiment(
             raise ValueError(f"{run_dir} already holds a run: resume it or train into a new folder")
         io.check_out_dir(run_dir)
         check_env(experiment.config)
+        if options.wandb is not None:  # run.json names the W&B runs, so a resume continues them
+            options = dataclasses.replace(
+                options, wandb=options.wandb.with_run_ids(experiment.num_runs)
+            )
         run_dir.mkdir(parents=True, exist_ok=True)
         io.write_json(run_dir / io.CONFIG_FILE, io.config_to_dict(experiment.config))
         io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
@@ -368,6 +373,12 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
         io.write_metrics(metrics_path, header, rows)
     else:  # from update 0 the rows so far (perhaps one cut short) are all dropped
         metrics_path.unlink(missing_ok=True)
+    if options.wandb is not None and options.wandb != saved_options.wandb:
+        # W&B logging added or moved on resume: run.json names the runs it now logs to
+        options = dataclasses.replace(
+            options, wandb=options.wandb.with_run_ids(experiment.num_runs)
+        )
+        io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
     return continue_experiment(experiment, run_dir, options, state, step, history)
 
 
@@ -449,6 +460,7 @@ def run_settings(experiment: Experiment, options: RunOptions) -> dict[str, Any]:
         "keep_checkpoints": options.keep_checkpoints,
         "tensorboard": options.tensorboard,
         "env_modules": list(env_modules(experiment.config.env_id, options.env_modules)),
+        "wandb": wandb_settings(options.wandb),
     }
 
 
@@ -529,6 +541,7 @@ def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
         keep_checkpoints=settings["keep_checkpoints"],
         tensorboard=settings["tensorboard"],
         env_modules=modules,
+        wandb=options_from_settings(path, settings.get("wandb")),  # absent before W&B resume
     )
     return experiment, options
 

@@ -7,6 +7,10 @@ update number (evaluation metrics only on the updates that evaluated). The confi
 PPOConfig field with the run's own grid values; the summary, written when training ends, holds
 the final return, the final evaluation return and whether the run diverged.
 
+A run folder's run.json records the W&B settings and run ids (``wandb_settings``), so
+``--resume`` logs on into the same W&B runs (``resume="allow"``); W&B keeps the steps it
+already has, so the updates a resume repeats after its checkpoint are logged once.
+
 wandb is imported only when a logger is made (``pip install "ppojax[wandb]"``); it works
 offline with ``WANDB_MODE=offline`` and writes below ``WANDB_DIR`` (else the run folder).
 """
@@ -14,7 +18,10 @@ offline with ``WANDB_MODE=offline`` and writes below ``WANDB_DIR`` (else the run
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,15 +32,20 @@ from ppojax import io
 from ppojax.config import PPOConfig
 from ppojax.evaluation import EVAL_METRIC_NAMES
 
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
 
 @dataclasses.dataclass(frozen=True)
 class WandbOptions:
     """Where the W&B runs go: ``project``, ``entity`` (None: the account's default), and
-    ``name``, the group of the experiment's runs (None: the run folder's name)."""
+    ``name``, the group of the experiment's runs (None: the run folder's name). ``run_ids``:
+    the W&B run id of each ppojax run, in run order (None: W&B draws new ones); a W&B run
+    with one of these ids is continued, not replaced."""
 
     project: str = "ppojax"
     entity: str | None = None
     name: str | None = None
+    run_ids: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for field in ("project", "entity", "name"):
@@ -42,6 +54,55 @@ class WandbOptions:
                 continue
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"WandbOptions.{field} must be a non-empty string, got {value!r}")
+        ids = self.run_ids
+        if ids is not None and not (
+            isinstance(ids, tuple) and all(isinstance(i, str) and RUN_ID.fullmatch(i) for i in ids)
+        ):
+            raise ValueError(
+                "WandbOptions.run_ids must be None or a tuple of W&B run ids (letters, digits, "
+                f"'_' and '-'), got {ids!r}"
+            )
+
+    def with_run_ids(self, runs: int) -> WandbOptions:
+        """These options with a fresh W&B run id for each of ``runs`` runs, unless they
+        have ids already."""
+        if self.run_ids is not None:
+            return self
+        return dataclasses.replace(self, run_ids=tuple(secrets.token_hex(4) for _ in range(runs)))
+
+
+def wandb_settings(options: WandbOptions | None) -> dict[str, Any] | None:
+    """run.json's ``wandb``: the options as JSON data (None without W&B)."""
+    if options is None:
+        return None
+    settings = dataclasses.asdict(options)
+    settings["run_ids"] = None if options.run_ids is None else list(options.run_ids)
+    return settings
+
+
+def options_from_settings(path: Path, settings: Any) -> WandbOptions | None:
+    """``wandb_settings`` read back from run.json at ``path``; a ``ValueError`` naming the file
+    and field when it is not what ``wandb_settings`` writes."""
+    if settings is None:
+        return None
+    fields = {field.name for field in dataclasses.fields(WandbOptions)}
+    if not isinstance(settings, dict) or not set(settings) <= fields:
+        raise ValueError(
+            f"{path}: field 'wandb' must be null or an object with keys {sorted(fields)}, "
+            f"got {settings!r}"
+        )
+    ids = settings.get("run_ids")
+    if ids is not None and not (
+        isinstance(ids, list) and all(isinstance(i, str) and RUN_ID.fullmatch(i) for i in ids)
+    ):
+        raise ValueError(
+            f"{path}: field 'wandb': run_ids must be null or a list of W&B run ids (letters, "
+            f"digits, '_' and '-'), got {json.dumps(ids)}"
+        )
+    try:
+        return WandbOptions(**{**settings, "run_ids": None if ids is None else tuple(ids)})
+    except ValueError as error:
+        raise ValueError(f"{path}: field 'wandb': {error}") from None
 
 
 def import_wandb() -> Any:
@@ -84,11 +145,16 @@ class WandbLog:
         run_dir: Path | None,
     ) -> None:
         wandb = import_wandb()
+        if options.run_ids is not None and len(options.run_ids) != len(runs):
+            raise ValueError(
+                f"WandbOptions.run_ids has {len(options.run_ids)} ids for {len(runs)} runs"
+            )
         group = options.name or (Path(run_dir).name if run_dir is not None else config.env_id)
         folder = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
         self.runs = []
-        for run in runs:
+        for index, run in enumerate(runs):
             settings = run_config(config, run, group)
+            run_id = None if options.run_ids is None else options.run_ids[index]
             label = point_label(settings["grid_point"])
             self.runs.append(
                 wandb.init(
@@ -101,6 +167,8 @@ class WandbLog:
                     config=settings,
                     dir=folder,
                     reinit="create_new",
+                    id=run_id,
+                    resume=None if run_id is None else "allow",
                 )
             )
 

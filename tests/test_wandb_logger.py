@@ -4,6 +4,7 @@ metric of every update."""
 
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -133,12 +134,13 @@ def item_key(item) -> str:
 
 
 def offline_run(path: Path) -> dict:
-    """An offline run's group, name, config, history {step: {key: value}} and summary."""
+    """An offline run's id, group, name, config, history {step: {key: value}} and summary."""
     run = {"history": {}, "summary": {}}
     for record in wandb_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run["group"], run["name"] = record.run.run_group, record.run.display_name
+            run["id"] = record.run.run_id
             run["config"] = {
                 item.key: json.loads(item.value_json) for item in record.run.config.update
             }
@@ -182,3 +184,50 @@ def test_wandb_flags_without_wandb_are_a_clear_error(capsys):
         main(["train", "--wandb-project", "x"])
     assert exit_info.value.code == 2
     assert "--wandb-project apply only with --wandb" in capsys.readouterr().err
+
+
+TRAIN = (
+    "train",
+    "CartPole-v1",
+    *("--seeds", "2", "--num-envs", "2", "--num-steps", "8", "--total-timesteps", "64"),
+    *("--update-epochs", "1", "--num-minibatches", "2", "--hidden-sizes", "8"),
+    *("--checkpoint-every", "2", "--no-progress"),
+)
+
+
+def test_a_resumed_run_logs_on_into_the_same_wandb_runs(tmp_path, monkeypatch):
+    """run.json names the W&B runs; --resume (no --wandb needed) continues them by id and
+    logs the updates after its checkpoint."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wandb-dir").mkdir()
+    out = tmp_path / "runs"
+    assert main([*TRAIN, "--out", str(out), "--wandb", "--wandb-project", "tests"]) == 0
+    (run_dir,) = out.iterdir()
+    saved = io.read_json(run_dir / io.RUN_FILE)["wandb"]
+    assert saved["project"] == "tests" and len(saved["run_ids"]) == 2
+    assert len(set(saved["run_ids"])) == 2
+    first = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert sorted(offline_run(path)["id"] for path in first) == sorted(saved["run_ids"])
+
+    # as if killed before the last checkpoint: resume from update 2 of 4
+    for path in (run_dir / io.CHECKPOINT_DIR).iterdir():
+        if path.name == "4":
+            shutil.rmtree(path)
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    every = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*/run-*.wandb"))
+    resumed = [offline_run(path) for path in every if path not in first]
+    assert sorted(run["id"] for run in resumed) == sorted(saved["run_ids"])
+    for run in resumed:
+        assert sorted(run["history"]) == [3, 4]
+        assert run["config"]["run"] == saved["run_ids"].index(run["id"])
+    assert io.read_json(run_dir / io.RUN_FILE)["wandb"] == saved  # unchanged by the resume
+
+    settings = io.read_json(run_dir / io.RUN_FILE)
+    io.write_json(run_dir / io.RUN_FILE, {**settings, "wandb": {**saved, "run_ids": ["a b"]}})
+    with pytest.raises(ValueError, match=r"run.json: field 'wandb': run_ids must be .*\[.a b.\]"):
+        read_experiment(run_dir)
+    del settings["wandb"]  # run folders from before W&B resume have no such field
+    io.write_json(run_dir / io.RUN_FILE, settings)
+    assert read_experiment(run_dir)[1].wandb is None
