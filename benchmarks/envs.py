@@ -40,6 +40,9 @@ SUITE_CONFIGS: dict[str, dict[str, Any]] = {
         env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100},
     ),
     "xminigrid": dict(env_id="xminigrid/MiniGrid-Empty-5x5"),
+    # NAVIX's reward is 1 at the goal whatever the time taken: a 20-step limit (100 by default)
+    # makes the return the share of episodes that find the goal quickly
+    "navix": dict(env_id="navix/Navix-Empty-5x5-v0", env_kwargs={"max_steps": 20}),
     "brax": dict(env_id="brax/inverted_pendulum"),
     "playground": dict(env_id="playground/CartpoleBalance"),
 }

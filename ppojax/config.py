@@ -238,9 +238,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders")
     },
     # The adapter suites' settings that benchmarks/envs.py trains (Snake there on a 6x6 board,
-    # env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100}); the envs stay as they are.
+    # env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100}, NAVIX's room with a 20-step
+    # limit, {"max_steps": 20}); the envs stay as they are.
     "jumanji/Snake-v1": {**SUITE_PRESET, "total_timesteps": 600_000},
     "xminigrid/MiniGrid-Empty-5x5": {**SUITE_PRESET, "total_timesteps": 200_000},
+    "navix/Navix-Empty-5x5-v0": {**SUITE_PRESET, "total_timesteps": 200_000},
     # brax's default (generalized) backend: continuous actions, so no entropy bonus and
     # observations normalized, as for Pendulum; lr 3e-4, the usual for Box actions
     "brax/inverted_pendulum": {

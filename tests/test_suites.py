@@ -151,6 +151,39 @@ def test_xminigrid_matches_xminigrid_and_trains():
     assert max_episode_steps(env) == 30
 
 
+def test_navix_matches_navix_without_its_late_reset_and_trains():
+    navix = pytest.importorskip("navix")
+    raw_env = navix.make("Navix-Empty-5x5-v0", max_steps=30)
+    env = ppojax.make_env("navix/Navix-Empty-5x5-v0", max_steps=30)
+    assert env.spec.action_dim == len(raw_env.action_set) and env.spec.obs_dim == 5 * 5 * 3
+    assert max_episode_steps(env) == 30
+
+    def raw_reset(key):
+        timestep = raw_env.reset(key)
+        return timestep, timestep.observation
+
+    def raw_step(raw, action, key):
+        # navix's step resets on the call after a done; on every other call it is the
+        # transition, so a step from a timestep that is not done is navix's own
+        timestep = raw_env.step(raw[0], action)
+        terminated = timestep.step_type == 2
+        truncated = timestep.step_type == 1
+        return (timestep, timestep.observation), (
+            timestep.observation,
+            timestep.reward,
+            terminated,
+            truncated,
+        )
+
+    # Rotate either way or go forward: a random walk that reaches the goal now and then.
+    walk = jnp.array([0.0, 0.0, 0.0] + [-1e9] * (len(raw_env.action_set) - 3))
+    outputs = run_side_by_side(env, raw_reset, raw_step, jax.random.key(0), lambda _: walk)
+    check_against_suite(outputs)
+    check_training("navix/Navix-Empty-5x5-v0", {"max_steps": 12})
+    with pytest.raises(ppojax.ConfigError, match="Close matches: navix/Navix-Empty-5x5-v0"):
+        ppojax.make_env("navix/Navix-Empty-5x5")
+
+
 def brax_api_with_time_limit(raw_env, limit):
     """``raw_reset`` and ``raw_step`` for ``run_side_by_side`` of an env with brax's API
     (brax's, Playground's): ``done`` is terminal, and ``limit`` steps truncate an episode."""

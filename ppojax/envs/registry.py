@@ -49,6 +49,7 @@ SUITES: dict[str, Suite] = {
         "ppojax.envs.craftax", "craftax", "craftax", "craftax/Craftax-Classic-Symbolic-v1"
     ),
     "jumanji": Suite("ppojax.envs.jumanji", "jumanji", "jumanji", "jumanji/Snake-v1"),
+    "navix": Suite("ppojax.envs.navix", "navix", "navix", "navix/Navix-Empty-5x5-v0"),
     "playground": Suite(
         "ppojax.envs.playground", "mujoco_playground", "playground", "playground/CartpoleBalance"
     ),
