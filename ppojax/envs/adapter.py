@@ -14,7 +14,7 @@ This module imports gymnax, so it is imported only by the adapters, when a suite
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -39,9 +39,20 @@ class NoParams:
 
 
 class Adapter(environment.Environment):
-    """Base of the adapters: ``is_truncated`` reads the flag ``step_env`` stored. Each adapter
-    also gives ``time_limit(params)``, the most steps of an episode (``ppojax eval`` runs
-    episodes that long)."""
+    """Base of the adapters: the suite's env ``env`` under the id ``<suite>/<env_name>``;
+    ``is_truncated`` reads the flag ``step_env`` stored. Each adapter sets ``suite`` (its id
+    prefix) and gives ``time_limit(params)``, the most steps of an episode (``ppojax eval``
+    runs episodes that long)."""
+
+    suite: ClassVar[str]
+
+    def __init__(self, env: Any, name: str) -> None:
+        self.env = env
+        self.env_name = name
+
+    @property
+    def name(self) -> str:
+        return f"{self.suite}/{self.env_name}"
 
     def is_truncated(self, state: AdapterState, params: Any) -> jax.Array:
         return state.truncated

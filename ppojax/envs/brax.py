@@ -37,14 +37,6 @@ class Brax(Adapter):
 
     suite = "brax"  # the ids' prefix; suites with brax's interface (Playground) subclass this
 
-    def __init__(self, env: Any, name: str) -> None:
-        self.env = env
-        self.env_name = name
-
-    @property
-    def name(self) -> str:
-        return f"{self.suite}/{self.env_name}"
-
     def reset_env(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, AdapterState]:
         inner = self.env.reset(key)
         return inner.obs, self.start(inner)
@@ -73,5 +65,5 @@ def make(name: str, **kwargs: Any) -> tuple[Brax, BraxParams]:
     """``(env, params)`` of brax's ``name`` (``brax.envs.get_environment(name, **kwargs)``)."""
     known = sorted(envs._envs)  # brax keeps its registry in this dict; get_environment reads it
     if name not in known:
-        raise unknown_name("brax", name, known)
+        raise unknown_name(Brax.suite, name, known)
     return Brax(envs.get_environment(name, **kwargs), name), BraxParams()

@@ -33,13 +33,7 @@ NO_TIME_LIMIT = 2**31 - 1
 class Craftax(Adapter):
     """A craftax env (without auto-reset) with terminated and truncated apart."""
 
-    def __init__(self, env: Any, name: str) -> None:
-        self.env = env
-        self.env_name = name
-
-    @property
-    def name(self) -> str:
-        return f"craftax/{self.env_name}"
+    suite = "craftax"
 
     def reset_env(self, key: jax.Array, params: Any) -> tuple[jax.Array, AdapterState]:
         obs, inner = self.env.reset_env(key, params)
@@ -68,6 +62,6 @@ class Craftax(Adapter):
 def make(name: str) -> tuple[Craftax, Any]:
     """``(env, env_params)`` of craftax's ``name``, without craftax's own auto-reset."""
     if name not in NAMES:
-        raise unknown_name("craftax", name, NAMES)
+        raise unknown_name(Craftax.suite, name, NAMES)
     env = make_craftax_env_from_name(name, auto_reset=False)
     return Craftax(env, name), env.default_params

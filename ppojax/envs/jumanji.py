@@ -48,9 +48,10 @@ def split_observation(observation: Any) -> tuple[Any, Any]:
 class Jumanji(Adapter):
     """A jumanji env with gymnax's ``reset_env`` / ``step_env`` and ``action_mask``."""
 
+    suite = "jumanji"
+
     def __init__(self, env: Any, name: str) -> None:
-        self.env = env
-        self.env_name = name
+        super().__init__(env, name)
         spec = env.action_spec() if callable(env.action_spec) else env.action_spec
         self.spec = spec
         state, timestep = jax.eval_shape(env.reset, jax.random.key(0))
@@ -60,10 +61,6 @@ class Jumanji(Adapter):
         # One Discrete over all combinations where the mask is over all combinations.
         self.joint = isinstance(spec, specs.MultiDiscreteArray) and self.mask_shape == nvec
         self.nvec = nvec
-
-    @property
-    def name(self) -> str:
-        return f"jumanji/{self.env_name}"
 
     def reset_env(self, key: jax.Array, params: Any) -> tuple[Any, AdapterState]:
         state, timestep = self.env.reset(key)
@@ -130,7 +127,7 @@ def make(name: str, **kwargs: Any) -> tuple[Jumanji, NoParams]:
     """``(env, params)`` of jumanji's ``name`` (``jumanji.make(name, **kwargs)``)."""
     known = sorted(jumanji.registered_environments())
     if name not in known:
-        raise unknown_name("jumanji", name, known)
+        raise unknown_name(Jumanji.suite, name, known)
     env = Jumanji(jumanji.make(name, **kwargs), name)
     if _masked(env):
         env = MaskedJumanji(env.env, name)

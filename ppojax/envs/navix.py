@@ -30,13 +30,7 @@ TRUNCATION = 1
 class Navix(Adapter):
     """A NAVIX env with gymnax's ``reset_env`` / ``step_env``."""
 
-    def __init__(self, env: Any, name: str) -> None:
-        self.env = env
-        self.env_name = name
-
-    @property
-    def name(self) -> str:
-        return f"navix/{self.env_name}"
+    suite = "navix"
 
     def reset_env(self, key: jax.Array, params: NoParams) -> tuple[jax.Array, AdapterState]:
         timestep = self.env.reset(key)
@@ -67,5 +61,5 @@ def make(name: str, **kwargs: Any) -> tuple[Navix, NoParams]:
     """``(env, NoParams())`` of NAVIX's ``name`` (``navix.make(name, **kwargs)``)."""
     known = sorted(navix.registry())
     if name not in known:
-        raise unknown_name("navix", name, known)
+        raise unknown_name(Navix.suite, name, known)
     return Navix(navix.make(name, **kwargs), name), NoParams()

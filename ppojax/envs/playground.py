@@ -41,13 +41,13 @@ def make(name: str, **kwargs: Any) -> tuple[Playground, BraxParams]:
     ``impl="jax"`` and ``kwargs`` set on it; the time limit is the config's episode length."""
     known = registry.ALL_ENVS
     if name not in known:
-        raise unknown_name("playground", name, known)
+        raise unknown_name(Playground.suite, name, known)
     config = registry.get_default_config(name)
     settings = {"impl": CPU_IMPL, **kwargs}
     for key in settings:
         if key not in config:
             raise unknown_parameter(
-                f"playground/{name}",
+                f"{Playground.suite}/{name}",
                 key,
                 ["max_steps_in_episode", *config.keys()],
                 f"It takes max_steps_in_episode and the fields of its config: "

@@ -27,13 +27,7 @@ from ppojax.envs.adapter import Adapter, AdapterState, box_like, unknown_name
 class XMiniGrid(Adapter):
     """An xminigrid env with gymnax's ``reset_env`` / ``step_env``."""
 
-    def __init__(self, env: Any, name: str) -> None:
-        self.env = env
-        self.env_name = name
-
-    @property
-    def name(self) -> str:
-        return f"xminigrid/{self.env_name}"
+    suite = "xminigrid"
 
     def reset_env(self, key: jax.Array, params: Any) -> tuple[jax.Array, AdapterState]:
         timestep = self.env.reset(params, key)
@@ -65,6 +59,6 @@ def make(name: str, **kwargs: Any) -> tuple[XMiniGrid, Any]:
     """``(env, env_params)`` of xminigrid's ``name`` (``xminigrid.make(name, **kwargs)``)."""
     known = xminigrid.registered_environments()
     if name not in known:
-        raise unknown_name("xminigrid", name, known)
+        raise unknown_name(XMiniGrid.suite, name, known)
     env, params = xminigrid.make(name, **kwargs)
     return XMiniGrid(env, name), params
