@@ -46,6 +46,8 @@ class RolloutCarry(NamedTuple):
     obs_stats: Any  # a RunningStats per observation leaf
     reward_normalizer: RewardNormalizer
     hidden: jax.Array | None = None  # [B, S], the recurrent state for this step's obs
+    # episodes of this rollout that started from a start used before (``config.reset_pool``)
+    repeated_starts: jax.Array | None = None
 
 
 def rollout_start(state: TrainState, key: jax.Array | None = None) -> RolloutCarry:
@@ -85,8 +87,10 @@ class StepNoise(NamedTuple):
     """The randomness of one env step for every env, drawn for many steps at once."""
 
     env_key: jax.Array  # [B] keys for the envs' own randomness in ``step``
-    reset_obs: jax.Array  # [B, ...]: where an env restarts if its episode ends here
-    reset_state: EpisodeState  # [B]
+    # [B, ...]: where an env restarts if its episode ends here (None with config.reset_pool,
+    # whose starts are drawn per block instead, see draw_starts)
+    reset_obs: Any
+    reset_state: EpisodeState | None  # [B]
     action: jax.Array  # [B, ...]: the policy's sampling noise (see draw_action_noise)
 
 
@@ -94,16 +98,16 @@ class StepNoise(NamedTuple):
 NOISE_BLOCK_BYTES = 64 * 2**20
 
 
-def draw_noise(agent: Agent, key: jax.Array, steps: int, num_envs: int) -> StepNoise:
+def draw_noise(
+    agent: Agent, key: jax.Array, steps: int, num_envs: int, resets: bool = True
+) -> StepNoise:
     """The randomness of ``steps`` steps of ``num_envs`` envs ([steps, B, ...] leaves): env
-    keys, fresh resets and action noise, each in one batched PRNG call. gymnax's ``step``
-    would draw a reset (and split keys) inside every step instead, a handful of small PRNG
-    kernels per step that cost more than the env dynamics on CPU."""
+    keys, fresh resets (unless ``resets`` is False) and action noise, each in one batched PRNG
+    call. gymnax's ``step`` would draw a reset (and split keys) inside every step instead, a
+    handful of small PRNG kernels per step that cost more than the env dynamics on CPU."""
     env_key, reset_key, action_key = jax.random.split(key, 3)
-    # one vmap over all steps * envs compiles faster than two nested ones; same values
-    resets = jax.vmap(agent.env.reset)(jax.random.split(reset_key, steps * num_envs))
-    reset_obs, reset_state = jax.tree.map(
-        lambda x: x.reshape((steps, num_envs) + x.shape[1:]), resets
+    reset_obs, reset_state = (
+        draw_starts(agent, reset_key, steps, num_envs) if resets else (None, None)
     )
     return StepNoise(
         env_key=prng.split(env_key, (steps, num_envs)),
@@ -113,11 +117,44 @@ def draw_noise(agent: Agent, key: jax.Array, steps: int, num_envs: int) -> StepN
     )
 
 
+def draw_starts(agent: Agent, key: jax.Array, count: int, num_envs: int) -> tuple[Any, Any]:
+    """``count`` fresh starts ``(obs, state)`` per env, [count, B, ...] leaves."""
+    # one vmap over all count * envs compiles faster than two nested ones; same values
+    starts = jax.vmap(agent.env.reset)(jax.random.split(key, count * num_envs))
+    return jax.tree.map(lambda x: x.reshape((count, num_envs) + x.shape[1:]), starts)
+
+
+def pooled_steps(
+    step: Any, starts: tuple[Any, Any], carry: RolloutCarry, noise: StepNoise
+) -> tuple[RolloutCarry, Transition]:
+    """The steps of one block where each env's episodes that end take the env's ``starts``
+    ([K, B, ...], ``config.reset_pool``) in order; past its K-th end in the block an env
+    restarts from its K-th start again, counted in ``carry.repeated_starts``."""
+    pool, num_envs = jax.tree.leaves(starts)[0].shape[:2]
+    envs = jnp.arange(num_envs)
+
+    def pooled(state, noise):
+        carry, used = state  # used: [B] starts taken so far in this block
+        take = jnp.minimum(used, pool - 1)
+        reset_obs, reset_state = jax.tree.map(lambda x: x[take, envs], starts)
+        carry, transition = step(
+            carry, noise._replace(reset_obs=reset_obs, reset_state=reset_state)
+        )
+        done = jnp.logical_or(transition.terminated, transition.truncated)
+        repeated = jnp.sum(done & (used >= pool), dtype=jnp.int32)
+        carry = carry._replace(repeated_starts=carry.repeated_starts + repeated)
+        return (carry, used + done), transition
+
+    (carry, _), transitions = jax.lax.scan(pooled, (carry, jnp.zeros(num_envs, jnp.int32)), noise)
+    return carry, transitions
+
+
 def noise_block(agent: Agent, config: PPOConfig) -> int:
     """Steps of randomness drawn at once: the whole rollout unless that exceeds
     NOISE_BLOCK_BYTES, else the largest divisor of num_steps that fits."""
+    resets = config.reset_pool is None
     shapes = jax.eval_shape(
-        lambda key: draw_noise(agent, key, 1, config.num_envs), jax.random.key(0)
+        lambda key: draw_noise(agent, key, 1, config.num_envs, resets), jax.random.key(0)
     )
     per_step = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
     fitting = [
@@ -172,6 +209,7 @@ def env_step(
         obs_stats,
         reward_normalizer,
         reset_hidden(hidden, done),
+        carry.repeated_starts,
     )
     return new_carry, transition
 
@@ -191,10 +229,15 @@ def collect_rollout(
     key, noise_key = jax.random.split(carry.key)
 
     def run_block(carry: RolloutCarry, block_key: jax.Array):
-        noise = draw_noise(agent, block_key, block, config.num_envs)
-        return jax.lax.scan(step, carry, noise)
+        if config.reset_pool is None:
+            noise = draw_noise(agent, block_key, block, config.num_envs)
+            return jax.lax.scan(step, carry, noise)
+        block_key, starts_key = jax.random.split(block_key)
+        noise = draw_noise(agent, block_key, block, config.num_envs, resets=False)
+        starts = draw_starts(agent, starts_key, config.reset_pool, config.num_envs)
+        return pooled_steps(step, starts, carry, noise)
 
-    carry = carry._replace(key=key)
+    carry = carry._replace(key=key, repeated_starts=jnp.int32(0))
     if block == config.num_steps:
         carry, transitions = run_block(carry, noise_key)
     else:

@@ -165,6 +165,7 @@ def update_step(
         "env_steps": env_steps,
         "kl": kl,
         "kl_coef": state.kl_coef,
+        "repeated_starts": carry.repeated_starts,
     }
     new_state = TrainState(
         params=optimized.params,

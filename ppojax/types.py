@@ -33,6 +33,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "nonfinite_steps",
     "kl",  # analytic KL(pi_old || pi_new) after the update, mean over the rollout
     "kl_coef",  # the penalty coefficient beta used in this update
+    # episodes of the rollout that started from a start another had used (0 unless
+    # config.reset_pool is set and an env ended more episodes in a rollout than it holds)
+    "repeated_starts",
 )
 
 

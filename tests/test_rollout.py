@@ -147,3 +147,36 @@ def test_values_and_log_probs_are_the_networks_at_each_step(rollout):
     assert_close(transitions.value, value, ulps=64)
     assert_close(transitions.log_prob, taken, ulps=64)
     np.testing.assert_allclose(transitions.policy_head, head, atol=64 * 1.2e-7)
+
+
+def test_reset_pool_gives_each_env_its_own_starts_in_order_then_repeats_the_last():
+    """Two-step episodes end 4 times per env in 8 steps; with 2 starts per env per rollout the
+    first two restarts are fresh and distinct, the last two repeat the second start."""
+    base = ppojax.PPOConfig(
+        num_envs=3, num_steps=8, total_timesteps=24, env_kwargs={"max_steps_in_episode": 2}
+    )
+    fresh_carry, fresh = _rollout(base)
+    carry, pooled = _rollout(base.replace(reset_pool=2))
+    for transitions in (fresh, pooled):
+        ends = transitions.terminated | transitions.truncated
+        np.testing.assert_array_equal(np.flatnonzero(ends.any(axis=1)), [1, 3, 5, 7])
+        assert ends[1::2].all()
+    # without the pool every restart is a fresh draw
+    starts = np.stack([fresh.obs[2], fresh.obs[4], fresh.obs[6], np.asarray(fresh_carry.obs)])
+    assert len(np.unique(starts.reshape(-1, 4), axis=0)) == 12
+    assert int(fresh_carry.repeated_starts) == 0
+    first, second = pooled.obs[2], pooled.obs[4]
+    assert len(np.unique(np.concatenate([first, second]), axis=0)) == 6  # per env, distinct
+    np.testing.assert_array_equal(pooled.obs[6], second)
+    np.testing.assert_array_equal(np.asarray(carry.obs), second)
+    assert int(carry.repeated_starts) == 2 * 3
+    # each step's final observation is still the true one, not the start
+    np.testing.assert_array_equal(pooled.next_obs[0], pooled.obs[1])
+
+
+def test_reset_pool_rejects_what_is_not_a_count_of_starts():
+    for bad in (0, 9, 1.5, True):
+        with pytest.raises(
+            ppojax.ConfigError, match="reset_pool must be None .* from 1 to num_steps=8"
+        ):
+            ppojax.PPOConfig(num_envs=3, num_steps=8, total_timesteps=24, reset_pool=bad)
