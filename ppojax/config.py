@@ -93,11 +93,12 @@ class PPOConfig:
     reset_pool (static): where a rollout's episodes restart. None: every env step has a fresh
     start of its own, drawn ahead in one batched call, and the env takes it where its episode
     ends; exact, and cheap wherever a reset costs about a step (gymnax's envs). K: K fresh
-    starts per env per rollout instead (num_steps / K times fewer resets), taken in order by
-    that env's episodes that end in the rollout; an env whose episodes end more than K times
-    in one rollout starts the later ones from its K-th start again, and the metric
-    ``repeated_starts`` counts them. For suites whose reset costs far more than a step
-    (Craftax's world generation: ~70 steps) with episodes longer than a rollout.
+    starts per env per rollout instead (num_steps / K times fewer resets; per block of a
+    rollout whose pre-drawn randomness would pass 64 MiB), taken in order by that env's
+    episodes that end in the rollout; an env whose episodes end more than K times in one
+    rollout starts the later ones from its K-th start again, and the metric ``repeated_starts``
+    counts them. For suites whose reset costs far more than a step (Craftax's world generation:
+    ~70 steps) with episodes longer than a rollout.
 
     eval_every: every that many updates and after the last one (None: never, and the program
     is exactly the one without evaluation) the compiled loop plays eval_episodes whole
