@@ -376,10 +376,14 @@ def _concrete_numbers(value: Any) -> np.ndarray | None:
     return None
 
 
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a Python or NumPy int (bools excluded)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_positive_int(owner: str, name: str, value: Any) -> None:
     """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is an int > 0."""
-    is_int = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-    if is_int and value > 0:
+    if is_int(value) and value > 0:
         return
     hint = ""
     if isinstance(value, float) and value.is_integer() and value > 0:
@@ -552,8 +556,7 @@ def check_reset_pool(config: PPOConfig) -> None:
     pool = config.reset_pool
     if pool is None:
         return
-    is_int = isinstance(pool, (int, np.integer)) and not isinstance(pool, (bool, np.bool_))
-    if not is_int or not 1 <= pool <= config.num_steps:
+    if not is_int(pool) or not 1 <= pool <= config.num_steps:
         raise ConfigError(
             "reset_pool",
             f"PPOConfig.reset_pool must be None (a fresh start for every env step) or an int "
@@ -569,7 +572,7 @@ def check_evaluation(config: PPOConfig) -> None:
     every = config.eval_every
     if every is None:
         return
-    if not isinstance(every, (int, np.integer)) or isinstance(every, (bool, np.bool_)) or every < 1:
+    if not is_int(every) or every < 1:
         raise ConfigError(
             "eval_every",
             f"PPOConfig.eval_every must be a positive int (updates between evaluations) or None "
