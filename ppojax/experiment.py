@@ -33,6 +33,7 @@ from ppojax.config import (
     ConfigError,
     PPOConfig,
     check_positive_int,
+    is_int,
     show,
 )
 from ppojax.envs.registry import env_id_known, env_modules, import_env_modules
@@ -77,8 +78,7 @@ MAX_SEED = 2**31 - 1
 def check_seed(owner: str, name: str, seed: Any) -> None:
     """Raise ``ConfigError`` unless ``seed`` is an int in [0, MAX_SEED] (larger ones would
     collide: ``jax.random.key`` keeps 32 bits of them)."""
-    is_int = isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_))
-    if not is_int or not 0 <= seed <= MAX_SEED:
+    if not is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise ConfigError(
             name, f"{owner}.{name} must be an int in [0, {MAX_SEED}], got {show(seed, (int,))}."
         )
