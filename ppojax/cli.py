@@ -473,6 +473,9 @@ def print_report(result: RunResult) -> None:
     print_learning_curve(result.metrics["episode_return"], config.batch_size)
     print_final_returns(result)
     print_final_eval_returns(result)
+    line = reset_pool_line(config.reset_pool, result.metrics)
+    if line:
+        print(line)
     print_divergence(result)
     if result.run_dir is not None:
         print(f"run folder: {result.run_dir}")
@@ -501,6 +504,21 @@ def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
         column = smooth[:, update]
         mean = np.nanmean(column) if np.isfinite(column).any() else float("nan")
         print(f"{(update + 1) * batch_size:>12,}  {mean:>12.1f}")
+
+
+def reset_pool_line(reset_pool: int | None, metrics: dict[str, np.ndarray]) -> str | None:
+    """With ``reset_pool`` set, how many of the finished episodes (all runs and updates) began
+    from a start an earlier episode of the same env and rollout had used; None without it."""
+    if reset_pool is None:
+        return None
+    repeated = int(np.sum(metrics["repeated_starts"]))
+    finished = int(np.sum(metrics["episodes_finished"]))
+    share = 100.0 * repeated / finished if finished else 0.0
+    hint = "; a larger --reset-pool draws more fresh starts" if repeated else ""
+    return (
+        f"reset pool of {reset_pool} start(s) per env per rollout: {repeated:,} of {finished:,} "
+        f"finished episodes ({share:.1f}%) began from a start already used{hint}"
+    )
 
 
 def print_final_returns(result: RunResult) -> None:

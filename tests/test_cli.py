@@ -19,6 +19,7 @@ from ppojax.cli import (
     divergence_status,
     main,
     print_divergence,
+    reset_pool_line,
 )
 from ppojax.experiment import Experiment, RunResult, read_experiment, run_table, state_template
 
@@ -417,3 +418,19 @@ def test_rlhf_subcommand_forwards_to_the_rlhf_command(capsys):
     assert "--kl-coef" in capsys.readouterr().out
     assert main(["rlhf", "--kl-coef", "-1"]) == 2
     assert "RLHFConfig.kl_coef" in capsys.readouterr().err
+
+
+def test_the_reset_pool_line_counts_repeated_starts_over_runs_and_updates():
+    metrics = {
+        "repeated_starts": np.array([[0, 3], [1, 0]], np.int32),
+        "episodes_finished": np.array([[10, 20], [30, 20]], np.int32),
+    }
+    assert reset_pool_line(None, metrics) is None
+    assert reset_pool_line(2, metrics) == (
+        "reset pool of 2 start(s) per env per rollout: 4 of 80 finished episodes (5.0%) began "
+        "from a start already used; a larger --reset-pool draws more fresh starts"
+    )
+    none_repeated = {**metrics, "repeated_starts": np.zeros((2, 2), np.int32)}
+    assert reset_pool_line(8, none_repeated).endswith(
+        "0 of 80 finished episodes (0.0%) began from a start already used"
+    )
