@@ -68,7 +68,10 @@ class WandbOptions:
         have ids already."""
         if self.run_ids is not None:
             return self
-        return dataclasses.replace(self, run_ids=tuple(secrets.token_hex(4) for _ in range(runs)))
+        # A W&B id names a run within its project, and resume="allow" continues whatever run
+        # holds it: 64 random bits keep a clash unlikely (about 1e-11 for 20,000 runs in one
+        # project, where 32 bits would give 5%).
+        return dataclasses.replace(self, run_ids=tuple(secrets.token_hex(8) for _ in range(runs)))
 
 
 def wandb_settings(options: WandbOptions | None) -> dict[str, Any] | None:

@@ -208,6 +208,7 @@ def test_a_resumed_run_logs_on_into_the_same_wandb_runs(tmp_path, monkeypatch):
     saved = io.read_json(run_dir / io.RUN_FILE)["wandb"]
     assert saved["project"] == "tests" and len(saved["run_ids"]) == 2
     assert len(set(saved["run_ids"])) == 2
+    assert all(len(run_id) == 16 for run_id in saved["run_ids"])  # 64 random bits each
     first = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert sorted(offline_run(path)["id"] for path in first) == sorted(saved["run_ids"])
 
