@@ -4,10 +4,13 @@
                                  [--seeds 1 8] [--pairs 5] [--tag cpu-2core]
 
 For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled once
-(compile time measured apart), then run ``--pairs`` times each with fresh keys, alternating
-which library goes first. A pair's ratio is ppojax's env steps/s over rejax's (run time only);
-the report gives the median ratio. Final returns come from the same evaluation for both
-libraries: 128 episodes of each trained policy (sampled actions) through ppojax's evaluator.
+(compile time measured apart), each the way the library compiles its own runs: ppojax with
+``ppojax.compiler_options()`` (LLVM level 2 on CPU), rejax with XLA's defaults. Each is then
+compiled once more with the other's options, timed only, for the report. Then both run
+``--pairs`` times each with fresh keys, alternating which library goes first. A pair's ratio
+is ppojax's env steps/s over rejax's (run time only); the report gives the median ratio.
+Final returns come from the same evaluation for both libraries: 128 episodes of each trained
+policy (sampled actions) through ppojax's evaluator.
 
 In the same run, the speed limits of the CartPole configuration: the environment alone under
 vmap with random actions, and the rollout alone (env + policy forward pass, no update), so the
@@ -182,12 +185,15 @@ def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
     """Compile both libraries, then ``pairs`` alternating timed runs of each."""
     steps = seeds * config.num_updates * config.batch_size
     libraries = {}
+    options = {"ppojax": ppojax.compiler_options(), "rejax": None}  # what each library uses
     for name, make in RUNNERS.items():
         lower, run, act, training_returns = make(config)
+        lowered = lower(keys_for(seeds, 0))
         start = time.perf_counter()
-        compiled = lower(keys_for(seeds, 0)).compile()
+        compiled = lowered.compile(compiler_options=options[name])
         compile_seconds = time.perf_counter() - start
         libraries[name] = {
+            "lowered": lowered,
             "compiled": compiled,
             "run": run,
             "act": act,
@@ -196,6 +202,11 @@ def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
             "run_seconds": [],
             "out": None,
         }
+    for name, library in libraries.items():
+        other = options["rejax" if name == "ppojax" else "ppojax"]
+        start = time.perf_counter()
+        library["lowered"].compile(compiler_options=other)
+        library["compile_seconds_other_options"] = time.perf_counter() - start
     for repeat in range(pairs):
         order = list(RUNNERS) if repeat % 2 == 0 else list(reversed(RUNNERS))
         for name in order:
@@ -224,7 +235,9 @@ def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
         ]
         median_seconds = statistics.median(library["run_seconds"])
         result[name] = {
+            "compile_options": options[name],
             "compile_seconds": round(library["compile_seconds"], 2),
+            "compile_seconds_other_options": round(library["compile_seconds_other_options"], 2),
             "run_seconds": [round(value, 3) for value in library["run_seconds"]],
             "env_steps_per_second": round(steps / median_seconds),
             "eval_return_per_seed": [round(value, 1) for value in final],

@@ -1,7 +1,7 @@
 """XLA CPU compiler options on the classic CartPole program: compile time, run time, and
 whether the trained arrays equal the default program's bit for bit.
 
-    python benchmarks/xla_options.py [--seeds 1] [--rounds 3] [--tag cpu-2core]
+    python benchmarks/xla_options.py [--seeds 1] [--rounds 3] [--tag cpu-2core] [--variants ...]
 
 Each variant is ``jit(vmap(train)).lower(...).compile(compiler_options=...)`` of the same
 lowered program in one process: per-compile options, so they change only ppojax's program,
@@ -12,7 +12,9 @@ variants, ``--rounds`` times, with fresh keys each round (run time only). Writes
 
 The variants: XLA's default (on CPU its dots go to YNNPACK), YNNPACK fusions that also take
 the elementwise ops (and the reductions) around the dots, the dots left to XLA's own
-emitter (no YNNPACK fusion), the XNNPACK switch, and the concurrency-optimized scheduler.
+emitter (no YNNPACK fusion), the XNNPACK switch, the concurrency-optimized scheduler, and
+LLVM's optimization levels 2, 1 and 0 for XLA's own kernels (``xla_backend_optimization_level``,
+3 by default).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ VARIANTS: dict[str, dict[str, object] | None] = {
     "no ynn (XLA's dots)": {"xla_cpu_experimental_ynn_fusion_type": f"{FUSION}INVALID"},
     "xnnpack on": {"xla_cpu_use_xnnpack": True},
     "concurrency scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
+    "LLVM -O2": {"xla_backend_optimization_level": 2},
+    "LLVM -O1": {"xla_backend_optimization_level": 1},
+    "LLVM -O0": {"xla_backend_optimization_level": 0},
 }
 
 
@@ -56,7 +61,7 @@ def floats(tree) -> list[np.ndarray]:
     ]
 
 
-def measure(seeds: int, rounds: int) -> dict:
+def measure(seeds: int, rounds: int, names: list[str]) -> dict:
     config = ppojax.PPOConfig()
     train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)), static_argnums=0)
     keys = jax.random.split(jax.random.key(0), seeds)
@@ -64,7 +69,8 @@ def measure(seeds: int, rounds: int) -> dict:
     train_seeds.lower(config.replace(num_envs=2), keys).compile()
     lowered = train_seeds.lower(config, keys)
     compiled, results = {}, {}
-    for name, options in VARIANTS.items():
+    for name in names:
+        options = VARIANTS[name]
         start = time.perf_counter()
         compiled[name] = lowered.compile(compiler_options=options)
         results[name] = {"options": options, "compile_seconds": time.perf_counter() - start}
@@ -123,13 +129,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tag", default="cpu-2core")
     parser.add_argument("--machine-note", default="")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="the variants to measure (default: all); 'default' is always among them",
+    )
     args = parser.parse_args()
+    names = ["default", *[name for name in args.variants if name != "default"]]
     report = {
         "command": shlex.join(["python", "benchmarks/xla_options.py", *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine_description(), "note": args.machine_note},
         "seeds": args.seeds,
-        "variants": measure(args.seeds, args.rounds),
+        "variants": measure(args.seeds, args.rounds, names),
     }
     out = Path(__file__).resolve().parent / "results" / f"xla-options-{args.tag}"
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")

@@ -1,5 +1,6 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
+from ppojax.compiling import compiler_options
 from ppojax.config import PRESETS, ConfigError, PPOConfig
 from ppojax.envs import list_envs, make_env, register_env
 from ppojax.evaluate import load
@@ -24,6 +25,7 @@ __all__ = [
     "Transition",
     "adaptive_kl_update",
     "best_point",
+    "compiler_options",
     "compute_gae",
     "init_state",
     "list_envs",

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax import cache, checkpointing, io
+from ppojax.compiling import compiler_options
 from ppojax.config import (
     ConfigError,
     PPOConfig,
@@ -411,7 +412,8 @@ def continue_experiment(
         runner = chunk_runner(experiment, length, report, every)
 
         def compile_for(template: Any) -> Any:
-            return runner.lower(config, template, 0, 0).compile()
+            lowered = runner.lower(config, template, 0, 0)
+            return lowered.compile(compiler_options=compiler_options())
 
         if state is None:
             state, compiled = init_states_compiling(experiment, compile_for)
