@@ -11,6 +11,7 @@ import pytest
 
 from ppojax import checkpointing, io
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps
+from ppojax.rlhf import run as rlhf_run
 from ppojax.rlhf.__main__ import frozen_params, main, prepare
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
@@ -74,6 +75,14 @@ def test_run_folder_and_bit_exact_resume(tmp_path, capsys):
             lambda a, b: bool((a == b).all()), restore_state(full, 2), restore_state(full, 4)
         )
     )
+
+
+def test_the_chunks_compile_with_ppojaxs_options(tmp_path, monkeypatch):
+    """The RLHF run's chunk programs take ppojax's compiler options (LLVM level 2 on CPU):
+    given one XLA does not know, the run fails naming it."""
+    monkeypatch.setattr(rlhf_run, "compiler_options", lambda: {"xla_no_such_option": 1})
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        main([*TINY_RUN, "--out", str(tmp_path / "runs")])
 
 
 def test_bad_values_name_the_field():

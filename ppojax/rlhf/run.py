@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax import checkpointing, io
+from ppojax.compiling import compiler_options
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.trainer import RLHFState, Trainer
 
@@ -170,7 +171,10 @@ def train_run(
         while step < num_steps:
             count = min(chunk, num_steps - step)
             if count not in compiled:
-                compiled[count] = jax.jit(functools.partial(run_chunk, trainer, prompt_fn, count))
+                compiled[count] = jax.jit(
+                    functools.partial(run_chunk, trainer, prompt_fn, count),
+                    compiler_options=compiler_options(),
+                )
             state, metrics = compiled[count](state, key, jnp.int32(step))
             table = {name: np.asarray(values)[None] for name, values in sorted(metrics.items())}
             header = io.metrics_header([{"run": 0}], list(table))
