@@ -16,8 +16,8 @@ way, and RLHF run folders (``ppojax rlhf``) their chunks of steps: 16-21% less c
 for the reversal task's PPO and GRPO chunks, the same run time. A program a user compiles
 with ``jax.jit`` keeps XLA's defaults unless given ``compiler_options()``:
 ``jax.jit(ppojax.train, compiler_options=ppojax.compiler_options())`` (JAX takes them on a
-top-level jit only). Other backends keep XLA's defaults: there LLVM
-generates every kernel, and no other level was measured.
+top-level jit only). Other backends keep XLA's defaults: there LLVM generates every kernel,
+and no other level was measured.
 """
 
 from __future__ import annotations

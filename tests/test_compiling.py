@@ -8,14 +8,6 @@ import ppojax
 from ppojax import compiling, experiment
 
 
-def leaves(tree) -> list[np.ndarray]:
-    def data(leaf):
-        is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-        return np.asarray(jax.random.key_data(leaf) if is_key else leaf)
-
-    return [data(leaf) for leaf in jax.tree.leaves(tree)]
-
-
 def test_cpu_programs_get_llvm_level_2_and_other_backends_keep_xlas_defaults():
     assert ppojax.compiler_options("cpu") == {"xla_backend_optimization_level": 2}
     assert ppojax.compiler_options("gpu") is None and ppojax.compiler_options("tpu") is None
@@ -34,9 +26,9 @@ def test_xla_takes_the_options_and_training_agrees_with_xlas_defaults(tiny_confi
     key = jax.random.key(0)
     ours = jax.jit(ppojax.train, compiler_options=ppojax.compiler_options())(tiny_config, key)
     default = jax.jit(ppojax.train)(tiny_config, key)
-    params = leaves(default.state.params)
+    params = jax.tree.leaves(default.state.params)
     scale = max(float(np.abs(leaf).max()) for leaf in params)
-    for have, want in zip(leaves(ours.state.params), params, strict=True):
+    for have, want in zip(jax.tree.leaves(ours.state.params), params, strict=True):
         np.testing.assert_allclose(have, want, rtol=0, atol=4 * 2**-23 * scale)
     np.testing.assert_array_equal(ours.state.env_steps, default.state.env_steps)
     with pytest.raises(Exception, match="xla_backend_optimisation_level"):
