@@ -311,7 +311,7 @@ def rollout_only(config: ppojax.PPOConfig, seeds: int) -> dict:
     def one_seed(key):
         state = init_state(config, key)
         # a rollout counts repeated reset-pool starts in its carry (an int32, 0 at the start)
-        carry = rollout_start(state)._replace(repeated_starts=jnp.int32(0))
+        carry = rollout_start(state)
 
         def rollout(carry, _):
             carry, transitions = collect_rollout(agent, config, state.params, carry)

@@ -52,10 +52,17 @@ class RolloutCarry(NamedTuple):
 
 def rollout_start(state: TrainState, key: jax.Array | None = None) -> RolloutCarry:
     """A rollout's starting carry from ``state``: its envs, observations, normalizers and
-    hidden state, and ``key`` (``state.key`` when None)."""
+    hidden state, and ``key`` (``state.key`` when None). Its structure is that of the carry
+    ``collect_rollout`` returns, so rollouts can be chained in a ``lax.scan``."""
     key = state.key if key is None else key
     return RolloutCarry(
-        state.env_state, state.obs, key, state.obs_stats, state.reward_normalizer, state.hidden
+        state.env_state,
+        state.obs,
+        key,
+        state.obs_stats,
+        state.reward_normalizer,
+        state.hidden,
+        repeated_starts=jnp.int32(0),
     )
 
 

@@ -180,3 +180,22 @@ def test_reset_pool_rejects_what_is_not_a_count_of_starts():
             ppojax.ConfigError, match="reset_pool must be None .* from 1 to num_steps=8"
         ):
             ppojax.PPOConfig(num_envs=3, num_steps=8, total_timesteps=24, reset_pool=bad)
+
+
+def test_rollouts_chain_in_a_scan_from_rollout_start():
+    # the carry rollout_start builds has the structure collect_rollout returns, so a scan
+    # over rollouts (as the benchmarks' rollout-only limits run) traces
+    config = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=16)
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+
+    def rollouts(params, carry):
+        def body(carry, _):
+            carry, transitions = collect_rollout(agent, config, params, carry)
+            return carry, transitions.reward.sum()
+
+        return jax.lax.scan(body, carry, None, 3)
+
+    carry, rewards = jax.jit(rollouts)(state.params, rollout_start(state))
+    assert rewards.shape == (3,) and int(carry.repeated_starts) == 0
+    np.testing.assert_array_equal(rewards, 16.0)  # CartPole's reward is 1 on every step
