@@ -1,0 +1,179 @@
+"""One CPU core against all of them: the same programs in processes pinned to one core.
+
+    python benchmarks/threads.py [--configs cartpole cartpole-2048 pendulum breakout]
+                                 [--seeds 1 4 8] [--rounds 2] [--cli] [--tag cpu-2core]
+
+XLA's CPU client sizes its thread pool by the cores the process may run on when the client
+starts. Each measurement here is a fresh process, started either on every core of this machine
+or pinned to one core (``os.sched_setaffinity``, then ``exec`` of the command), alternating
+the two for ``--rounds`` rounds. A process compiles ``run_updates`` of one config of
+``compare.py`` for a number of vmapped seeds (compile time measured apart, with ppojax's
+compiler options), runs it once to warm up, then three times; the figure is the fastest of
+the three, as milliseconds per update and env steps/s. The report gives each mode's median
+over the rounds.
+
+With ``--cli``, ``ppojax train CartPole-v1 --seeds 4`` twice on an empty compilation cache
+(a first run that compiles and a second that loads its programs), on every core and on one,
+wall clock and the command's own summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent
+# Updates per timed run: long enough (about 0.3-2 s) that timer and dispatch are noise.
+UPDATES = {"cartpole": 100, "cartpole-2048": 8, "pendulum": 8, "breakout": 4}
+SUMMARY = re.compile(r"compile ([\d.]+) s, run ([\d.]+) s, ([\d,]+) env steps/s")
+
+
+def child(config_name: str, seeds: int) -> None:
+    """Compile and time one config in this process (run by the parent, pinned or not)."""
+    import jax
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from compare import CONFIGS
+
+    import ppojax
+    from ppojax.train import init_state, run_updates
+
+    config, updates = CONFIGS[config_name], UPDATES[config_name]
+    keys = jax.random.split(jax.random.key(0), seeds)
+    program = jax.jit(jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)))
+    start = time.perf_counter()
+    compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
+    compile_s = time.perf_counter() - start
+    jax.block_until_ready(compiled(keys))
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(keys))
+        runs.append(time.perf_counter() - start)
+    best = min(runs)
+    print(
+        json.dumps(
+            {
+                "compile_s": round(compile_s, 3),
+                "ms_per_update": round(best / updates * 1e3, 3),
+                "env_steps_per_s": round(seeds * config.batch_size * updates / best),
+                "cores_seen": len(os.sched_getaffinity(0)),
+            }
+        )
+    )
+
+
+# Pins itself to one core, then becomes the command (the affinity survives exec).
+PIN_AND_EXEC = (
+    "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def run(command: list[str], one_core: bool, env: dict[str, str] | None = None):
+    """(seconds, stdout) of ``command`` in a fresh process, on one core or on all."""
+    if one_core:
+        first = str(min(os.sched_getaffinity(0)))
+        command = [sys.executable, "-c", PIN_AND_EXEC, first, *command]
+    start = time.perf_counter()
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), check=False
+    )
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stdout
+
+
+MODES = {"all cores": False, "one core": True}
+
+
+def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> list[dict]:
+    results = []
+    for name in config_names:
+        for seeds in seed_counts if name == "cartpole" else [1]:
+            samples = {mode: [] for mode in MODES}
+            for _ in range(rounds):
+                for mode, one_core in MODES.items():
+                    command = [sys.executable, __file__, "--child", name, str(seeds)]
+                    _, out = run(command, one_core)
+                    samples[mode].append(json.loads(out.strip().splitlines()[-1]))
+            row = {"config": name, "seeds": seeds}
+            for mode, runs in samples.items():
+                row[mode] = {
+                    key: statistics.median(run[key] for run in runs)
+                    for key in ("compile_s", "ms_per_update", "env_steps_per_s")
+                }
+                row[mode]["cores_seen"] = runs[0]["cores_seen"]
+                row[mode]["runs"] = runs
+            row["one_core_speedup"] = round(
+                row["all cores"]["ms_per_update"] / row["one core"]["ms_per_update"], 3
+            )
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    return results
+
+
+def cli_runs() -> dict:
+    ppojax_bin = str(Path(sys.executable).with_name("ppojax"))
+    results = {}
+    for mode, one_core in MODES.items():
+        with tempfile.TemporaryDirectory(prefix="ppojax-threads-") as workdir:
+            env = {**os.environ, "XDG_CACHE_HOME": str(Path(workdir) / "cache")}
+            env.pop("PPOJAX_NO_COMPILE_CACHE", None)
+            command = [ppojax_bin, "train", "CartPole-v1", "--seeds", "4"]
+            command += ["--out", str(Path(workdir) / "runs")]
+            runs = []
+            for name in ("first (empty cache)", "second (warm cache)"):
+                seconds, out = run(command, one_core, env)
+                match = SUMMARY.search(out)
+                summary = match.group(0) if match else None
+                runs.append({"run": name, "wall_s": round(seconds, 2), "summary_line": summary})
+            results[mode] = runs
+            print(json.dumps({mode: runs}), flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=list(UPDATES), choices=list(UPDATES))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4, 8], help="for cartpole")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cli", action="store_true", help="also time `ppojax train` end to end")
+    parser.add_argument("--out", type=Path, default=BENCHMARKS / "results")
+    parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
+    parser.add_argument("--child", nargs=2, metavar=("CONFIG", "SEEDS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]))
+        return
+    sys.path.insert(0, str(BENCHMARKS))
+    from throughput import machine_description
+
+    report = {
+        "benchmark": "threads",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
+        "machine": machine_description(),
+        "programs": programs(args.configs, args.seeds, args.rounds),
+    }
+    if args.cli:
+        report["cli_cartpole_4_seeds"] = cli_runs()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"threads-{args.tag}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
