@@ -10,136 +10,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import functools
 import importlib.util
-import json
 import sys
-import types
 import typing
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ppojax.config import PRESETS, EnvKwargs, PPOConfig
+from ppojax.cli_report import print_report
+from ppojax.cli_values import Parser, annotation_parser, parse_grid, parse_int
+from ppojax.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
     from ppojax.experiment import RunOptions, RunResult
 
 DEFAULT_OUT = "runs"
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``ppojax train: error: ... (see ppojax train --help)``."""
-
-    def error(self, message: str) -> NoReturn:
-        if message.startswith("unrecognized arguments:"):
-            message += close_flags(self, message.split(":", 1)[1].split())
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def close_flags(parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
-    """ " Did you mean --x?" for the first unknown ``--flag`` in ``words`` that is close to a
-    flag of ``parser`` or of its subcommands; "" when none is."""
-    flags = set(parser._option_string_actions)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for subparser in action.choices.values():
-                flags.update(subparser._option_string_actions)
-    for word in words:
-        close = difflib.get_close_matches(word.split("=")[0], sorted(flags), n=1, cutoff=0.75)
-        if word.startswith("--") and close:
-            return f". Did you mean {close[0]}?"
-    return ""
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _parse_int(text: str) -> int:
-    """Integers, also written as 5e5 or 500_000."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-    return int(value)
-
-
-def _parse_float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _parse_sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sizes like 64,64, got {text!r}") from None
-
-
-def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``parse`` that also reads ``none`` / ``off`` as None (the feature switched off)."""
-
-    def parse_optional(text: str) -> Any:
-        return None if text.lower() in ("none", "off") else parse(text)
-
-    return parse_optional
-
-
-def _parse_env_kwargs(text: str) -> dict[str, Any]:
-    """``max_steps_in_episode=50,name=x`` or a JSON object -> a dict; each value is read as
-    JSON (50, 0.5, true, null) and kept as a string where it is not JSON."""
-    if text.strip().startswith("{"):
-        try:
-            parsed = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise argparse.ArgumentTypeError(f"not a JSON object: {error}") from None
-        if isinstance(parsed, dict):
-            return parsed
-    settings = {}
-    for item in filter(None, text.split(",")):
-        name, separator, value = item.partition("=")
-        if not separator or not name.strip():
-            raise argparse.ArgumentTypeError(f"expected NAME=VALUE,..., got {text!r}")
-        try:
-            settings[name.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            settings[name.strip()] = value
-    return settings
-
-
-SCALAR_PARSERS: dict[type, Callable[[str], Any]] = {
-    bool: _parse_bool,
-    int: _parse_int,
-    float: _parse_float,
-    str: str,
-    EnvKwargs: _parse_env_kwargs,
-}
-
-
-def annotation_parser(annotation: Any) -> Callable[[str], Any]:
-    """A command-line parser for a PPOConfig field's type: bool, int, float, str, tuples of
-    ints (``64,64``), and any of these ``| None`` (``none`` turns the feature off)."""
-    origin, arguments = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType) and type(None) in arguments:
-        inner = [argument for argument in arguments if argument is not type(None)]
-        return _optional(annotation_parser(inner[0]))
-    if annotation is tuple or origin is tuple:
-        return _parse_sizes
-    return SCALAR_PARSERS.get(annotation, str)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -163,18 +50,6 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def _parse_grid(text: str) -> tuple[str, tuple[float, ...]]:
-    """``learning_rate=1e-4,3e-4`` -> ("learning_rate", (1e-4, 3e-4))."""
-    name, separator, values = text.partition("=")
-    try:
-        parsed = tuple(float(value) for value in values.split(","))
-    except ValueError:
-        parsed = ()
-    if not separator or not name or not parsed:
-        raise argparse.ArgumentTypeError(f"expected FIELD=V1,V2,..., got {text!r}")
-    return name.strip().replace("-", "_"), parsed
-
-
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared by train and sweep: seeds, config file, run folder, checkpoints, output."""
     parser.add_argument(
@@ -183,8 +58,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a gymnax id, an id registered by --env-module, or suite/name (default CartPole-v1)",
     )
-    parser.add_argument("--seeds", type=_parse_int, default=1, help="seeds trained at once (vmap)")
-    parser.add_argument("--seed", type=_parse_int, default=0, help="base PRNG seed (default 0)")
+    parser.add_argument("--seeds", type=parse_int, default=1, help="seeds trained at once (vmap)")
+    parser.add_argument("--seed", type=parse_int, default=0, help="base PRNG seed (default 0)")
     parser.add_argument(
         "--config",
         type=Path,
@@ -194,11 +69,11 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=Path(DEFAULT_OUT), help="folder for run folders (runs/)"
     )
     parser.add_argument(
-        "--checkpoint-every", type=_parse_int, metavar="N", help="checkpoint every N updates"
+        "--checkpoint-every", type=parse_int, metavar="N", help="checkpoint every N updates"
     )
     parser.add_argument(
         "--keep-checkpoints",
-        type=_parse_int,
+        type=parse_int,
         default=3,
         metavar="N",
         help="newest checkpoints to keep, 0 for all (default 3)",
@@ -277,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument(
         "--grid",
-        type=_parse_grid,
+        type=parse_grid,
         action="append",
         required=True,
         metavar="FIELD=V1,V2",
@@ -290,12 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load the latest checkpoint of a run folder and run evaluation episodes.",
     )
     evaluate.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a ppojax run folder")
-    evaluate.add_argument("--episodes", type=_parse_int, default=10, help="episodes (10)")
+    evaluate.add_argument("--episodes", type=parse_int, default=10, help="episodes (10)")
     evaluate.add_argument(
         "--deterministic", action="store_true", help="act with the policy's mode, not samples"
     )
-    evaluate.add_argument("--run", type=_parse_int, default=0, help="which run (seed) to load")
-    evaluate.add_argument("--seed", type=_parse_int, default=0, help="PRNG seed (default 0)")
+    evaluate.add_argument("--run", type=parse_int, default=0, help="which run (seed) to load")
+    evaluate.add_argument("--seed", type=parse_int, default=0, help="PRNG seed (default 0)")
     evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
     add_env_module_flag(evaluate)
     add_cache_flag(evaluate)
@@ -455,117 +330,6 @@ def divergence_status(result: RunResult, command: str) -> int:
         "finite ones; lower the learning rate or check the env's rewards and observations.\n"
     )
     return DIVERGED_EXIT_CODE
-
-
-def print_report(result: RunResult) -> None:
-    """What ran, timings, the learning curve, final returns and the run folder."""
-    experiment, config = result.experiment, result.experiment.config
-    print(
-        f"ppojax PPO on {config.env_id}: {experiment.num_runs} run(s) = {experiment.seeds} "
-        f"seed(s) x {experiment.num_runs // experiment.seeds} grid point(s), "
-        f"{config.num_updates} updates x {config.batch_size} steps"
-    )
-    rate = result.env_steps / max(result.run_seconds, 1e-9)
-    print(
-        f"compile {result.compile_seconds:.1f} s, run {result.run_seconds:.1f} s, "
-        f"{rate:,.0f} env steps/s{cache_note()}"
-    )
-    print_learning_curve(result.metrics["episode_return"], config.batch_size)
-    print_final_returns(result)
-    print_final_eval_returns(result)
-    line = reset_pool_line(config.reset_pool, result.metrics)
-    if line:
-        print(line)
-    print_divergence(result)
-    if result.run_dir is not None:
-        print(f"run folder: {result.run_dir}")
-
-
-def cache_note() -> str:
-    """How many programs this process loaded from the compilation cache, when it is on."""
-    from ppojax import cache
-
-    if not cache.cache_enabled():
-        return ""
-    counts = cache.cache_counts()
-    return (
-        f" ({counts['hits']} program(s) loaded from the compilation cache, "
-        f"{counts['misses']} compiled into it)"
-    )
-
-
-def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
-    """Mean over runs of the 10-update rolling mean return at ten points; returns [runs, U]."""
-    from ppojax.io import rolling_mean
-
-    smooth = rolling_mean(returns)
-    print(f"{'env steps':>12}  {'mean return':>12}")
-    for update in np.unique(np.linspace(0, returns.shape[1] - 1, 10).astype(int)):
-        column = smooth[:, update]
-        mean = np.nanmean(column) if np.isfinite(column).any() else float("nan")
-        print(f"{(update + 1) * batch_size:>12,}  {mean:>12.1f}")
-
-
-def reset_pool_line(reset_pool: int | None, metrics: dict[str, np.ndarray]) -> str | None:
-    """With ``reset_pool`` set, how many of the finished episodes (all runs and updates) began
-    from a start an earlier episode of the same env and rollout had used; None without it."""
-    if reset_pool is None:
-        return None
-    repeated = int(np.sum(metrics["repeated_starts"]))
-    finished = int(np.sum(metrics["episodes_finished"]))
-    share = 100.0 * repeated / finished if finished else 0.0
-    hint = "; a larger --reset-pool draws more fresh starts" if repeated else ""
-    return (
-        f"reset pool of {reset_pool} start(s) per env per rollout: {repeated:,} of {finished:,} "
-        f"finished episodes ({share:.1f}%) began from a start already used{hint}"
-    )
-
-
-def print_final_returns(result: RunResult) -> None:
-    """Each seed's final return (mean of its last 10 updates), per grid point."""
-    from ppojax.experiment import final_return_table, point_label
-
-    print("final return (mean of the last 10 updates):")
-    for row in final_return_table(result):
-        label = point_label(row["point"]) or "per seed"
-        seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
-        mean = float("nan") if row["mean"] is None else row["mean"]
-        std = float("nan") if row["std"] is None else row["std"]
-        print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
-
-
-def print_final_eval_returns(result: RunResult) -> None:
-    """Each seed's last evaluation return, per grid point; nothing without evaluation."""
-    from ppojax.experiment import final_return_table, point_label
-
-    if "eval_return" not in result.metrics:
-        return
-    config = result.experiment.config
-    mode = "deterministic" if config.eval_deterministic else "sampled"
-    print(f"final evaluation return ({config.eval_episodes} episodes, {mode} actions):")
-    for row in final_return_table(result, "eval_return"):
-        label = point_label(row["point"]) or "per seed"
-        seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
-        mean = float("nan") if row["mean"] is None else row["mean"]
-        std = float("nan") if row["std"] is None else row["std"]
-        print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
-
-
-def print_divergence(result: RunResult) -> None:
-    """One line per run whose steps the divergence guard skipped; nothing when none did."""
-    from ppojax.experiment import point_label
-
-    for row in result.divergence:
-        if row["nonfinite_steps"] == 0:
-            continue
-        run = result.runs[row["run"]]
-        point = {name: value for name, value in run.items() if name not in ("run", "seed")}
-        which = ", ".join(filter(None, [f"seed {run['seed']}", point_label(point)]))
-        state = "recovered" if row["recovered"] else "NOT recovered: its last update skipped steps"
-        print(
-            f"divergence guard, run {row['run']} ({which}): {row['nonfinite_steps']} minibatch "
-            f"step(s) skipped (NaN or inf), first at update {row['first_update']}; {state}"
-        )
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -12,15 +12,9 @@ from tolerance import TRAINING_ULPS, assert_close, assert_trees_close, assert_tr
 
 import ppojax
 from ppojax import checkpointing, io
-from ppojax.cli import (
-    annotation_parser,
-    build_config,
-    build_parser,
-    divergence_status,
-    main,
-    print_divergence,
-    reset_pool_line,
-)
+from ppojax.cli import build_config, build_parser, divergence_status, main
+from ppojax.cli_report import print_divergence, reset_pool_line
+from ppojax.cli_values import annotation_parser
 from ppojax.experiment import Experiment, RunResult, read_experiment, run_table, state_template
 
 TINY = (
