@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from ppojax.config import EnvKwargs
+from ppojax.checks import EnvKwargs
 
 
 class Parser(argparse.ArgumentParser):

@@ -12,9 +12,21 @@ import functools
 import math
 from typing import Any
 
-import jax
 import numpy as np
 from flax import struct
+
+from ppojax.checks import (
+    ConfigError,
+    EnvKwargs,
+    check_bool,
+    check_choice,
+    check_positive_int,
+    check_range,
+    is_int,
+    show,
+)
+from ppojax.envs.registry import check_env_id as check_registry_id
+from ppojax.envs.registry import check_env_kwargs as check_env_builds
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
 POLICY_OBJECTIVES = ("clip", "penalty", "clip_penalty")
@@ -24,33 +36,6 @@ RECURRENT_CORES = ("gru", "lstm")
 
 def static(default: Any) -> Any:
     return struct.field(pytree_node=False, default=default)
-
-
-def _plain_kwarg(value: Any) -> Any:
-    """A list (JSON's tuple) as a tuple, NumPy scalars as Python ones."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_plain_kwarg(item) for item in value)
-    return value.item() if isinstance(value, np.generic) else value
-
-
-class EnvKwargs(dict):
-    """``PPOConfig.env_kwargs``: a read-only dict that hashes, as static config fields must
-    (jit caches programs by them), and writes to JSON as an object. Lists become tuples."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        items = {key: _plain_kwarg(value) for key, value in dict(*args, **kwargs).items()}
-        super().__init__(items)
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        # keys are checked to be str by validate; sorting by str keeps a bad key hashable
-        # until then
-        return hash(tuple(sorted(self.items(), key=lambda item: str(item[0]))))
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise TypeError("PPOConfig.env_kwargs is read-only; use config.replace(env_kwargs=...)")
-
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
-    __ior__ = _read_only  # type: ignore[assignment]
 
 
 @struct.dataclass
@@ -313,15 +298,6 @@ BOOL_FIELDS = (
 )
 
 
-class ConfigError(ValueError):
-    """An invalid setting. ``field`` names the field at fault (None when unknown), so that a
-    caller can say where the value came from (a flag, a config file)."""
-
-    def __init__(self, field: str | None, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 class UnknownFieldError(ConfigError, TypeError):
     """A setting for a field PPOConfig does not have (a TypeError too, as for any unknown
     keyword argument); the message names the closest fields."""
@@ -335,14 +311,6 @@ def unknown_field_message(name: str) -> str:
     close = difflib.get_close_matches(str(name), names, n=3)
     hint = f"Did you mean {', '.join(close)}?" if close else f"Fields: {', '.join(names)}."
     return f"PPOConfig has no field {name!r}. {hint}"
-
-
-def show(value: Any, plain: tuple[type, ...] = (int, float)) -> str:
-    """``value`` for an error message: its repr, with its type unless that is one of
-    ``plain`` (the expected ones)."""
-    if value is None or type(value) in plain:
-        return repr(value)
-    return f"{value!r} ({type(value).__name__})"
 
 
 def normalize_static_fields(config: Any) -> None:
@@ -364,90 +332,9 @@ def normalize_static_fields(config: Any) -> None:
         object.__setattr__(config, field.name, value)
 
 
-def _concrete_numbers(value: Any) -> np.ndarray | None:
-    """The numbers in ``value`` (a scalar or an array of them) as float64, or None when they
-    are not known here: tracers under jit/vmap, abstract shapes, pytree placeholders."""
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return np.asarray([float(value)])
-    if isinstance(value, jax.core.Tracer):
-        return None
-    if isinstance(value, (np.ndarray, jax.Array)) and np.dtype(value.dtype).kind in "iuf":
-        return np.asarray(value, np.float64)
-    return None
-
-
-def is_int(value: Any) -> bool:
-    """Whether ``value`` is a Python or NumPy int (bools excluded)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def check_positive_int(owner: str, name: str, value: Any) -> None:
-    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is an int > 0."""
-    if is_int(value) and value > 0:
-        return
-    hint = ""
-    if isinstance(value, float) and value.is_integer() and value > 0:
-        hint = f"; write {int(value)}"
-    elif isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
-        hint = f"; write {value.strip()} without quotes"
-    message = f"{owner}.{name} must be a positive int, got {show(value, (int,))}{hint}."
-    raise ConfigError(name, message)
-
-
-def check_bool(owner: str, name: str, value: Any) -> None:
-    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is True or False."""
-    if isinstance(value, (bool, np.bool_)):
-        return
-    raise ConfigError(name, f"{owner}.{name} must be True or False (a bool), got {show(value)}.")
-
-
-def check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is one of ``choices``."""
-    if isinstance(value, str) and value in choices:
-        return
-    close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    options = ", ".join(repr(choice) for choice in choices)
-    message = f"{owner}.{name} {show(value, (str,))} is unknown; use one of {options}.{hint}"
-    raise ConfigError(name, message)
-
-
-def check_range(
-    owner: str,
-    name: str,
-    value: Any,
-    low: float,
-    high: float,
-    *,
-    open_low: bool,
-    optional: bool = False,
-) -> None:
-    """Raise ``ConfigError`` naming ``owner.name`` unless ``value`` is a finite number in
-    [low, high] (or (low, high] with ``open_low``), or an array of such numbers. Traced and
-    abstract values pass: they are checked where they are made (per grid point for sweeps).
-    ``optional``: the field also takes None (checked by the caller), which the message says."""
-    if math.isinf(high):
-        wanted = f"a finite number {'>' if open_low else '>='} {low:g}"
-    else:
-        wanted = f"a number in {'(' if open_low else '['}{low:g}, {high:g}]"
-    if optional:
-        wanted += " or None (off)"
-    if value is None or isinstance(value, (str, bool, np.bool_, list, tuple, dict)):
-        raise ConfigError(name, f"{owner}.{name} must be {wanted}, got {show(value)}.")
-    numbers = _concrete_numbers(value)
-    if numbers is None:
-        return
-    for number in numbers.ravel():
-        below = number <= low if open_low else number < low
-        if not math.isfinite(number) or below or number > high:
-            raise ConfigError(name, f"{owner}.{name} must be {wanted}, got {value!r}.")
-
-
 def check_env_id(env_id: Any) -> None:
     """Raise ``ConfigError`` unless ``env_id`` is a gymnax id, a registered id or a suite id
     (see ``ppojax.envs.registry``); typos get the closest ids."""
-    from ppojax.envs.registry import check_env_id as check_registry_id
-
     check_registry_id(env_id)
 
 
@@ -546,8 +433,6 @@ def validate(config: PPOConfig) -> None:
     check_env_id(config.env_id)
     check_env_kwargs(config.env_kwargs)
     if config.env_kwargs:
-        from ppojax.envs.registry import check_env_kwargs as check_env_builds
-
         check_env_builds(config.env_id, config.env_kwargs)
 
 

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 
 from ppojax import checkpointing, io
-from ppojax.config import PPOConfig, check_bool, check_positive_int, show
+from ppojax.checks import check_bool, check_positive_int, show
+from ppojax.config import PPOConfig
 from ppojax.evaluation import EVAL_METRIC_NAMES
 from ppojax.types import TrainState
 from ppojax.wandb_logger import WandbLog, WandbOptions

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ppojax import checkpointing, io
-from ppojax.config import ConfigError, PPOConfig, check_positive_int, is_int, show
+from ppojax.checks import ConfigError, check_positive_int, is_int, show
+from ppojax.config import PPOConfig
 from ppojax.envs.registry import env_id_known, env_modules, import_env_modules
 from ppojax.reporting import RunOptions
 from ppojax.sweeps import grid_points as sweep_grid_points

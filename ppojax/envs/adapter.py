@@ -22,7 +22,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from ppojax.config import ConfigError
+from ppojax.checks import ConfigError
 
 
 @struct.dataclass

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ppojax.config import ConfigError, EnvKwargs, show
+from ppojax.checks import ConfigError, EnvKwargs, show
 
 EnvFactory = Callable[..., tuple[Any, Any]]
 GYMNAX_API = ("reset", "step", "action_space", "observation_space")

@@ -14,7 +14,7 @@ from typing import Any
 
 from flax import struct
 
-from ppojax.config import ConfigError, check_bool, check_choice, check_positive_int, check_range
+from ppojax.checks import ConfigError, check_bool, check_choice, check_positive_int, check_range
 
 ALGORITHMS = ("ppo", "grpo", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ppojax.config import ConfigError
+from ppojax.checks import ConfigError
 from ppojax.rlhf import lora
 from ppojax.rlhf.advantages import update_kl_coef
 from ppojax.rlhf.config import RLHFConfig

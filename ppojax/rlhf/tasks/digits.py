@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ppojax.config import ConfigError, check_positive_int
+from ppojax.checks import ConfigError, check_positive_int
 from ppojax.rlhf.model import LanguageModel, transformer
 from ppojax.rlhf.sft import train_sft
 
