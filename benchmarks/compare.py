@@ -3,6 +3,9 @@
     python benchmarks/compare.py [--configs cartpole cartpole-2048 pendulum breakout]
                                  [--seeds 1 8] [--pairs 5] [--tag cpu-2core]
 
+(the default configs; ``cartpole-65536`` and ``breakout-1024`` are GPU sizes, run by
+``benchmarks/gpu.sh``)
+
 For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled once
 (compile time measured apart), each the way the library compiles its own runs: ppojax with
 ``ppojax.compiler_options()`` (LLVM level 2 on CPU), rejax with XLA's defaults. Each is then
@@ -59,6 +62,22 @@ CONFIGS: dict[str, ppojax.PPOConfig] = {
     "cartpole-2048": ppojax.PPOConfig(num_envs=2048, num_steps=16, total_timesteps=2_097_152),
     # ppojax's Pendulum preset (obs and reward normalization, 256-256 networks) at 500k steps.
     "pendulum": ppojax.PPOConfig.preset("Pendulum-v1", total_timesteps=524_288),
+    # GPU sizes (benchmarks/gpu.sh): 65,536 CartPole envs x 16 steps, 20 updates, and
+    # Breakout-MinAtar at 1,024 envs, 20 updates.
+    "cartpole-65536": ppojax.PPOConfig(
+        num_envs=65_536, num_steps=16, total_timesteps=65_536 * 16 * 20
+    ),
+    "breakout-1024": ppojax.PPOConfig(
+        env_id="Breakout-MinAtar",
+        num_envs=1024,
+        num_steps=128,
+        update_epochs=4,
+        num_minibatches=8,
+        total_timesteps=1024 * 128 * 20,
+        learning_rate=5e-4,
+        hidden_sizes=(256, 256),
+        activation="relu",
+    ),
     # Breakout-MinAtar with an MLP on the flattened 10x10x4 frame, a short budget.
     "breakout": ppojax.PPOConfig(
         env_id="Breakout-MinAtar",
@@ -73,10 +92,27 @@ CONFIGS: dict[str, ppojax.PPOConfig] = {
     ),
 }
 
+# What a run without --configs compares: the sizes a 2-core CPU trains in minutes.
+CPU_CONFIGS = ("cartpole", "cartpole-2048", "pendulum", "breakout")
+
 # Seed counts and timed pairs per configuration unless --seeds / --pairs say otherwise: the
 # classic config at 1 and 8 seeds, the heavier ones at 1 seed.
-DEFAULT_SEEDS = {"cartpole": (1, 8), "cartpole-2048": (1,), "pendulum": (1,), "breakout": (1,)}
-DEFAULT_PAIRS = {"cartpole": 5, "cartpole-2048": 3, "pendulum": 3, "breakout": 3}
+DEFAULT_SEEDS = {
+    "cartpole": (1, 8),
+    "cartpole-2048": (1,),
+    "pendulum": (1,),
+    "cartpole-65536": (1,),
+    "breakout-1024": (1,),
+    "breakout": (1,),
+}
+DEFAULT_PAIRS = {
+    "cartpole": 5,
+    "cartpole-2048": 3,
+    "pendulum": 3,
+    "cartpole-65536": 3,
+    "breakout-1024": 3,
+    "breakout": 3,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,7 +497,7 @@ def plot(report: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=list(CPU_CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--seeds", type=int, nargs="+", help="seed counts (default per config)")
     parser.add_argument("--pairs", type=int, help="timed runs of each library (default per config)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
