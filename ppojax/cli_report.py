@@ -77,27 +77,29 @@ def reset_pool_line(reset_pool: int | None, metrics: dict[str, np.ndarray]) -> s
 
 def print_final_returns(result: RunResult) -> None:
     """Each seed's final return (mean of its last 10 updates), per grid point."""
-    from ppojax.experiment import final_return_table, point_label
+    from ppojax.experiment import final_return_table
 
     print("final return (mean of the last 10 updates):")
-    for row in final_return_table(result):
-        label = point_label(row["point"]) or "per seed"
-        seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
-        mean = float("nan") if row["mean"] is None else row["mean"]
-        std = float("nan") if row["std"] is None else row["std"]
-        print(f"  {label}: {seeds}  (mean {mean:.1f} +- {std:.1f} over seeds)")
+    print_return_rows(final_return_table(result))
 
 
 def print_final_eval_returns(result: RunResult) -> None:
     """Each seed's last evaluation return, per grid point; nothing without evaluation."""
-    from ppojax.experiment import final_return_table, point_label
+    from ppojax.experiment import final_return_table
 
     if "eval_return" not in result.metrics:
         return
     config = result.experiment.config
     mode = "deterministic" if config.eval_deterministic else "sampled"
     print(f"final evaluation return ({config.eval_episodes} episodes, {mode} actions):")
-    for row in final_return_table(result, "eval_return"):
+    print_return_rows(final_return_table(result, "eval_return"))
+
+
+def print_return_rows(rows: list[dict]) -> None:
+    """One line per grid point of ``final_return_table``: each seed's value, mean and std."""
+    from ppojax.experiment import point_label
+
+    for row in rows:
         label = point_label(row["point"]) or "per seed"
         seeds = " ".join(f"{value:.1f}" for value in row["per_seed"])
         mean = float("nan") if row["mean"] is None else row["mean"]
