@@ -55,6 +55,17 @@ from ppojax.train import init_state, make_agent  # noqa: E402
 
 EVAL_EPISODES = 128
 
+# Breakout-MinAtar's settings here, at any number of envs: an MLP on the flattened 10x10x4 frame.
+BREAKOUT = dict(
+    env_id="Breakout-MinAtar",
+    num_steps=128,
+    update_epochs=4,
+    num_minibatches=8,
+    learning_rate=5e-4,
+    hidden_sizes=(256, 256),
+    activation="relu",
+)
+
 CONFIGS: dict[str, ppojax.PPOConfig] = {
     # The classic CartPole config: 4 envs x 128 steps, 4 epochs x 4 minibatches, 500k steps.
     "cartpole": ppojax.PPOConfig(),
@@ -67,29 +78,9 @@ CONFIGS: dict[str, ppojax.PPOConfig] = {
     "cartpole-65536": ppojax.PPOConfig(
         num_envs=65_536, num_steps=16, total_timesteps=65_536 * 16 * 20
     ),
-    "breakout-1024": ppojax.PPOConfig(
-        env_id="Breakout-MinAtar",
-        num_envs=1024,
-        num_steps=128,
-        update_epochs=4,
-        num_minibatches=8,
-        total_timesteps=1024 * 128 * 20,
-        learning_rate=5e-4,
-        hidden_sizes=(256, 256),
-        activation="relu",
-    ),
+    "breakout-1024": ppojax.PPOConfig(**BREAKOUT, num_envs=1024, total_timesteps=1024 * 128 * 20),
     # Breakout-MinAtar with an MLP on the flattened 10x10x4 frame, a short budget.
-    "breakout": ppojax.PPOConfig(
-        env_id="Breakout-MinAtar",
-        num_envs=64,
-        num_steps=128,
-        update_epochs=4,
-        num_minibatches=8,
-        total_timesteps=524_288,
-        learning_rate=5e-4,
-        hidden_sizes=(256, 256),
-        activation="relu",
-    ),
+    "breakout": ppojax.PPOConfig(**BREAKOUT, num_envs=64, total_timesteps=524_288),
 }
 
 # What a run without --configs compares: the sizes a 2-core CPU trains in minutes.
