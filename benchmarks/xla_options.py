@@ -14,7 +14,9 @@ The variants: XLA's default (on CPU its dots go to YNNPACK), YNNPACK fusions tha
 the elementwise ops (and the reductions) around the dots, the dots left to XLA's own
 emitter (no YNNPACK fusion), the XNNPACK switch, the concurrency-optimized scheduler, and
 LLVM's optimization levels 2, 1 and 0 for XLA's own kernels (``xla_backend_optimization_level``,
-3 by default).
+3 by default), and copy insertion's region analysis
+(``xla_cpu_copy_insertion_use_region_analysis``: fewer copies of loop-carried buffers),
+alone and with level 2.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ VARIANTS: dict[str, dict[str, object] | None] = {
     "LLVM -O2": {"xla_backend_optimization_level": 2},
     "LLVM -O1": {"xla_backend_optimization_level": 1},
     "LLVM -O0": {"xla_backend_optimization_level": 0},
+    "copy region analysis": {"xla_cpu_copy_insertion_use_region_analysis": True},
+    "LLVM -O2, copy region analysis": {
+        "xla_backend_optimization_level": 2,
+        "xla_cpu_copy_insertion_use_region_analysis": True,
+    },
 }
 
 

@@ -1,5 +1,5 @@
 """How ppojax compiles the programs it runs itself: on CPU, XLA's own kernels are optimized by
-LLVM at level 2 instead of XLA's default 3.
+LLVM at level 2 instead of XLA's default 3, and copy insertion runs its region analysis.
 
 On CPU most of a PPO program's work is its dots, which XLA hands to YNNPACK, a library compiled
 ahead of time. What LLVM optimizes while the program compiles is mostly the rest: small fused
@@ -10,6 +10,13 @@ runs 3.6x slower). What it trains agrees with level 3 up to the last bits: LLVM 
 multiply and an add differently. The vmapped classic CartPole, Pendulum and MinAtar CNN
 programs measured gave the same bits; a GRU policy's and a single-seed tiny program's differ
 in their last bits.
+
+Copy insertion's region analysis (``xla_cpu_copy_insertion_use_region_analysis``) finds more
+of the loop-carried buffers that a ``while`` body can update in place, so fewer copies run
+per iteration: the classic CartPole program has 220 copies instead of 294, and its rollout
+loop copies its small env-state arrays at every step without it. That is 7% less run time at
+1 seed and 2% at 8, the same compile time, and bit for bit the same results (only buffers
+change, never arithmetic).
 
 ``Experiment`` runs (``ppojax train`` and ``ppojax sweep``) compile their chunk runner this
 way, and RLHF run folders (``ppojax rlhf``) their chunks of steps: 16-21% less compile time
@@ -26,7 +33,10 @@ from typing import Any
 
 import jax
 
-CPU_OPTIONS: dict[str, Any] = {"xla_backend_optimization_level": 2}
+CPU_OPTIONS: dict[str, Any] = {
+    "xla_backend_optimization_level": 2,
+    "xla_cpu_copy_insertion_use_region_analysis": True,
+}
 
 
 def compiler_options(backend: str | None = None) -> dict[str, Any] | None:
