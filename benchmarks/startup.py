@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,17 +91,17 @@ def median_wall(command: list[str], repeats: int, env: dict[str, str] | None = N
     }
 
 
-def train_runs(ppojax_bin: str, workdir: Path) -> list[dict]:
-    """``ppojax train CartPole-v1 --seeds 4`` twice on one fresh compilation cache."""
+def train_runs(ppojax_bin: str, workdir: Path, launcher: Sequence[str] = ()) -> list[dict]:
+    """``ppojax train CartPole-v1 --seeds 4`` twice on one fresh compilation cache, started
+    through ``launcher`` (a command prefix) when given."""
     cache_home = Path(tempfile.mkdtemp(prefix="xdg-cache-", dir=workdir))
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     env.pop("PPOJAX_NO_COMPILE_CACHE", None)
+    command = [*launcher, ppojax_bin, "train", "CartPole-v1", "--seeds", "4"]
+    command += ["--out", str(workdir / "runs")]
     runs = []
     for name in ("first (empty cache)", "second (warm cache)"):
-        seconds, out = wall(
-            [ppojax_bin, "train", "CartPole-v1", "--seeds", "4", "--out", str(workdir / "runs")],
-            env,
-        )
+        seconds, out = wall(command, env)
         match = SUMMARY.search(out)
         runs.append(
             {

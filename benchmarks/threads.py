@@ -23,26 +23,25 @@ import argparse
 import datetime
 import json
 import os
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS))
+
+from startup import train_runs, wall  # noqa: E402
+
 # Updates per timed run: long enough (about 0.3-2 s) that timer and dispatch are noise.
 UPDATES = {"cartpole": 100, "cartpole-2048": 8, "pendulum": 8, "breakout": 4}
-SUMMARY = re.compile(r"compile ([\d.]+) s, run ([\d.]+) s, ([\d,]+) env steps/s")
 
 
 def child(config_name: str, seeds: int) -> None:
     """Compile and time one config in this process (run by the parent, pinned or not)."""
     import jax
-
-    sys.path.insert(0, str(BENCHMARKS))
     from compare import CONFIGS
 
     import ppojax
@@ -80,19 +79,11 @@ PIN_AND_EXEC = (
 )
 
 
-def run(command: list[str], one_core: bool, env: dict[str, str] | None = None):
-    """(seconds, stdout) of ``command`` in a fresh process, on one core or on all."""
-    if one_core:
-        first = str(min(os.sched_getaffinity(0)))
-        command = [sys.executable, "-c", PIN_AND_EXEC, first, *command]
-    start = time.perf_counter()
-    result = subprocess.run(
-        command, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), check=False
-    )
-    seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed:\n{result.stderr[-3000:]}")
-    return seconds, result.stdout
+def launcher(one_core: bool) -> list[str]:
+    """The command prefix that starts a process on one core, or none for all cores."""
+    if not one_core:
+        return []
+    return [sys.executable, "-c", PIN_AND_EXEC, str(min(os.sched_getaffinity(0)))]
 
 
 MODES = {"all cores": False, "one core": True}
@@ -105,8 +96,8 @@ def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> li
             samples = {mode: [] for mode in MODES}
             for _ in range(rounds):
                 for mode, one_core in MODES.items():
-                    command = [sys.executable, __file__, "--child", name, str(seeds)]
-                    _, out = run(command, one_core)
+                    command = [*launcher(one_core), sys.executable, __file__, "--child"]
+                    _, out = wall([*command, name, str(seeds)], cwd=tempfile.gettempdir())
                     samples[mode].append(json.loads(out.strip().splitlines()[-1]))
             row = {"config": name, "seeds": seeds}
             for mode, runs in samples.items():
@@ -129,18 +120,7 @@ def cli_runs() -> dict:
     results = {}
     for mode, one_core in MODES.items():
         with tempfile.TemporaryDirectory(prefix="ppojax-threads-") as workdir:
-            env = {**os.environ, "XDG_CACHE_HOME": str(Path(workdir) / "cache")}
-            env.pop("PPOJAX_NO_COMPILE_CACHE", None)
-            command = [ppojax_bin, "train", "CartPole-v1", "--seeds", "4"]
-            command += ["--out", str(Path(workdir) / "runs")]
-            runs = []
-            for name in ("first (empty cache)", "second (warm cache)"):
-                seconds, out = run(command, one_core, env)
-                match = SUMMARY.search(out)
-                summary = match.group(0) if match else None
-                runs.append({"run": name, "wall_s": round(seconds, 2), "summary_line": summary})
-            results[mode] = runs
-            print(json.dumps({mode: runs}), flush=True)
+            results[mode] = train_runs(ppojax_bin, Path(workdir), launcher(one_core))
     return results
 
 
@@ -157,7 +137,6 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]))
         return
-    sys.path.insert(0, str(BENCHMARKS))
     from throughput import machine_description
 
     report = {
