@@ -78,7 +78,7 @@ def test_run_folder_and_bit_exact_resume(tmp_path, capsys):
 
 
 def test_the_chunks_compile_with_ppojaxs_options(tmp_path, monkeypatch):
-    """The RLHF run's chunk programs take ppojax's compiler options (LLVM level 2 on CPU):
+    """The RLHF run's chunk programs take ppojax's compiler options (``compiler_options()``):
     given one XLA does not know, the run fails naming it."""
     monkeypatch.setattr(rlhf_run, "compiler_options", lambda: {"xla_no_such_option": 1})
     with pytest.raises(Exception, match="xla_no_such_option"):
