@@ -91,13 +91,15 @@ def median_wall(command: list[str], repeats: int, env: dict[str, str] | None = N
     }
 
 
-def train_runs(ppojax_bin: str, workdir: Path, launcher: Sequence[str] = ()) -> list[dict]:
+def train_runs(
+    ppojax_bin: str, workdir: Path, launcher: Sequence[str] = (), flags: Sequence[str] = ()
+) -> list[dict]:
     """``ppojax train CartPole-v1 --seeds 4`` twice on one fresh compilation cache, started
-    through ``launcher`` (a command prefix) when given."""
+    through ``launcher`` (a command prefix) when given, with ``flags`` added."""
     cache_home = Path(tempfile.mkdtemp(prefix="xdg-cache-", dir=workdir))
     env = {**os.environ, "XDG_CACHE_HOME": str(cache_home)}
     env.pop("PPOJAX_NO_COMPILE_CACHE", None)
-    command = [*launcher, ppojax_bin, "train", "CartPole-v1", "--seeds", "4"]
+    command = [*launcher, ppojax_bin, "train", "CartPole-v1", "--seeds", "4", *flags]
     command += ["--out", str(workdir / "runs")]
     runs = []
     for name in ("first (empty cache)", "second (warm cache)"):

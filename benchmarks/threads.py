@@ -1,20 +1,22 @@
-"""One CPU core against all of them: the same programs in processes pinned to one core.
+"""One CPU core against all: the same programs pinned to one core, or with a one-thread pool.
 
     python benchmarks/threads.py [--configs cartpole cartpole-2048 pendulum breakout]
                                  [--seeds 1 4 8] [--rounds 2] [--cli] [--tag cpu-2core]
 
 XLA's CPU client sizes its thread pool by the cores the process may run on when the client
-starts. Each measurement here is a fresh process, started either on every core of this machine
-or pinned to one core (``os.sched_setaffinity``, then ``exec`` of the command), alternating
-the two for ``--rounds`` rounds. A process compiles ``run_updates`` of one config of
+starts. Each measurement here is a fresh process, started on every core of this machine, pinned
+to one core (``os.sched_setaffinity``, then ``exec`` of the command), or on every core with
+``ppojax.limit_cpu_threads(1)`` called first (a one-thread pool; compiling keeps every core),
+the three in turn for ``--rounds`` rounds. A process compiles ``run_updates`` of one config of
 ``compare.py`` for a number of vmapped seeds (compile time measured apart, with ppojax's
 compiler options), runs it once to warm up, then three times; the figure is the fastest of
 the three, as milliseconds per update and env steps/s. The report gives each mode's median
 over the rounds.
 
 With ``--cli``, ``ppojax train CartPole-v1 --seeds 4`` twice on an empty compilation cache
-(a first run that compiles and a second that loads its programs), on every core and on one,
-wall clock and the command's own summary line.
+(a first run that compiles and a second that loads its programs), with ``--cpu-threads all``,
+pinned to one core with ``--cpu-threads all``, and with the default (``--cpu-threads auto``,
+which gives this config a one-thread pool): wall clock and the command's own summary line.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ from startup import train_runs, wall  # noqa: E402
 UPDATES = {"cartpole": 100, "cartpole-2048": 8, "pendulum": 8, "breakout": 4}
 
 
-def child(config_name: str, seeds: int) -> None:
-    """Compile and time one config in this process (run by the parent, pinned or not)."""
+def child(config_name: str, seeds: int, pool_threads: int) -> None:
+    """Compile and time one config in this process (run by the parent, pinned or not), with a
+    thread pool of ``pool_threads`` threads (0: as many as the cores this process may use)."""
     import jax
     from compare import CONFIGS
 
     import ppojax
+
+    if pool_threads:
+        ppojax.limit_cpu_threads(pool_threads)
     from ppojax.train import init_state, run_updates
 
     config, updates = CONFIGS[config_name], UPDATES[config_name]
@@ -67,6 +73,7 @@ def child(config_name: str, seeds: int) -> None:
                 "ms_per_update": round(best / updates * 1e3, 3),
                 "env_steps_per_s": round(seeds * config.batch_size * updates / best),
                 "cores_seen": len(os.sched_getaffinity(0)),
+                "pool_threads": pool_threads or len(os.sched_getaffinity(0)),
             }
         )
     )
@@ -86,7 +93,12 @@ def launcher(one_core: bool) -> list[str]:
     return [sys.executable, "-c", PIN_AND_EXEC, str(min(os.sched_getaffinity(0)))]
 
 
-MODES = {"all cores": False, "one core": True}
+# mode: (pinned to one core, thread pool size passed to the child, ppojax train's flags)
+MODES = {
+    "all cores": (False, 0, ["--cpu-threads", "all"]),
+    "one core": (True, 0, ["--cpu-threads", "all"]),
+    "one-thread pool": (False, 1, []),  # ppojax train's default: --cpu-threads auto
+}
 
 
 def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> list[dict]:
@@ -95,9 +107,10 @@ def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> li
         for seeds in seed_counts if name == "cartpole" else [1]:
             samples = {mode: [] for mode in MODES}
             for _ in range(rounds):
-                for mode, one_core in MODES.items():
+                for mode, (one_core, pool, _) in MODES.items():
                     command = [*launcher(one_core), sys.executable, __file__, "--child"]
-                    _, out = wall([*command, name, str(seeds)], cwd=tempfile.gettempdir())
+                    command += [name, str(seeds), str(pool)]
+                    _, out = wall(command, cwd=tempfile.gettempdir())
                     samples[mode].append(json.loads(out.strip().splitlines()[-1]))
             row = {"config": name, "seeds": seeds}
             for mode, runs in samples.items():
@@ -106,10 +119,12 @@ def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> li
                     for key in ("compile_s", "ms_per_update", "env_steps_per_s")
                 }
                 row[mode]["cores_seen"] = runs[0]["cores_seen"]
+                row[mode]["pool_threads"] = runs[0]["pool_threads"]
                 row[mode]["runs"] = runs
-            row["one_core_speedup"] = round(
-                row["all cores"]["ms_per_update"] / row["one core"]["ms_per_update"], 3
-            )
+            for mode, key in (("one core", "one_core"), ("one-thread pool", "one_thread_pool")):
+                row[f"{key}_speedup"] = round(
+                    row["all cores"]["ms_per_update"] / row[mode]["ms_per_update"], 3
+                )
             print(json.dumps(row), flush=True)
             results.append(row)
     return results
@@ -118,9 +133,9 @@ def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> li
 def cli_runs() -> dict:
     ppojax_bin = str(Path(sys.executable).with_name("ppojax"))
     results = {}
-    for mode, one_core in MODES.items():
+    for mode, (one_core, _, flags) in MODES.items():
         with tempfile.TemporaryDirectory(prefix="ppojax-threads-") as workdir:
-            results[mode] = train_runs(ppojax_bin, Path(workdir), launcher(one_core))
+            results[mode] = train_runs(ppojax_bin, Path(workdir), launcher(one_core), flags)
     return results
 
 
@@ -132,10 +147,12 @@ def main() -> None:
     parser.add_argument("--cli", action="store_true", help="also time `ppojax train` end to end")
     parser.add_argument("--out", type=Path, default=BENCHMARKS / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
-    parser.add_argument("--child", nargs=2, metavar=("CONFIG", "SEEDS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("CONFIG", "SEEDS", "POOL"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
     from throughput import machine_description
 

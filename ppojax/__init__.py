@@ -1,6 +1,6 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
-from ppojax.compiling import compiler_options
+from ppojax.compiling import compiler_options, limit_cpu_threads
 from ppojax.config import PRESETS, ConfigError, PPOConfig
 from ppojax.envs import list_envs, make_env, register_env
 from ppojax.evaluate import load
@@ -26,6 +26,7 @@ __all__ = [
     "adaptive_kl_update",
     "best_point",
     "compiler_options",
+    "limit_cpu_threads",
     "compute_gae",
     "init_state",
     "list_envs",

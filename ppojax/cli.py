@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
+import math
 import sys
 import typing
 import warnings
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppojax.cli_report import print_report
-from ppojax.cli_values import Parser, annotation_parser, parse_grid, parse_int
+from ppojax.cli_values import Parser, annotation_parser, parse_cpu_threads, parse_grid, parse_int
 from ppojax.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
@@ -87,6 +88,14 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_env_module_flag(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cache_flag(parser)
+    parser.add_argument(
+        "--cpu-threads",
+        type=parse_cpu_threads,
+        default="auto",
+        metavar="N",
+        help="threads XLA runs the program on, on CPU: a number, all (one per core), or auto "
+        "(default: 1 for small MLP configs, which run fastest so, else all)",
+    )
     parser.add_argument(
         "--tensorboard", action="store_true", help="also write TensorBoard event files"
     )
@@ -277,6 +286,50 @@ def resume(args: argparse.Namespace) -> RunResult:
     return resume_experiment(args.resume, run_options(args, saved))
 
 
+def use_cpu_threads(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:
+    """Size XLA's CPU thread pool as ``--cpu-threads`` says, before JAX's first computation."""
+    from ppojax import compiling
+
+    threads = args.cpu_threads
+    if threads == "auto":
+        planned = planned_settings(args, grid)
+        if planned is None or compiling.backends_started():
+            return  # an --env-module that computed at import has already started JAX
+        threads = compiling.auto_cpu_threads(*planned)
+    if threads in ("all", None):
+        return
+    try:
+        compiling.limit_cpu_threads(threads)
+    except RuntimeError as error:
+        raise ValueError(f"--cpu-threads {threads}: {error}") from None
+
+
+def planned_settings(
+    args: argparse.Namespace, grid: dict[str, tuple[float, ...]]
+) -> tuple[dict[str, Any], int] | None:
+    """The PPOConfig fields and the number of runs this command trains, read without building
+    the PPOConfig (its env check imports gymnax, which computes at import and so starts JAX);
+    None where the files cannot be read (the PPOConfig built next reports why)."""
+    from ppojax import io
+
+    try:
+        if args.resume is not None:
+            settings = io.read_json_object(args.resume / io.CONFIG_FILE, "PPOConfig fields")
+            run = io.read_json_object(args.resume / io.RUN_FILE, "run settings")
+            runs = int(run["seeds"]) * math.prod(len(values) for values in run["grid"].values())
+        else:
+            settings = io.read_config_file(args.config) if args.config is not None else {}
+            settings = {**settings, **config_overrides(args)}
+            if args.env_id is not None:
+                settings["env_id"] = args.env_id
+            runs = args.seeds * math.prod(len(values) for values in grid.values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    defaults = {field.name: field.default for field in dataclasses.fields(PPOConfig)}
+    preset = PRESETS.get(settings.get("env_id", defaults["env_id"]), {})
+    return {**defaults, **preset, **settings}, runs
+
+
 def check_seed_flags(args: argparse.Namespace) -> None:
     from ppojax.experiment import MAX_SEED
 
@@ -291,6 +344,7 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     from ppojax import io
     from ppojax.experiment import Experiment, check_env, run_experiment
 
+    use_cpu_threads(args, grid)
     if args.resume is not None:
         result = resume(args)
     else:

@@ -59,6 +59,19 @@ def parse_int(text: str) -> int:
     return int(value)
 
 
+def parse_cpu_threads(text: str) -> int | str:
+    """``--cpu-threads``: "auto", "all" or a positive number of threads."""
+    if text in ("auto", "all"):
+        return text
+    try:
+        threads = parse_int(text)
+    except argparse.ArgumentTypeError:
+        threads = 0
+    if threads < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, all or a positive integer, got {text!r}")
+    return threads
+
+
 def parse_float(text: str) -> float:
     try:
         return float(text)

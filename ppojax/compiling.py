@@ -25,10 +25,26 @@ with ``jax.jit`` keeps XLA's defaults unless given ``compiler_options()``:
 ``jax.jit(ppojax.train, compiler_options=ppojax.compiler_options())`` (JAX takes them on a
 top-level jit only). Other backends keep XLA's defaults: there LLVM generates every kernel,
 and no other level was measured.
+
+``limit_cpu_threads(n)`` sizes the thread pool XLA's CPU client runs programs on. XLA runs
+independent kernels of one program on that pool at once, and YNNPACK splits a reduction of more
+than 32,768 floats across it. The classic CartPole program's kernels take about a microsecond,
+less than handing work to another core costs, so with one thread it runs 18% faster at 1
+seed, 16-19% at 4 and 11% at 8 on a 2-core machine; CartPole with 2,048 envs runs 53% slower
+(``benchmarks/threads.py``). The client sizes the pool by the cores the process may use when it
+starts, so ``limit_cpu_threads`` narrows the process to ``n`` cores while the client starts,
+then gives every thread all its cores back: compiling still uses them all.
+``auto_cpu_threads`` says when a config is that small; ``ppojax train`` and ``ppojax sweep``
+follow it unless given ``--cpu-threads``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -43,3 +59,94 @@ def compiler_options(backend: str | None = None) -> dict[str, Any] | None:
     """ppojax's XLA compiler options for ``backend`` (default: JAX's default backend); None
     where XLA's defaults are kept."""
     return dict(CPU_OPTIONS) if (backend or jax.default_backend()) == "cpu" else None
+
+
+def backends_started() -> bool:
+    """Whether JAX has created its backends (clients) in this process."""
+    from jax._src import xla_bridge  # no public way to ask without starting them
+
+    return xla_bridge.backends_are_initialized()
+
+
+def limit_cpu_threads(threads: int) -> bool:
+    """Start JAX's backends with a CPU thread pool of ``threads`` threads; True if the pool
+    is smaller than the cores this process may use, False where nothing changes (as many
+    threads as cores or more, or an OS without ``sched_setaffinity``).
+
+    Must run before JAX's first computation in the process (the pool is sized once, when the
+    client starts); raises RuntimeError after it. Every thread keeps or gets back its cores,
+    so compiling and other work still run on all of them.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    if backends_started():
+        raise RuntimeError(
+            "limit_cpu_threads must run before JAX's first computation in this process "
+            "(JAX sizes its CPU thread pool once, when its backend starts); call it first, "
+            "or start the process under `taskset -c 0`"
+        )
+    if not hasattr(os, "sched_getaffinity"):
+        return False
+    cores = sorted(os.sched_getaffinity(0))
+    if threads >= len(cores):
+        return False
+    before = {tid: os.sched_getaffinity(tid) for tid in _thread_ids()}
+    os.sched_setaffinity(0, cores[:threads])
+    try:
+        jax.devices()  # the clients start here, sized by the cores allowed now
+    finally:
+        for tid in _thread_ids():  # threads started meanwhile inherited the narrow mask
+            try:
+                os.sched_setaffinity(tid, before.get(tid, cores))
+            except (ProcessLookupError, PermissionError):
+                pass  # a thread that ended meanwhile
+    return True
+
+
+def _thread_ids() -> list[int]:
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+# Up to both sizes, one thread runs an MLP policy's program fastest on a 2-core machine
+# (benchmarks/threads.py; widest = the widest hidden layer): runs x envs x widest, the rollout's
+# width, and runs x minibatch size x widest**2, a minibatch step's matmul work. Measured:
+# 1 to 8 seeds of the classic CartPole config (4 envs, 64-64, minibatches of 128) gain 11-19%;
+# 16 envs (1,024; 2**21) 9%; 4 envs with 256-256 layers (1,024; 2**23) 18%. Past them,
+# 16 seeds (4,096; 2**23) lose 5%, 64 envs (4,096; 2**23) 21%, 8 envs with 256-256 layers
+# (2,048; 2**24) 7%.
+SMALL_ROLLOUT = 2048
+SMALL_MINIBATCH = 2**23
+
+
+def auto_cpu_threads(config: Any, runs: int = 1) -> int | None:
+    """1 where ``runs`` vmapped runs of ``config`` make a program small enough that a
+    one-thread pool runs it fastest on CPU (SMALL_ROLLOUT, SMALL_MINIBATCH); None (every
+    core) for larger ones, CNN and recurrent policies (not measured), and wherever an
+    accelerator plugin is installed (the program runs there). ``config`` is a PPOConfig or a
+    mapping of its fields (all of them, as a config.json holds)."""
+    field = config.get if isinstance(config, Mapping) else functools.partial(getattr, config)
+    recurrent = field("recurrent")
+    if isinstance(recurrent, str) and recurrent.lower() in ("none", "off"):
+        recurrent = None
+    if accelerator_installed() or field("encoder") != "mlp" or recurrent is not None:
+        return None
+    widest = max(field("hidden_sizes"), default=1)
+    minibatch = field("num_envs") * field("num_steps") // field("num_minibatches")
+    rollout_small = runs * field("num_envs") * widest <= SMALL_ROLLOUT
+    minibatch_small = runs * minibatch * widest**2 <= SMALL_MINIBATCH
+    return 1 if rollout_small and minibatch_small else None
+
+
+def accelerator_installed() -> bool:
+    """Whether JAX may find a backend other than the CPU, judged without starting one:
+    ``JAX_PLATFORMS`` names another platform, or a PJRT plugin (CUDA, ROCm, TPU) is
+    installed."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        return any(name.strip() not in ("", "cpu") for name in platforms.split(","))
+    if importlib.metadata.entry_points(group="jax_plugins"):
+        return True
+    return any(importlib.util.find_spec(name) for name in ("jax_plugins", "libtpu"))

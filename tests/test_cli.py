@@ -428,3 +428,57 @@ def test_the_reset_pool_line_counts_repeated_starts_over_runs_and_updates():
     assert reset_pool_line(8, none_repeated).endswith(
         "0 of 80 finished episodes (0.0%) began from a start already used"
     )
+
+
+@pytest.fixture
+def pool_sizes(monkeypatch):
+    """The thread counts ``use_cpu_threads`` asks for, JAX's backend taken as not started."""
+    from ppojax import compiling
+
+    asked = []
+    monkeypatch.setattr(compiling, "backends_started", lambda: False)
+    monkeypatch.setattr(compiling, "limit_cpu_threads", asked.append)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    return asked
+
+
+def threads_for(*argv: str, grid: dict | None = None) -> None:
+    from ppojax.cli import use_cpu_threads
+
+    use_cpu_threads(build_parser().parse_args(list(argv)), grid or {})
+
+
+def test_cpu_threads_auto_gives_small_configs_one_thread(pool_sizes, tmp_path):
+    threads_for("train")  # classic CartPole, 1 seed
+    threads_for("train", "--seeds", "8")
+    threads_for("train", "Pendulum-v1")  # its preset: 16 envs
+    assert pool_sizes == [1, 1, 1]
+    threads_for("train", "--seeds", "16")
+    threads_for("train", "--num-envs", "64")
+    threads_for("train", "Breakout-MinAtar")  # 64 envs, 256-256
+    threads_for("train", "--encoder", "cnn")
+    threads_for("sweep", "--grid", "learning_rate=1,2,3", "--seeds", "4", grid={"lr": (1, 2, 3)})
+    (tmp_path / "c.json").write_text(json.dumps({"num_envs": 64}))
+    threads_for("train", "--config", str(tmp_path / "c.json"))
+    threads_for("train", "--config", str(tmp_path / "missing.json"))  # reported afterwards
+    threads_for("train", "--cpu-threads", "all")
+    assert pool_sizes == [1, 1, 1]
+    threads_for("train", "--num-envs", "64", "--cpu-threads", "3")
+    assert pool_sizes == [1, 1, 1, 3]
+
+
+def test_cpu_threads_auto_on_resume_reads_the_run_folder(pool_sizes, trained):
+    run_dir = trained[0]  # 2 seeds of a tiny config
+    threads_for("train", "--resume", str(run_dir))
+    assert pool_sizes == [1]
+
+
+def test_cpu_threads_flag_errors_name_the_flag(capsys):
+    for bad in ("0", "-2", "many", "1.5"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--cpu-threads", bad])
+        assert "--cpu-threads" in capsys.readouterr().err
+    jax.devices()  # JAX has started here: an explicit count cannot take effect any more
+    with pytest.raises(ValueError, match="--cpu-threads 1: .*before JAX's first computation"):
+        threads_for("train", "--cpu-threads", "1")
+    threads_for("train")  # auto passes over a started JAX

@@ -1,12 +1,16 @@
 """ppojax's compiler options: LLVM level 2 and copy insertion's region analysis for CPU
-programs, XLA's defaults elsewhere."""
+programs, XLA's defaults elsewhere; the size of XLA's CPU thread pool."""
+
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
 import ppojax
-from ppojax import compiling, experiment
+from ppojax import compiling, experiment, io
 
 
 def test_cpu_programs_get_their_options_and_other_backends_keep_xlas_defaults():
@@ -60,3 +64,81 @@ def test_an_experiment_compiles_its_runner_with_the_options(tiny_config, tmp_pat
             tmp_path / "run",
             experiment.RunOptions(progress=False),
         )
+
+
+# A fresh process: a one-thread pool, then the tiny config trained as the parent trains it.
+ONE_THREAD_POOL = """
+import os, sys
+import numpy as np
+import ppojax
+cores = os.sched_getaffinity(0)
+limited = ppojax.limit_cpu_threads(1)
+import jax
+config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2,
+                          num_minibatches=2)
+out = jax.jit(ppojax.train, compiler_options=ppojax.compiler_options())(config, jax.random.key(0))
+np.savez(sys.argv[1], *[np.asarray(leaf) for leaf in jax.tree.leaves(out.state.params)])
+tasks = os.listdir("/proc/self/task")
+names = [open(f"/proc/self/task/{tid}/comm").read().strip() for tid in tasks]
+every_core = all(os.sched_getaffinity(int(tid)) == cores for tid in tasks)
+print(limited, names.count("tf_XLAEigen"), every_core)
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux and two cores",
+)
+def test_a_one_thread_pool_trains_the_same_bits_and_gives_every_thread_its_cores(
+    tiny_config, tmp_path
+):
+    """XLA names its CPU pool's threads tf_XLAEigen: one per core, one after
+    limit_cpu_threads(1); every thread (those the client started included) can run on every
+    core afterwards. The same compiled program on fewer threads is exact: threads change
+    where a kernel runs, not its arithmetic (YNNPACK splits only reductions of more than
+    32,768 floats, and the tiny config has none)."""
+    saved = tmp_path / "params.npz"
+    child = subprocess.run(
+        [sys.executable, "-c", ONE_THREAD_POOL, str(saved)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["True", "1", "True"]
+    ours = jax.jit(ppojax.train, compiler_options=ppojax.compiler_options())(
+        tiny_config, jax.random.key(0)
+    )
+    theirs = np.load(saved)
+    for index, leaf in enumerate(jax.tree.leaves(ours.state.params)):
+        np.testing.assert_array_equal(theirs[f"arr_{index}"], leaf)
+
+
+def test_limit_cpu_threads_refuses_bad_counts_and_a_started_backend():
+    for bad in (0, -1, True, 1.0, "1"):
+        with pytest.raises(ValueError, match="positive int"):
+            ppojax.limit_cpu_threads(bad)
+    jax.devices()  # this test process's backend is started
+    with pytest.raises(RuntimeError, match="before JAX's first computation.*taskset"):
+        ppojax.limit_cpu_threads(1)
+
+
+def test_auto_cpu_threads_gives_small_mlp_programs_one_thread(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    classic = ppojax.PPOConfig()
+    assert compiling.auto_cpu_threads(classic) == 1
+    assert compiling.auto_cpu_threads(classic, runs=8) == 1  # 8 x 4 envs x 64 = 2048
+    assert compiling.auto_cpu_threads(classic, runs=9) is None
+    assert compiling.auto_cpu_threads(classic.replace(num_envs=64)) is None
+    wide = classic.replace(hidden_sizes=(256, 256))
+    assert compiling.auto_cpu_threads(wide) == 1  # 4 x 256; 128 x 256**2 = 2**23
+    assert compiling.auto_cpu_threads(wide.replace(num_envs=8)) is None  # minibatches of 256
+    assert compiling.auto_cpu_threads(ppojax.PPOConfig.preset("Pendulum-v1")) == 1  # 16 envs
+    assert compiling.auto_cpu_threads(ppojax.PPOConfig.preset("Breakout-MinAtar")) is None
+    assert compiling.auto_cpu_threads(classic.replace(recurrent="gru")) is None
+    fields = io.config_to_dict(classic)
+    assert compiling.auto_cpu_threads(fields, runs=2) == 1  # a config.json's fields
+    assert compiling.auto_cpu_threads({**fields, "recurrent": "off"}) == 1
+    assert compiling.auto_cpu_threads({**fields, "encoder": "cnn"}) is None
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")  # an accelerator: leave its host alone
+    assert compiling.auto_cpu_threads(classic) is None
