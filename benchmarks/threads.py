@@ -7,7 +7,9 @@ XLA's CPU client sizes its thread pool by the cores the process may run on when 
 starts. Each measurement here is a fresh process, started on every core of this machine, pinned
 to one core (``os.sched_setaffinity``, then ``exec`` of the command), or on every core with
 ``ppojax.limit_cpu_threads(1)`` called first (a one-thread pool; compiling keeps every core),
-the three in turn for ``--rounds`` rounds. A process compiles ``run_updates`` of one config of
+the three in turn for ``--rounds`` rounds. ``--configs`` may also name the classic config
+at the sizes where ``--cpu-threads auto`` switches (``BOUNDARY``: 16 or 64 envs, 256-256
+layers at 4 or 8 envs). A process compiles ``run_updates`` of one config of
 ``compare.py`` for a number of vmapped seeds (compile time measured apart, with ppojax's
 compiler options), runs it once to warm up, then three times; the figure is the fastest of
 the three, as milliseconds per update and env steps/s. The report gives each mode's median
@@ -40,20 +42,34 @@ from startup import train_runs, wall  # noqa: E402
 # Updates per timed run: long enough (about 0.3-2 s) that timer and dispatch are noise.
 UPDATES = {"cartpole": 100, "cartpole-2048": 8, "pendulum": 8, "breakout": 4}
 
+# The classic CartPole config at the sizes around ppojax.compiling's SMALL_ROLLOUT and
+# SMALL_MINIBATCH, where ``--cpu-threads auto`` switches (not run unless named in --configs).
+BOUNDARY = {
+    "cartpole-16envs": {"num_envs": 16},
+    "cartpole-64envs": {"num_envs": 64},
+    "cartpole-wide": {"hidden_sizes": (256, 256)},
+    "cartpole-wide-8envs": {"num_envs": 8, "hidden_sizes": (256, 256)},
+}
+BOUNDARY_UPDATES = {"cartpole-16envs": 40, "cartpole-64envs": 12, "cartpole-wide": 16}
+
 
 def child(config_name: str, seeds: int, pool_threads: int) -> None:
     """Compile and time one config in this process (run by the parent, pinned or not), with a
     thread pool of ``pool_threads`` threads (0: as many as the cores this process may use)."""
+    import ppojax
+
+    if pool_threads:  # first: building compare's configs imports gymnax, which starts JAX
+        ppojax.limit_cpu_threads(pool_threads)
     import jax
     from compare import CONFIGS
 
-    import ppojax
-
-    if pool_threads:
-        ppojax.limit_cpu_threads(pool_threads)
     from ppojax.train import init_state, run_updates
 
-    config, updates = CONFIGS[config_name], UPDATES[config_name]
+    if config_name in BOUNDARY:
+        config = ppojax.PPOConfig(**BOUNDARY[config_name])
+        updates = BOUNDARY_UPDATES.get(config_name, 12)
+    else:
+        config, updates = CONFIGS[config_name], UPDATES[config_name]
     keys = jax.random.split(jax.random.key(0), seeds)
     program = jax.jit(jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)))
     start = time.perf_counter()
@@ -141,7 +157,9 @@ def cli_runs() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=list(UPDATES), choices=list(UPDATES))
+    parser.add_argument(
+        "--configs", nargs="+", default=list(UPDATES), choices=[*UPDATES, *BOUNDARY]
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4, 8], help="for cartpole")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cli", action="store_true", help="also time `ppojax train` end to end")

@@ -29,8 +29,9 @@ and no other level was measured.
 ``limit_cpu_threads(n)`` sizes the thread pool XLA's CPU client runs programs on. XLA runs
 independent kernels of one program on that pool at once, and YNNPACK splits a reduction of more
 than 32,768 floats across it. The classic CartPole program's kernels take about a microsecond,
-less than handing work to another core costs, so with one thread it runs 18% faster at 1
-seed, 16-19% at 4 and 11% at 8 on a 2-core machine; CartPole with 2,048 envs runs 53% slower
+less than handing work to another core costs, so with one thread it trains 1.18x, 1.20x and
+1.14x faster at 1, 4 and 8 seeds on a 2-core machine, and the Pendulum preset 1.15x; CartPole
+with 2,048 envs and Breakout-MinAtar with 64 run 1.4x and 1.6x slower so
 (``benchmarks/threads.py``). The client sizes the pool by the cores the process may use when it
 starts, so ``limit_cpu_threads`` narrows the process to ``n`` cores while the client starts,
 then gives every thread all its cores back: compiling still uses them all.
@@ -90,7 +91,12 @@ def limit_cpu_threads(threads: int) -> bool:
     cores = sorted(os.sched_getaffinity(0))
     if threads >= len(cores):
         return False
-    before = {tid: os.sched_getaffinity(tid) for tid in _thread_ids()}
+    before = {}
+    for tid in _thread_ids():
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
     os.sched_setaffinity(0, cores[:threads])
     try:
         jax.devices()  # the clients start here, sized by the cores allowed now
@@ -111,12 +117,12 @@ def _thread_ids() -> list[int]:
 
 
 # Up to both sizes, one thread runs an MLP policy's program fastest on a 2-core machine
-# (benchmarks/threads.py; widest = the widest hidden layer): runs x envs x widest, the rollout's
-# width, and runs x minibatch size x widest**2, a minibatch step's matmul work. Measured:
-# 1 to 8 seeds of the classic CartPole config (4 envs, 64-64, minibatches of 128) gain 11-19%;
-# 16 envs (1,024; 2**21) 9%; 4 envs with 256-256 layers (1,024; 2**23) 18%. Past them,
-# 16 seeds (4,096; 2**23) lose 5%, 64 envs (4,096; 2**23) 21%, 8 envs with 256-256 layers
-# (2,048; 2**24) 7%.
+# (widest = the widest hidden layer): runs x envs x widest, the rollout's width, and
+# runs x minibatch size x widest**2, a minibatch step's matmul work. benchmarks/threads.py
+# measured env steps/s with a one-thread pool against two: 1, 4 and 8 seeds of the classic
+# CartPole config (4 envs, 64-64, minibatches of 128) 1.18x, 1.20x, 1.14x; 16 envs (1,024;
+# 2**21) 1.15x; 4 envs with 256-256 layers (1,024; 2**23) 1.18x. Past them: 16 seeds (4,096;
+# 2**23) 0.97x, 64 envs (4,096; 2**23) 0.80x, 8 envs with 256-256 layers (2,048; 2**24) 0.97x.
 SMALL_ROLLOUT = 2048
 SMALL_MINIBATCH = 2**23
 
