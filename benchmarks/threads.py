@@ -1,13 +1,16 @@
 """One CPU core against all: the same programs pinned to one core, or with a one-thread pool.
 
     python benchmarks/threads.py [--configs cartpole cartpole-2048 pendulum breakout]
-                                 [--seeds 1 4 8] [--rounds 2] [--cli] [--tag cpu-2core]
+                                 [--seeds 1 4 8] [--rounds 2] [--cli] [--rejax] [--tag cpu-2core]
 
 XLA's CPU client sizes its thread pool by the cores the process may run on when the client
 starts. Each measurement here is a fresh process, started on every core of this machine, pinned
 to one core (``os.sched_setaffinity``, then ``exec`` of the command), or on every core with
 ``ppojax.limit_cpu_threads(1)`` called first (a one-thread pool; compiling keeps every core),
-the three in turn for ``--rounds`` rounds. ``--configs`` may also name the classic config
+the three in turn for ``--rounds`` rounds. With ``--rejax``, the classic config is also
+trained by rejax 0.1.3 (compare.py's settings, its own compiler options) as it ships, on
+every core, and with a one-thread pool: separate processes, so each library with the pool
+its own command line gives it. ``--configs`` may also name the classic config
 at the sizes where ``--cpu-threads auto`` switches (``BOUNDARY``: 16 or 64 envs, 256-256
 layers at 4 or 8 envs). A process compiles ``run_updates`` of one config of
 ``compare.py`` for a number of vmapped seeds (compile time measured apart, with ppojax's
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import shlex
@@ -53,9 +57,10 @@ BOUNDARY = {
 BOUNDARY_UPDATES = {"cartpole-16envs": 40, "cartpole-64envs": 12, "cartpole-wide": 16}
 
 
-def child(config_name: str, seeds: int, pool_threads: int) -> None:
+def child(config_name: str, seeds: int, pool_threads: int, library: str) -> None:
     """Compile and time one config in this process (run by the parent, pinned or not), with a
-    thread pool of ``pool_threads`` threads (0: as many as the cores this process may use)."""
+    thread pool of ``pool_threads`` threads (0: as many as the cores this process may use),
+    trained by ``library``: ppojax's ``run_updates`` or rejax's ``train`` (compare.py's)."""
     import ppojax
 
     if pool_threads:  # first: building compare's configs imports gymnax, which starts JAX
@@ -71,15 +76,25 @@ def child(config_name: str, seeds: int, pool_threads: int) -> None:
     else:
         config, updates = CONFIGS[config_name], UPDATES[config_name]
     keys = jax.random.split(jax.random.key(0), seeds)
-    program = jax.jit(jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)))
     start = time.perf_counter()
-    compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
+    if library == "rejax":  # its own compiler options, its training loop of `updates` updates
+        from compare import rejax_runner
+
+        lower, run, _, _ = rejax_runner(config.replace(total_timesteps=updates * config.batch_size))
+        compiled = lower(keys).compile()
+        call = functools.partial(run, compiled, keys)
+    else:
+        program = jax.jit(
+            jax.vmap(lambda key: run_updates(config, init_state(config, key), updates))
+        )
+        compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
+        call = functools.partial(compiled, keys)
     compile_s = time.perf_counter() - start
-    jax.block_until_ready(compiled(keys))
+    jax.block_until_ready(call())
     runs = []
     for _ in range(3):
         start = time.perf_counter()
-        jax.block_until_ready(compiled(keys))
+        jax.block_until_ready(call())
         runs.append(time.perf_counter() - start)
     best = min(runs)
     print(
@@ -115,17 +130,26 @@ MODES = {
     "one core": (True, 0, ["--cpu-threads", "all"]),
     "one-thread pool": (False, 1, []),  # ppojax train's default: --cpu-threads auto
 }
+# With --rejax, for the classic config: rejax as it ships (every core), and given a one-thread pool.
+REJAX_MODES = {"rejax, all cores": 0, "rejax, one-thread pool": 1}
 
 
-def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> list[dict]:
+def programs(
+    config_names: list[str], seed_counts: list[int], rounds: int, with_rejax: bool
+) -> list[dict]:
     results = []
     for name in config_names:
         for seeds in seed_counts if name == "cartpole" else [1]:
-            samples = {mode: [] for mode in MODES}
+            modes = {
+                mode: (one_core, pool, "ppojax") for mode, (one_core, pool, _) in MODES.items()
+            }
+            if with_rejax and name == "cartpole":
+                modes.update({mode: (False, pool, "rejax") for mode, pool in REJAX_MODES.items()})
+            samples = {mode: [] for mode in modes}
             for _ in range(rounds):
-                for mode, (one_core, pool, _) in MODES.items():
+                for mode, (one_core, pool, library) in modes.items():
                     command = [*launcher(one_core), sys.executable, __file__, "--child"]
-                    command += [name, str(seeds), str(pool)]
+                    command += [name, str(seeds), str(pool), library]
                     _, out = wall(command, cwd=tempfile.gettempdir())
                     samples[mode].append(json.loads(out.strip().splitlines()[-1]))
             row = {"config": name, "seeds": seeds}
@@ -140,6 +164,13 @@ def programs(config_names: list[str], seed_counts: list[int], rounds: int) -> li
             for mode, key in (("one core", "one_core"), ("one-thread pool", "one_thread_pool")):
                 row[f"{key}_speedup"] = round(
                     row["all cores"]["ms_per_update"] / row[mode]["ms_per_update"], 3
+                )
+            if "rejax, all cores" in row:
+                rejax_ms = row["rejax, all cores"]["ms_per_update"]
+                # ppojax train's default (a one-thread pool here) against rejax as it ships
+                row["pool_vs_rejax"] = round(rejax_ms / row["one-thread pool"]["ms_per_update"], 3)
+                row["rejax_pool_speedup"] = round(
+                    rejax_ms / row["rejax, one-thread pool"]["ms_per_update"], 3
                 )
             print(json.dumps(row), flush=True)
             results.append(row)
@@ -163,14 +194,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4, 8], help="for cartpole")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cli", action="store_true", help="also time `ppojax train` end to end")
+    parser.add_argument(
+        "--rejax", action="store_true", help="also rejax 0.1.3 on the classic config (bench extra)"
+    )
     parser.add_argument("--out", type=Path, default=BENCHMARKS / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument(
-        "--child", nargs=3, metavar=("CONFIG", "SEEDS", "POOL"), help=argparse.SUPPRESS
+        "--child", nargs=4, metavar=("CONFIG", "SEEDS", "POOL", "LIBRARY"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]))
+        child(args.child[0], int(args.child[1]), int(args.child[2]), args.child[3])
         return
     from throughput import machine_description
 
@@ -179,7 +213,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
         "machine": machine_description(),
-        "programs": programs(args.configs, args.seeds, args.rounds),
+        "programs": programs(args.configs, args.seeds, args.rounds, args.rejax),
     }
     if args.cli:
         report["cli_cartpole_4_seeds"] = cli_runs()
