@@ -295,7 +295,10 @@ def use_cpu_threads(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]
         planned = planned_settings(args, grid)
         if planned is None or compiling.backends_started():
             return  # an --env-module that computed at import has already started JAX
-        threads = compiling.auto_cpu_threads(*planned)
+        try:
+            threads = compiling.auto_cpu_threads(*planned)
+        except (TypeError, ValueError):
+            return  # a field of the wrong type: building the PPOConfig next reports it
     if threads in ("all", None):
         return
     try:

@@ -461,6 +461,8 @@ def test_cpu_threads_auto_gives_small_configs_one_thread(pool_sizes, tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"num_envs": 64}))
     threads_for("train", "--config", str(tmp_path / "c.json"))
     threads_for("train", "--config", str(tmp_path / "missing.json"))  # reported afterwards
+    (tmp_path / "bad.json").write_text(json.dumps({"hidden_sizes": "64", "num_envs": "x"}))
+    threads_for("train", "--config", str(tmp_path / "bad.json"))  # so is a wrong type
     threads_for("train", "--cpu-threads", "all")
     assert pool_sizes == [1, 1, 1]
     threads_for("train", "--num-envs", "64", "--cpu-threads", "3")
