@@ -297,8 +297,8 @@ def use_cpu_threads(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]
             return  # an --env-module that computed at import has already started JAX
         try:
             threads = compiling.auto_cpu_threads(*planned)
-        except (TypeError, ValueError):
-            return  # a field of the wrong type: building the PPOConfig next reports it
+        except (TypeError, ValueError, ArithmeticError):
+            return  # a field of the wrong type or value: building the PPOConfig reports it
     if threads in ("all", None):
         return
     try:

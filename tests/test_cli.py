@@ -463,6 +463,7 @@ def test_cpu_threads_auto_gives_small_configs_one_thread(pool_sizes, tmp_path):
     threads_for("train", "--config", str(tmp_path / "missing.json"))  # reported afterwards
     (tmp_path / "bad.json").write_text(json.dumps({"hidden_sizes": "64", "num_envs": "x"}))
     threads_for("train", "--config", str(tmp_path / "bad.json"))  # so is a wrong type
+    threads_for("train", "--num-minibatches", "0")  # and a value no config takes
     threads_for("train", "--cpu-threads", "all")
     assert pool_sizes == [1, 1, 1]
     threads_for("train", "--num-envs", "64", "--cpu-threads", "3")
