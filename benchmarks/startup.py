@@ -20,7 +20,6 @@ Every figure is a fresh process's wall clock, as a user sees it:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import machine_description  # noqa: E402
+from throughput import report_header, write_report  # noqa: E402
 
 SUMMARY = re.compile(r"compile ([\d.]+) s, run ([\d.]+) s, ([\d,]+) env steps/s")
 
@@ -140,10 +139,7 @@ def main() -> None:
     python = sys.executable
     ppojax_bin = str(Path(python).with_name("ppojax"))
     report = {
-        "benchmark": "startup",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
-        "machine": machine_description(),
+        **report_header("startup"),
         "note": args.note,
         "import_jax": median_wall([python, "-c", "import jax"], args.repeats),
         "import_ppojax": median_wall([python, "-c", "import ppojax"], args.repeats),
@@ -160,10 +156,7 @@ def main() -> None:
         report["train_cartpole_4_seeds"] = train_runs(ppojax_bin, Path(workdir))
         if not args.skip_rejax:
             report["rejax_cartpole_4_seeds"] = rejax_run(Path(workdir))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"startup-{args.tag}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_report(report, args.out / f"startup-{args.tag}.json")
 
 
 if __name__ == "__main__":

@@ -27,11 +27,9 @@ which gives this config a one-thread pool): wall clock and the command's own sum
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -206,21 +204,15 @@ def main() -> None:
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]), args.child[3])
         return
-    from throughput import machine_description
+    from throughput import report_header, write_report
 
     report = {
-        "benchmark": "threads",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
-        "machine": machine_description(),
+        **report_header("threads"),
         "programs": programs(args.configs, args.seeds, args.rounds, args.rejax),
     }
     if args.cli:
         report["cli_cartpole_4_seeds"] = cli_runs()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"threads-{args.tag}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_report(report, args.out / f"threads-{args.tag}.json")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,24 @@ import numpy as np
 import ppojax
 
 
+def report_header(benchmark: str) -> dict[str, Any]:
+    """The fields a benchmark's JSON opens with: its name, the UTC date, the exact command
+    and the machine."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
+        "machine": machine_description(),
+    }
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    """``report`` as indented JSON at ``path`` (its folder made if needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def machine_description() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -122,10 +140,7 @@ def main() -> None:
         results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
-        "benchmark": "throughput",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
-        "machine": machine_description(),
+        **report_header("throughput"),
         "config": {
             "env_id": config.env_id,
             "num_envs": config.num_envs,
@@ -137,9 +152,7 @@ def main() -> None:
         },
         "results": results,
     }
-    json_path = args.out / f"throughput-{args.tag}.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {json_path}")
+    write_report(report, args.out / f"throughput-{args.tag}.json")
     plot(results, args.out / f"throughput-{args.tag}.png")
 
 
