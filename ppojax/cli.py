@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
-import math
 import sys
 import typing
 import warnings
@@ -213,13 +212,19 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def flag_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The config flags and the ENV_ID argument, which override the --config file."""
+    overrides = config_overrides(args)
+    if args.env_id is not None:
+        overrides["env_id"] = args.env_id
+    return overrides
+
+
 def build_config(args: argparse.Namespace) -> PPOConfig:
     """Preset of the env, then the --config file (JSON or TOML), then the flags."""
     from ppojax import io
 
-    overrides = config_overrides(args)
-    if args.env_id is not None:
-        overrides["env_id"] = args.env_id
+    overrides = flag_settings(args)
     if args.config is None:
         return io.config_from_dict(overrides)
     return io.config_from_file(args.config, **overrides)
@@ -314,19 +319,18 @@ def planned_settings(
     the PPOConfig (its env check imports gymnax, which computes at import and so starts JAX);
     None where the files cannot be read (the PPOConfig built next reports why)."""
     from ppojax import io
+    from ppojax.runs import num_runs, read_run_settings
 
     try:
         if args.resume is not None:
             settings = io.read_json_object(args.resume / io.CONFIG_FILE, "PPOConfig fields")
-            run = io.read_json_object(args.resume / io.RUN_FILE, "run settings")
-            runs = int(run["seeds"]) * math.prod(len(values) for values in run["grid"].values())
+            run = read_run_settings(args.resume / io.RUN_FILE)
+            runs = num_runs(run["seeds"], run["grid"])
         else:
             settings = io.read_config_file(args.config) if args.config is not None else {}
-            settings = {**settings, **config_overrides(args)}
-            if args.env_id is not None:
-                settings["env_id"] = args.env_id
-            runs = args.seeds * math.prod(len(values) for values in grid.values())
-    except (ValueError, KeyError, TypeError, AttributeError):
+            settings = {**settings, **flag_settings(args)}
+            runs = num_runs(args.seeds, grid)
+    except ValueError:
         return None
     defaults = {field.name: field.default for field in dataclasses.fields(PPOConfig)}
     preset = PRESETS.get(settings.get("env_id", defaults["env_id"]), {})

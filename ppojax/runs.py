@@ -47,7 +47,12 @@ class Experiment:
 
     @property
     def num_runs(self) -> int:
-        return self.seeds * math.prod(len(values) for values in self.grid.values())
+        return num_runs(self.seeds, self.grid)
+
+
+def num_runs(seeds: int, grid: dict[str, Sequence[float]]) -> int:
+    """Runs of ``seeds`` seeds at every point of ``grid``."""
+    return seeds * math.prod(len(values) for values in grid.values())
 
 
 MAX_SEED = 2**31 - 1
