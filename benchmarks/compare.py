@@ -1,7 +1,8 @@
 """ppojax against rejax on the same PPO configurations, in the same process, runs alternating.
 
     python benchmarks/compare.py [--configs cartpole cartpole-2048 pendulum breakout]
-                                 [--seeds 1 8] [--pairs 5] [--tag cpu-2core]
+                                 [--seeds 1 8] [--pairs 5] [--cpu-devices 1] [--cpu-threads N]
+                                 [--tag cpu-2core]
 
 (the default configs; ``cartpole-65536`` and ``breakout-1024`` are GPU sizes, run by
 ``benchmarks/gpu.sh``)
@@ -21,6 +22,12 @@ vmap with random actions, and the rollout alone (env + policy forward pass, no u
 report shows what fraction of the achievable speed the full training loop reaches. For the
 2048-env configuration it counts the FLOPs per env step and measures a matmul of the same
 shapes, for the achieved fraction of the machine's matmul throughput.
+
+``--cpu-devices N`` gives the process N CPU devices (``ppojax.use_cpu_devices``) before JAX
+starts. ppojax's seeds are then split over them as ``ppojax train`` splits a run folder's runs
+(``parallel.runs_sharding``, where the seeds divide evenly); rejax's ``jit(vmap(train))`` runs
+as it ships, on JAX's default device with the process's thread pool. ``--cpu-threads N``
+sizes that pool (``ppojax.limit_cpu_threads``) for both libraries alike.
 
 rejax 0.1.3 (``pip install -e '.[bench]'``) uses gymnax's old five-value ``step``; its env is
 wrapped in ``LegacyStepAPIWrapper`` (see KNOWN-ISSUES). rejax's periodic evaluation is switched
@@ -51,10 +58,28 @@ from throughput import machine_description  # noqa: E402
 
 import ppojax  # noqa: E402
 from ppojax.evaluate import evaluate, make_act  # noqa: E402
+from ppojax.parallel import runs_sharding  # noqa: E402
 from ppojax.rollout import collect_rollout, rollout_start  # noqa: E402
 from ppojax.train import init_state, make_agent  # noqa: E402
 
 EVAL_EPISODES = 128
+
+
+def cpu_settings(argv: list[str]) -> tuple[int, int | None]:
+    """``--cpu-devices`` and ``--cpu-threads``, read before the configs below start JAX
+    (building a PPOConfig imports gymnax, which computes at import)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--cpu-devices", type=int, default=1)
+    early.add_argument("--cpu-threads", type=int, default=None)
+    known, _ = early.parse_known_args(argv)
+    return known.cpu_devices, known.cpu_threads
+
+
+if __name__ == "__main__":
+    _devices, _threads = cpu_settings(sys.argv[1:])
+    ppojax.use_cpu_devices(_devices)
+    if _threads:
+        ppojax.limit_cpu_threads(_threads)
 
 # Breakout-MinAtar's settings here, at any number of envs: an MLP on the flattened 10x10x4 frame.
 BREAKOUT = dict(
@@ -98,13 +123,18 @@ DEFAULT_PAIRS = {"cartpole": 5}
 
 
 def ppojax_runner(config: ppojax.PPOConfig):
-    train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
+    def placed(keys):  # the seeds over the process's devices, as ppojax train lays out runs
+        sharding = runs_sharding(keys.shape[0])
+        return keys if sharding is None else jax.device_put(keys, sharding)
 
     def run(compiled, keys):
-        return compiled(config, keys)
+        return compiled(config, placed(keys))
 
     def lower(keys):
-        return train_seeds.lower(config, keys)
+        sharding = runs_sharding(keys.shape[0])
+        split = {} if sharding is None else {"out_shardings": sharding}
+        train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)), **split)
+        return train_seeds.lower(config, placed(keys))
 
     def act(out, seed: int):
         return make_act(config, jax.tree.map(lambda leaf: leaf[seed], out.state))
@@ -479,6 +509,15 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, help="timed runs of each library (default per config)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
+    parser.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=1,
+        help="CPU devices; ppojax's seeds are split over them where they divide evenly",
+    )
+    parser.add_argument(
+        "--cpu-threads", type=int, help="thread pool size, for both libraries (default: cores)"
+    )
     args = parser.parse_args()
     report: dict[str, Any] = {
         "benchmark": "compare",
@@ -486,6 +525,8 @@ def main() -> None:
         "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
         "machine": machine_description(),
         "versions": {"ppojax": ppojax.__version__, "rejax": _version("rejax")},
+        "cpu_devices": len(jax.devices()),
+        "cpu_threads": args.cpu_threads or "one per core",
         "configs": {},
     }
     for name in args.configs:

@@ -1,27 +1,35 @@
-"""One CPU core against all: the same programs pinned to one core, or with a one-thread pool.
+"""One CPU core against all: the same programs pinned to one core, with a one-thread pool, or
+with their seeds split over one CPU device per core.
 
     python benchmarks/threads.py [--configs cartpole cartpole-2048 pendulum breakout]
-                                 [--seeds 1 4 8] [--rounds 2] [--cli] [--rejax] [--tag cpu-2core]
+                                 [--seeds 1 4 8] [--other-seeds 1] [--rounds 2] [--cli]
+                                 [--rejax] [--tag cpu-2core]
 
 XLA's CPU client sizes its thread pool by the cores the process may run on when the client
 starts. Each measurement here is a fresh process, started on every core of this machine, pinned
 to one core (``os.sched_setaffinity``, then ``exec`` of the command), or on every core with
 ``ppojax.limit_cpu_threads(1)`` called first (a one-thread pool; compiling keeps every core),
-the three in turn for ``--rounds`` rounds. With ``--rejax``, the classic config is also
+or, where the seeds divide evenly over more than one device, on every core with
+``ppojax.use_cpu_devices(n)`` called first (``compiling.auto_cpu_devices``: one device per core
+here) and the seeds split over the devices as ``experiment.run_sharding`` splits a run folder's
+runs, the modes in turn for ``--rounds`` rounds. With ``--rejax``, the classic config is also
 trained by rejax 0.1.3 (compare.py's settings, its own compiler options) as it ships, on
 every core, and with a one-thread pool: separate processes, so each library with the pool
 its own command line gives it. ``--configs`` may also name the classic config
 at the sizes where ``--cpu-threads auto`` switches (``BOUNDARY``: 16 or 64 envs, 256-256
 layers at 4 or 8 envs). A process compiles ``run_updates`` of one config of
-``compare.py`` for a number of vmapped seeds (compile time measured apart, with ppojax's
-compiler options), runs it once to warm up, then three times; the figure is the fastest of
-the three, as milliseconds per update and env steps/s. The report gives each mode's median
+``compare.py`` for a number of vmapped seeds (``--seeds`` for the classic config,
+``--other-seeds`` for the rest; compile time measured apart, with ppojax's compiler
+options), runs it once to warm up, then three times; the figure is the fastest of the three,
+as milliseconds per update and env steps/s. The report gives each mode's median
 over the rounds.
 
 With ``--cli``, ``ppojax train CartPole-v1 --seeds 4`` twice on an empty compilation cache
-(a first run that compiles and a second that loads its programs), with ``--cpu-threads all``,
-pinned to one core with ``--cpu-threads all``, and with the default (``--cpu-threads auto``,
-which gives this config a one-thread pool): wall clock and the command's own summary line.
+(a first run that compiles and a second that loads its programs) in each mode: one device with
+``--cpu-threads all``, the same pinned to one core, one device with a one-thread pool
+(``--cpu-devices 1``, whose ``--cpu-threads auto`` gives this config one thread), and the
+default (``--cpu-devices auto``: the 4 seeds over one device per core): wall clock and the
+command's own summary line.
 """
 
 from __future__ import annotations
@@ -55,13 +63,16 @@ BOUNDARY = {
 BOUNDARY_UPDATES = {"cartpole-16envs": 40, "cartpole-64envs": 12, "cartpole-wide": 16}
 
 
-def child(config_name: str, seeds: int, pool_threads: int, library: str) -> None:
+def child(config_name: str, seeds: int, pool_threads: int, library: str, devices: int) -> None:
     """Compile and time one config in this process (run by the parent, pinned or not), with a
     thread pool of ``pool_threads`` threads (0: as many as the cores this process may use),
-    trained by ``library``: ppojax's ``run_updates`` or rejax's ``train`` (compare.py's)."""
+    trained by ``library``: ppojax's ``run_updates`` or rejax's ``train`` (compare.py's); with
+    ``devices`` > 1, ppojax's seeds split over that many CPU devices."""
     import ppojax
 
-    if pool_threads:  # first: building compare's configs imports gymnax, which starts JAX
+    # first: building compare's configs imports gymnax, which starts JAX
+    ppojax.use_cpu_devices(devices)
+    if pool_threads:
         ppojax.limit_cpu_threads(pool_threads)
     import jax
     from compare import CONFIGS
@@ -82,8 +93,15 @@ def child(config_name: str, seeds: int, pool_threads: int, library: str) -> None
         compiled = lower(keys).compile()
         call = functools.partial(run, compiled, keys)
     else:
+        from ppojax.parallel import runs_sharding
+
+        seeds_split = {}
+        sharding = runs_sharding(seeds)  # as experiment.run_sharding lays out a folder's runs
+        if sharding is not None:
+            keys, seeds_split = jax.device_put(keys, sharding), {"out_shardings": sharding}
         program = jax.jit(
-            jax.vmap(lambda key: run_updates(config, init_state(config, key), updates))
+            jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)),
+            **seeds_split,
         )
         compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
         call = functools.partial(compiled, keys)
@@ -103,6 +121,7 @@ def child(config_name: str, seeds: int, pool_threads: int, library: str) -> None
                 "env_steps_per_s": round(seeds * config.batch_size * updates / best),
                 "cores_seen": len(os.sched_getaffinity(0)),
                 "pool_threads": pool_threads or len(os.sched_getaffinity(0)),
+                "devices": len(jax.devices()),
             }
         )
     )
@@ -122,32 +141,46 @@ def launcher(one_core: bool) -> list[str]:
     return [sys.executable, "-c", PIN_AND_EXEC, str(min(os.sched_getaffinity(0)))]
 
 
-# mode: (pinned to one core, thread pool size passed to the child, ppojax train's flags)
+# mode: (pinned to one core, thread pool size passed to the child, CPU devices (0: one per
+# core, where the seeds divide evenly), ppojax train's flags)
 MODES = {
-    "all cores": (False, 0, ["--cpu-threads", "all"]),
-    "one core": (True, 0, ["--cpu-threads", "all"]),
-    "one-thread pool": (False, 1, []),  # ppojax train's default: --cpu-threads auto
+    "all cores": (False, 0, 1, ["--cpu-devices", "1", "--cpu-threads", "all"]),
+    "one core": (True, 0, 1, ["--cpu-devices", "1", "--cpu-threads", "all"]),
+    # --cpu-threads auto: one thread for these small configs
+    "one-thread pool": (False, 1, 1, ["--cpu-devices", "1"]),
+    "devices": (False, 0, 0, []),  # ppojax train's default: --cpu-devices auto
 }
 # With --rejax, for the classic config: rejax as it ships (every core), and given a one-thread pool.
 REJAX_MODES = {"rejax, all cores": 0, "rejax, one-thread pool": 1}
 
 
 def programs(
-    config_names: list[str], seed_counts: list[int], rounds: int, with_rejax: bool
+    config_names: list[str],
+    seed_counts: list[int],
+    other_seed_counts: list[int],
+    rounds: int,
+    with_rejax: bool,
 ) -> list[dict]:
+    from ppojax.compiling import auto_cpu_devices
+
     results = []
     for name in config_names:
-        for seeds in seed_counts if name == "cartpole" else [1]:
+        for seeds in seed_counts if name == "cartpole" else other_seed_counts:
+            split = auto_cpu_devices(seeds)
             modes = {
-                mode: (one_core, pool, "ppojax") for mode, (one_core, pool, _) in MODES.items()
+                mode: (one_core, pool, devices or split, "ppojax")
+                for mode, (one_core, pool, devices, _) in MODES.items()
+                if devices or split
             }
             if with_rejax and name == "cartpole":
-                modes.update({mode: (False, pool, "rejax") for mode, pool in REJAX_MODES.items()})
+                modes.update(
+                    {mode: (False, pool, 1, "rejax") for mode, pool in REJAX_MODES.items()}
+                )
             samples = {mode: [] for mode in modes}
             for _ in range(rounds):
-                for mode, (one_core, pool, library) in modes.items():
+                for mode, (one_core, pool, devices, library) in modes.items():
                     command = [*launcher(one_core), sys.executable, __file__, "--child"]
-                    command += [name, str(seeds), str(pool), library]
+                    command += [name, str(seeds), str(pool), library, str(devices)]
                     _, out = wall(command, cwd=tempfile.gettempdir())
                     samples[mode].append(json.loads(out.strip().splitlines()[-1]))
             row = {"config": name, "seeds": seeds}
@@ -158,14 +191,25 @@ def programs(
                 }
                 row[mode]["cores_seen"] = runs[0]["cores_seen"]
                 row[mode]["pool_threads"] = runs[0]["pool_threads"]
+                row[mode]["devices"] = runs[0]["devices"]
                 row[mode]["runs"] = runs
-            for mode, key in (("one core", "one_core"), ("one-thread pool", "one_thread_pool")):
-                row[f"{key}_speedup"] = round(
-                    row["all cores"]["ms_per_update"] / row[mode]["ms_per_update"], 3
+            speedups = {"one core": "one_core", "one-thread pool": "one_thread_pool"}
+            speedups["devices"] = "devices"
+            for mode, key in speedups.items():
+                if mode in row:
+                    row[f"{key}_speedup"] = round(
+                        row["all cores"]["ms_per_update"] / row[mode]["ms_per_update"], 3
+                    )
+            if "devices" in row:
+                row["devices_vs_one_thread_pool"] = round(
+                    row["one-thread pool"]["ms_per_update"] / row["devices"]["ms_per_update"], 3
                 )
             if "rejax, all cores" in row:
                 rejax_ms = row["rejax, all cores"]["ms_per_update"]
-                # ppojax train's default (a one-thread pool here) against rejax as it ships
+                # ppojax train's default (split over devices where the seeds divide evenly,
+                # else a one-thread pool for these small configs) against rejax as it ships
+                default = "devices" if "devices" in row else "one-thread pool"
+                row["default_vs_rejax"] = round(rejax_ms / row[default]["ms_per_update"], 3)
                 row["pool_vs_rejax"] = round(rejax_ms / row["one-thread pool"]["ms_per_update"], 3)
                 row["rejax_pool_speedup"] = round(
                     rejax_ms / row["rejax, one-thread pool"]["ms_per_update"], 3
@@ -178,7 +222,7 @@ def programs(
 def cli_runs() -> dict:
     ppojax_bin = str(Path(sys.executable).with_name("ppojax"))
     results = {}
-    for mode, (one_core, _, flags) in MODES.items():
+    for mode, (one_core, _, _, flags) in MODES.items():
         with tempfile.TemporaryDirectory(prefix="ppojax-threads-") as workdir:
             results[mode] = train_runs(ppojax_bin, Path(workdir), launcher(one_core), flags)
     return results
@@ -190,6 +234,9 @@ def main() -> None:
         "--configs", nargs="+", default=list(UPDATES), choices=[*UPDATES, *BOUNDARY]
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 4, 8], help="for cartpole")
+    parser.add_argument(
+        "--other-seeds", type=int, nargs="+", default=[1], help="for the other configs"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cli", action="store_true", help="also time `ppojax train` end to end")
     parser.add_argument(
@@ -198,17 +245,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=BENCHMARKS / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument(
-        "--child", nargs=4, metavar=("CONFIG", "SEEDS", "POOL", "LIBRARY"), help=argparse.SUPPRESS
+        "--child",
+        nargs=5,
+        metavar=("CONFIG", "SEEDS", "POOL", "LIBRARY", "DEVICES"),
+        help=argparse.SUPPRESS,
     )
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), int(args.child[2]), args.child[3])
+        name, seeds, pool, library, devices = args.child
+        child(name, int(seeds), int(pool), library, int(devices))
         return
     from throughput import report_header, write_report
 
     report = {
         **report_header("threads"),
-        "programs": programs(args.configs, args.seeds, args.rounds, args.rejax),
+        "programs": programs(args.configs, args.seeds, args.other_seeds, args.rounds, args.rejax),
     }
     if args.cli:
         report["cli_cartpole_4_seeds"] = cli_runs()

@@ -1,6 +1,6 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
-from ppojax.compiling import compiler_options, limit_cpu_threads
+from ppojax.compiling import compiler_options, limit_cpu_threads, use_cpu_devices
 from ppojax.config import PRESETS, ConfigError, PPOConfig
 from ppojax.envs import list_envs, make_env, register_env
 from ppojax.evaluate import load
@@ -37,4 +37,5 @@ __all__ = [
     "sweep",
     "sweep_table",
     "train",
+    "use_cpu_devices",
 ]

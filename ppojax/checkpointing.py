@@ -189,7 +189,13 @@ class Checkpoints:
         if step not in self.steps():
             raise CheckpointError(step, f"{step_dir} is not a complete checkpoint")
         verify_checkpoint(step_dir, step)
-        abstract = jax.eval_shape(to_savable, template)
+        # Onto one device whatever devices saved it (a run split over several, see
+        # experiment.run_sharding): orbax restores a sharded save only to a given placement.
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        abstract = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+            jax.eval_shape(to_savable, template),
+        )
         check_shapes(step_dir, abstract)
         try:
             saved = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))

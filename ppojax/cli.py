@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppojax.cli_report import print_report
-from ppojax.cli_values import Parser, annotation_parser, parse_cpu_threads, parse_grid, parse_int
+from ppojax.cli_values import (
+    Parser,
+    annotation_parser,
+    parse_cpu_devices,
+    parse_cpu_threads,
+    parse_grid,
+    parse_int,
+)
 from ppojax.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
@@ -93,7 +100,17 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="N",
         help="threads XLA runs the program on, on CPU: a number, all (one per core), or auto "
-        "(default: 1 for small MLP configs, which run fastest so, else all)",
+        "(default: all where the runs are split over several CPU devices; else 1 for small "
+        "MLP configs, which run fastest so, and all for the rest)",
+    )
+    parser.add_argument(
+        "--cpu-devices",
+        type=parse_cpu_devices,
+        default="auto",
+        metavar="N",
+        help="CPU devices to split the runs (seeds x grid points) over, each training its "
+        "share: a number that divides the runs, or auto (default: the most, up to one per "
+        "core, that divide the runs; one device where an accelerator is installed)",
     )
     parser.add_argument(
         "--tensorboard", action="store_true", help="also write TensorBoard event files"
@@ -291,15 +308,30 @@ def resume(args: argparse.Namespace) -> RunResult:
     return resume_experiment(args.resume, run_options(args, saved))
 
 
-def use_cpu_threads(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:
-    """Size XLA's CPU thread pool as ``--cpu-threads`` says, before JAX's first computation."""
+def use_cpu_settings(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:
+    """Make the CPU devices ``--cpu-devices`` says, then size XLA's CPU thread pool as
+    ``--cpu-threads`` says, both before JAX's first computation."""
     from ppojax import compiling
 
+    # None also where an --env-module that computed at import has already started JAX
+    planned = None if compiling.backends_started() else planned_settings(args, grid)
+    devices = args.cpu_devices
+    if devices == "auto":
+        devices = None if planned is None else compiling.auto_cpu_devices(planned[1])
+    elif planned is not None and planned[1] % devices:
+        raise ValueError(
+            f"--cpu-devices {devices}: the {planned[1]} runs cannot be split evenly over "
+            f"{devices} devices; give a count that divides them"
+        )
+    if devices is not None:
+        try:
+            compiling.use_cpu_devices(devices)
+        except RuntimeError as error:
+            raise ValueError(f"--cpu-devices {devices}: {error}") from None
     threads = args.cpu_threads
     if threads == "auto":
-        planned = planned_settings(args, grid)
-        if planned is None or compiling.backends_started():
-            return  # an --env-module that computed at import has already started JAX
+        if planned is None or (devices or 1) > 1:
+            return  # several devices keep every core busy with runs; a shared pool is free
         try:
             threads = compiling.auto_cpu_threads(*planned)
         except (TypeError, ValueError, ArithmeticError):
@@ -351,7 +383,7 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     from ppojax import io
     from ppojax.experiment import Experiment, check_env, run_experiment
 
-    use_cpu_threads(args, grid)
+    use_cpu_settings(args, grid)
     if args.resume is not None:
         result = resume(args)
     else:

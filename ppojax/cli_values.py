@@ -72,6 +72,19 @@ def parse_cpu_threads(text: str) -> int | str:
     return threads
 
 
+def parse_cpu_devices(text: str) -> int | str:
+    """``--cpu-devices``: "auto" or a positive number of devices."""
+    if text == "auto":
+        return text
+    try:
+        devices = parse_int(text)
+    except argparse.ArgumentTypeError:
+        devices = 0
+    if devices < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}")
+    return devices
+
+
 def parse_float(text: str) -> float:
     try:
         return float(text)

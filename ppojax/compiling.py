@@ -37,6 +37,14 @@ starts, so ``limit_cpu_threads`` narrows the process to ``n`` cores while the cl
 then gives every thread all its cores back: compiling still uses them all.
 ``auto_cpu_threads`` says when a config is that small; ``ppojax train`` and ``ppojax sweep``
 follow it unless given ``--cpu-threads``.
+
+``use_cpu_devices(n)`` splits the CPU into ``n`` JAX devices. Independent runs (seeds, sweep
+points) laid over them run on every core at once, each device's share as one program, without
+the per-kernel hand-offs that make a shared pool slow for small programs: 8 seeds of the classic
+CartPole config train about twice as fast on 2 devices as on one, compiled once. ``Experiment``
+runs (``ppojax train``, ``ppojax sweep``) split their runs over the process's devices
+(``experiment.run_sharding``); ``auto_cpu_devices`` gives the count ``--cpu-devices auto``
+uses.
 """
 
 from __future__ import annotations
@@ -114,6 +122,53 @@ def _thread_ids() -> list[int]:
         return [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
         return [0]
+
+
+def use_cpu_devices(devices: int) -> bool:
+    """Give JAX ``devices`` CPU devices (``jax_num_cpu_devices``); True if that changes the
+    count (one device per process by default). Must run before JAX's first computation in the
+    process, and before ``limit_cpu_threads``; after it, raises RuntimeError unless JAX
+    already has that many CPU devices."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be a positive int, got {devices!r}")
+    if backends_started():
+        if len(jax.devices("cpu")) == devices:
+            return False
+        raise RuntimeError(
+            "use_cpu_devices must run before JAX's first computation in this process "
+            "(JAX creates its CPU devices once, when its backend starts); call it first, or "
+            f"set JAX_NUM_CPU_DEVICES={devices}"
+        )
+    if jax.config.jax_num_cpu_devices == devices or (
+        devices == 1 and jax.config.jax_num_cpu_devices < 1
+    ):
+        return False
+    jax.config.update("jax_num_cpu_devices", devices)
+    return True
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def auto_cpu_devices(runs: int, cores: int | None = None) -> int | None:
+    """The CPU devices to split ``runs`` independent runs over: the largest count of at most
+    ``cores`` (default: the cores this process may use) that divides the runs evenly, when
+    that is more than one; None (one device) otherwise, and wherever an accelerator plugin is
+    installed or ``JAX_NUM_CPU_DEVICES``, ``jax_num_cpu_devices`` or XLA_FLAGS'
+    ``--xla_force_host_platform_device_count`` already sets the count."""
+    if accelerator_installed() or os.environ.get("JAX_NUM_CPU_DEVICES", "").strip():
+        return None
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return None
+    if jax.config.jax_num_cpu_devices > 0:
+        return None
+    cores = cpu_cores() if cores is None else cores
+    devices = max(count for count in range(1, min(cores, runs) + 1) if runs % count == 0)
+    return devices if devices > 1 else None
 
 
 # Up to both sizes, one thread runs an MLP policy's program fastest on a 2-core machine

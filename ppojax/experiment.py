@@ -8,6 +8,10 @@ state on the host, so with ``checkpoint_every`` the updates run in chunks of one
 program: a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by
 ``lax.cond``, so every chunk, the last partial one included, reuses the same executable, and
 chunked updates give the same numbers as one call.
+
+Where the process has several devices (GPUs, or CPU devices from
+``compiling.use_cpu_devices``), the runs are split along their axis over as many of them as
+divide the runs evenly (``run_sharding``); each device trains its share, compiled once.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import cache, checkpointing, io
+from ppojax import cache, checkpointing, io, parallel
 from ppojax.compiling import compiler_options
 from ppojax.config import PPOConfig
 from ppojax.evaluation import EVAL_METRIC_NAMES
@@ -66,10 +70,30 @@ def run_keys(experiment: Experiment) -> jax.Array:
     return jnp.concatenate([keys] * (experiment.num_runs // experiment.seeds))
 
 
+def run_sharding(experiment: Experiment) -> jax.sharding.NamedSharding | None:
+    """Where the runs' states live: their leading (runs) axis split over the most of this
+    process's devices that divide the runs evenly (``parallel.runs_sharding``); None (JAX's
+    default device) where that is one device. The runs never communicate."""
+    return parallel.runs_sharding(experiment.num_runs)
+
+
+def place_runs(experiment: Experiment, tree: Any) -> Any:
+    """``tree`` (leaves [runs, ...]) on the devices ``run_sharding`` gives."""
+    sharding = run_sharding(experiment)
+    return tree if sharding is None else jax.device_put(tree, sharding)
+
+
+def sharded_jit(experiment: Experiment, function: Callable[..., Any]) -> Any:
+    """``jax.jit(function)``, its outputs (leaves [runs, ...]) placed as ``run_sharding``."""
+    sharding = run_sharding(experiment)
+    return jax.jit(function) if sharding is None else jax.jit(function, out_shardings=sharding)
+
+
 def init_program(experiment: Experiment) -> tuple[Any, tuple[PPOConfig, jax.Array]]:
     """The jitted function that makes every run's fresh TrainState, and its arguments."""
     config, axes = run_config(experiment)
-    return jax.jit(jax.vmap(init_state, in_axes=(axes, 0))), (config, run_keys(experiment))
+    init = sharded_jit(experiment, jax.vmap(init_state, in_axes=(axes, 0)))
+    return init, (config, run_keys(experiment))
 
 
 def init_states(experiment: Experiment) -> TrainState:
@@ -159,14 +183,15 @@ def chunk_runner(
 ) -> Callable[..., Any]:
     """``runner(config, state, first, count)`` over all runs: jit(run_chunk) for ``length``."""
     _, axes = run_config(experiment)
-    return jax.jit(
+    return sharded_jit(
+        experiment,
         functools.partial(
             run_chunk,
             length=length,
             config_axes=axes,
             report=report,
             report_every=report_every,
-        )
+        ),
     )
 
 
@@ -361,6 +386,7 @@ def continue_experiment(
         if state is None:
             state, compiled = init_states_compiling(experiment, compile_for)
         else:
+            state = place_runs(experiment, state)
             compiled = compile_for(state)
         compile_seconds = time.perf_counter() - begin
         if handler.bar is not None:

@@ -431,57 +431,96 @@ def test_the_reset_pool_line_counts_repeated_starts_over_runs_and_updates():
 
 
 @pytest.fixture
-def pool_sizes(monkeypatch):
-    """The thread counts ``use_cpu_threads`` asks for, JAX's backend taken as not started."""
+def cpu_plan(monkeypatch):
+    """What ``use_cpu_settings`` asks for, as ("devices" | "threads", count) pairs, on a
+    2-core CPU-only machine whose JAX backend is taken as not started."""
     from ppojax import compiling
 
     asked = []
     monkeypatch.setattr(compiling, "backends_started", lambda: False)
-    monkeypatch.setattr(compiling, "limit_cpu_threads", asked.append)
+    monkeypatch.setattr(compiling, "limit_cpu_threads", lambda n: asked.append(("threads", n)))
+    monkeypatch.setattr(compiling, "use_cpu_devices", lambda n: asked.append(("devices", n)))
+    monkeypatch.setattr(compiling, "cpu_cores", lambda: 2)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
     return asked
 
 
-def threads_for(*argv: str, grid: dict | None = None) -> None:
-    from ppojax.cli import use_cpu_threads
+def plan_for(asked: list, *argv: str, grid: dict | None = None) -> list:
+    from ppojax.cli import use_cpu_settings
 
-    use_cpu_threads(build_parser().parse_args(list(argv)), grid or {})
+    before = len(asked)
+    use_cpu_settings(build_parser().parse_args(list(argv)), grid or {})
+    return asked[before:]
 
 
-def test_cpu_threads_auto_gives_small_configs_one_thread(pool_sizes, tmp_path):
-    threads_for("train")  # classic CartPole, 1 seed
-    threads_for("train", "--seeds", "8")
-    threads_for("train", "Pendulum-v1")  # its preset: 16 envs
-    assert pool_sizes == [1, 1, 1]
-    threads_for("train", "--seeds", "16")
-    threads_for("train", "--num-envs", "64")
-    threads_for("train", "Breakout-MinAtar")  # 64 envs, 256-256
-    threads_for("train", "--encoder", "cnn")
-    threads_for("sweep", "--grid", "learning_rate=1,2,3", "--seeds", "4", grid={"lr": (1, 2, 3)})
+def test_cpu_settings_auto_split_runs_over_devices_and_give_small_configs_one_thread(
+    cpu_plan, tmp_path
+):
+    one_thread, two_devices = [("threads", 1)], [("devices", 2)]
+    assert plan_for(cpu_plan, "train") == one_thread  # classic CartPole, 1 seed
+    assert plan_for(cpu_plan, "train", "--seeds", "3") == one_thread  # 3 runs: no even split
+    assert plan_for(cpu_plan, "train", "Pendulum-v1") == one_thread  # its preset: 16 envs
+    assert plan_for(cpu_plan, "train", "--seeds", "8") == two_devices  # and every core's pool
+    assert plan_for(cpu_plan, "train", "--seeds", "16", "--num-envs", "64") == two_devices
+    grid = {"learning_rate": (1, 2, 3)}
+    argv = ("sweep", "--grid", "learning_rate=1,2,3", "--seeds", "4")
+    assert plan_for(cpu_plan, *argv, grid=grid) == two_devices  # 12 runs
+    for big in (("--num-envs", "64"), ("Breakout-MinAtar",), ("--encoder", "cnn")):
+        assert plan_for(cpu_plan, "train", *big) == []  # 1 run: every core's pool
     (tmp_path / "c.json").write_text(json.dumps({"num_envs": 64}))
-    threads_for("train", "--config", str(tmp_path / "c.json"))
-    threads_for("train", "--config", str(tmp_path / "missing.json"))  # reported afterwards
+    assert plan_for(cpu_plan, "train", "--config", str(tmp_path / "c.json")) == []
+    assert plan_for(cpu_plan, "train", "--config", str(tmp_path / "missing.json")) == []
     (tmp_path / "bad.json").write_text(json.dumps({"hidden_sizes": "64", "num_envs": "x"}))
-    threads_for("train", "--config", str(tmp_path / "bad.json"))  # so is a wrong type
-    threads_for("train", "--num-minibatches", "0")  # and a value no config takes
-    threads_for("train", "--cpu-threads", "all")
-    assert pool_sizes == [1, 1, 1]
-    threads_for("train", "--num-envs", "64", "--cpu-threads", "3")
-    assert pool_sizes == [1, 1, 1, 3]
+    assert plan_for(cpu_plan, "train", "--config", str(tmp_path / "bad.json")) == []
+    assert plan_for(cpu_plan, "train", "--num-minibatches", "0") == []  # reported afterwards
+    assert plan_for(cpu_plan, "train", "--cpu-threads", "all") == []
+    assert plan_for(cpu_plan, "train", "--num-envs", "64", "--cpu-threads", "3") == [("threads", 3)]
+    assert plan_for(cpu_plan, "train", "--seeds", "8", "--cpu-threads", "1") == [
+        ("devices", 2),
+        ("threads", 1),
+    ]
+    assert plan_for(cpu_plan, "train", "--seeds", "8", "--cpu-devices", "1") == [
+        ("devices", 1),
+        ("threads", 1),
+    ]
+    assert plan_for(cpu_plan, "train", "--seeds", "3", "--cpu-devices", "3") == [("devices", 3)]
+    with pytest.raises(ValueError, match="--cpu-devices 3: the 4 runs cannot be split evenly"):
+        plan_for(cpu_plan, "train", "--seeds", "4", "--cpu-devices", "3")
 
 
-def test_cpu_threads_auto_on_resume_reads_the_run_folder(pool_sizes, trained):
+def test_cpu_settings_leave_accelerators_and_a_set_device_count_alone(cpu_plan, monkeypatch):
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "4")
+    assert plan_for(cpu_plan, "train", "--seeds", "8") == [("threads", 1)]
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    assert plan_for(cpu_plan, "train", "--seeds", "8") == [("threads", 1)]
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert plan_for(cpu_plan, "train", "--seeds", "8") == []
+
+
+def test_cpu_settings_auto_on_resume_read_the_run_folder(cpu_plan, trained):
     run_dir = trained[0]  # 2 seeds of a tiny config
-    threads_for("train", "--resume", str(run_dir))
-    assert pool_sizes == [1]
+    assert plan_for(cpu_plan, "train", "--resume", str(run_dir)) == [("devices", 2)]
 
 
-def test_cpu_threads_flag_errors_name_the_flag(capsys):
-    for bad in ("0", "-2", "many", "1.5"):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["train", "--cpu-threads", bad])
-        assert "--cpu-threads" in capsys.readouterr().err
+def test_cpu_flags_errors_name_the_flag(capsys):
+    from ppojax.cli import use_cpu_settings
+
+    for flag in ("--cpu-threads", "--cpu-devices"):
+        for bad in ("0", "-2", "many", "1.5") + (("all",) if flag == "--cpu-devices" else ()):
+            with pytest.raises(SystemExit):
+                build_parser().parse_args(["train", flag, bad])
+            assert flag in capsys.readouterr().err
+
+    def settings(*argv: str) -> None:
+        use_cpu_settings(build_parser().parse_args(["train", *argv]), {})
+
     jax.devices()  # JAX has started here: an explicit count cannot take effect any more
     with pytest.raises(ValueError, match="--cpu-threads 1: .*before JAX's first computation"):
-        threads_for("train", "--cpu-threads", "1")
-    threads_for("train")  # auto passes over a started JAX
+        settings("--cpu-threads", "1")
+    with pytest.raises(ValueError, match="--cpu-devices 2: .*before JAX's first computation"):
+        settings("--cpu-devices", "2", "--seeds", "2")
+    settings("--seeds", "2")  # auto passes over a started JAX

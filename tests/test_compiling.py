@@ -142,3 +142,32 @@ def test_auto_cpu_threads_gives_small_mlp_programs_one_thread(monkeypatch):
     assert compiling.auto_cpu_threads({**fields, "encoder": "cnn"}) is None
     monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")  # an accelerator: leave its host alone
     assert compiling.auto_cpu_threads(classic) is None
+
+
+def test_auto_cpu_devices_splits_the_runs_evenly_over_the_cores(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert compiling.auto_cpu_devices(8, cores=2) == 2
+    assert compiling.auto_cpu_devices(12, cores=8) == 6  # the most that divide 12 runs
+    assert compiling.auto_cpu_devices(4, cores=16) == 4  # never more devices than runs
+    for runs, cores in ((1, 2), (3, 2), (7, 4), (8, 1)):
+        assert compiling.auto_cpu_devices(runs, cores) is None  # one device
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "3")  # the user's own count stands
+    assert compiling.auto_cpu_devices(8, cores=2) is None
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    assert compiling.auto_cpu_devices(8, cores=2) is None
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")  # an accelerator: the runs go there
+    assert compiling.auto_cpu_devices(8, cores=2) is None
+
+
+def test_use_cpu_devices_refuses_bad_counts_and_a_started_backend_of_another_count():
+    for bad in (0, -1, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="positive int"):
+            ppojax.use_cpu_devices(bad)
+    count = len(jax.devices("cpu"))  # this test process's backend is started
+    assert ppojax.use_cpu_devices(count) is False  # already so: nothing to change
+    with pytest.raises(RuntimeError, match="before JAX's first computation.*JAX_NUM_CPU_DEVICES"):
+        ppojax.use_cpu_devices(count + 1)

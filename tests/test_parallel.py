@@ -180,3 +180,82 @@ def test_importing_ppojax_leaves_the_backend_unstarted():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "not started", result.stderr
+
+
+SPLIT_EXPERIMENT = """
+import shutil, sys
+from pathlib import Path
+import ppojax
+assert ppojax.use_cpu_devices(2)
+import jax
+import numpy as np
+from ppojax import checkpointing, experiment
+config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2,
+                          num_minibatches=2)
+out = Path(sys.argv[1])
+runs = experiment.Experiment(config, seeds=2)
+options = experiment.RunOptions(progress=True, checkpoint_every=1, keep_checkpoints=None)
+whole = experiment.run_experiment(runs, out / "whole", options)
+params = jax.tree.leaves(whole.state.params)[0]
+assert len(params.sharding.device_set) == 2 and params.addressable_shards[0].data.shape[0] == 1
+shutil.copytree(out / "whole", out / "resumed")
+for step in ("2", "3"):
+    shutil.rmtree(out / "resumed" / "checkpoints" / step)
+resumed = experiment.resume_experiment(out / "resumed", options)
+assert resumed.resumed_from == 1
+# The same chunk program on the same two devices: every bit.
+pairs = zip(jax.tree.leaves(checkpointing.to_savable(whole.state)),
+            jax.tree.leaves(checkpointing.to_savable(resumed.state)), strict=True)
+for a, b in pairs:
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+assert (out / "whole" / "metrics.csv").read_text() == (out / "resumed" / "metrics.csv").read_text()
+print("split experiment ok", jax.device_count())
+"""
+
+
+def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_path):
+    """Two seeds on two CPU devices (``ppojax.use_cpu_devices``), a progress callback in the
+    program: each device holds one run, a resume from update 1 reproduces every bit, and the
+    one-device process here reads the checkpoints back and agrees with its own run."""
+    import jax
+    import numpy as np
+    from tolerance import TRAINING_ULPS, assert_close
+
+    import ppojax
+    from ppojax import checkpointing, experiment, io
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    child = subprocess.run(
+        [sys.executable, "-c", SPLIT_EXPERIMENT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "split experiment ok 2" in child.stdout
+    config = ppojax.PPOConfig(
+        num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2, num_minibatches=2
+    )
+    runs = experiment.Experiment(config, seeds=2)
+    here = experiment.run_experiment(runs, None, experiment.RunOptions(progress=False))
+    saved, step = checkpointing.restore_checkpoint(
+        tmp_path / "whole", experiment.state_template(runs)
+    )
+    assert step == 3
+    # One program for 2 runs on one device against one for 1 run on each of two: other shapes,
+    # so reductions may round differently, by ulps of order-1 terms (tests/tolerance.py).
+    pairs = zip(
+        jax.tree.leaves(checkpointing.to_savable(saved)),
+        jax.tree.leaves(checkpointing.to_savable(here.state)),
+        strict=True,
+    )
+    for have, want in pairs:
+        if np.asarray(want).dtype.kind == "f":
+            assert_close(have, want, ulps=TRAINING_ULPS)
+        else:
+            np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
+    _, metrics = io.read_metrics(tmp_path / "whole" / "metrics.csv")
+    assert_close(metrics["policy_loss"], here.metrics["policy_loss"], ulps=TRAINING_ULPS)
