@@ -40,8 +40,10 @@ follow it unless given ``--cpu-threads``.
 
 ``use_cpu_devices(n)`` splits the CPU into ``n`` JAX devices. Independent runs (seeds, sweep
 points) laid over them run on every core at once, each device's share as one program, without
-the per-kernel hand-offs that make a shared pool slow for small programs: 8 seeds of the classic
-CartPole config train about twice as fast on 2 devices as on one, compiled once. ``Experiment``
+the per-kernel hand-offs that make a shared pool slow for small programs: on a 2-core machine
+4 and 8 seeds of the classic CartPole config train 1.9x faster on 2 devices than on one with
+a one-thread pool, compiled once, and 2 seeds of the larger configs measured 1.15-1.55x
+faster than one device with its best pool (``benchmarks/threads.py``). ``Experiment``
 runs (``ppojax train``, ``ppojax sweep``) split their runs over the process's devices
 (``experiment.run_sharding``); ``auto_cpu_devices`` gives the count ``--cpu-devices auto``
 uses.
