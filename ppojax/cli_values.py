@@ -59,30 +59,28 @@ def parse_int(text: str) -> int:
     return int(value)
 
 
-def parse_cpu_threads(text: str) -> int | str:
-    """``--cpu-threads``: "auto", "all" or a positive number of threads."""
-    if text in ("auto", "all"):
+def positive_int_or(text: str, words: tuple[str, ...]) -> int | str:
+    """One of ``words``, or a positive integer; an ArgumentTypeError naming both otherwise."""
+    if text in words:
         return text
     try:
-        threads = parse_int(text)
+        count = parse_int(text)
     except argparse.ArgumentTypeError:
-        threads = 0
-    if threads < 1:
-        raise argparse.ArgumentTypeError(f"expected auto, all or a positive integer, got {text!r}")
-    return threads
+        count = 0
+    if count < 1:
+        expected = ", ".join(words) + " or a positive integer"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return count
+
+
+def parse_cpu_threads(text: str) -> int | str:
+    """``--cpu-threads``: "auto", "all" or a positive number of threads."""
+    return positive_int_or(text, ("auto", "all"))
 
 
 def parse_cpu_devices(text: str) -> int | str:
     """``--cpu-devices``: "auto" or a positive number of devices."""
-    if text == "auto":
-        return text
-    try:
-        devices = parse_int(text)
-    except argparse.ArgumentTypeError:
-        devices = 0
-    if devices < 1:
-        raise argparse.ArgumentTypeError(f"expected auto or a positive integer, got {text!r}")
-    return devices
+    return positive_int_or(text, ("auto",))
 
 
 def parse_float(text: str) -> float:

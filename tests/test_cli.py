@@ -8,7 +8,13 @@ import time
 import jax
 import numpy as np
 import pytest
-from tolerance import TRAINING_ULPS, assert_close, assert_trees_close, assert_trees_equal
+from tolerance import (
+    TRAINING_ULPS,
+    assert_close,
+    assert_states_close,
+    assert_trees_close,
+    assert_trees_equal,
+)
 
 import ppojax
 from ppojax import checkpointing, io
@@ -136,16 +142,7 @@ def assert_same_final_state(run_dir, other_dir, same_program):
         assert_trees_equal(got, expected)
         assert (other_dir / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
         return
-    pairs = zip(
-        jax.tree.leaves(checkpointing.to_savable(got)),
-        jax.tree.leaves(checkpointing.to_savable(expected)),
-        strict=True,
-    )
-    for have, want in pairs:
-        if np.asarray(want).dtype.kind == "f":
-            assert_close(have, want, ulps=TRAINING_ULPS)
-        else:
-            np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
+    assert_states_close(got, expected, ulps=TRAINING_ULPS)
     runs, metrics = io.read_metrics(run_dir / "metrics.csv")
     other_runs, other_metrics = io.read_metrics(other_dir / "metrics.csv")
     assert other_runs == runs and list(other_metrics) == list(metrics)

@@ -217,9 +217,7 @@ def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_
     """Two seeds on two CPU devices (``ppojax.use_cpu_devices``), a progress callback in the
     program: each device holds one run, a resume from update 1 reproduces every bit, and the
     one-device process here reads the checkpoints back and agrees with its own run."""
-    import jax
-    import numpy as np
-    from tolerance import TRAINING_ULPS, assert_close
+    from tolerance import TRAINING_ULPS, assert_close, assert_states_close
 
     import ppojax
     from ppojax import checkpointing, experiment, io
@@ -247,15 +245,6 @@ def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_
     assert step == 3
     # One program for 2 runs on one device against one for 1 run on each of two: other shapes,
     # so reductions may round differently, by ulps of order-1 terms (tests/tolerance.py).
-    pairs = zip(
-        jax.tree.leaves(checkpointing.to_savable(saved)),
-        jax.tree.leaves(checkpointing.to_savable(here.state)),
-        strict=True,
-    )
-    for have, want in pairs:
-        if np.asarray(want).dtype.kind == "f":
-            assert_close(have, want, ulps=TRAINING_ULPS)
-        else:
-            np.testing.assert_array_equal(np.asarray(have), np.asarray(want))
+    assert_states_close(saved, here.state, ulps=TRAINING_ULPS)
     _, metrics = io.read_metrics(tmp_path / "whole" / "metrics.csv")
     assert_close(metrics["policy_loss"], here.metrics["policy_loss"], ulps=TRAINING_ULPS)

@@ -50,6 +50,18 @@ def assert_trees_close(actual: Any, desired: Any, *, ulps: float, scale: float =
         assert_close(have, want, ulps=ulps, scale=scale, err_msg=f"leaf {index}")
 
 
+def assert_states_close(actual: Any, desired: Any, *, ulps: float) -> None:
+    """Two TrainStates (or any pytrees) from different programs: float leaves within ``ulps``
+    (``assert_close``), every other leaf (counters, PRNG keys by their data) exactly."""
+    pairs = zip(jax.tree.leaves(actual), jax.tree.leaves(desired), strict=True)
+    for index, (have, want) in enumerate(pairs):
+        have, want = host(have), host(want)
+        if want.dtype.kind == "f":
+            assert_close(have, want, ulps=ulps, err_msg=f"leaf {index}")
+        else:
+            np.testing.assert_array_equal(have, want, err_msg=f"leaf {index}")
+
+
 def assert_trees_equal(actual: Any, desired: Any) -> None:
     """Every leaf bit for bit (keys by their data): for results of one compiled program."""
     pairs = zip(jax.tree.leaves(actual), jax.tree.leaves(desired), strict=True)
