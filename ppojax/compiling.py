@@ -168,8 +168,9 @@ def auto_cpu_devices(runs: int, cores: int | None = None) -> int | None:
         return None
     if jax.config.jax_num_cpu_devices > 0:
         return None
-    cores = cpu_cores() if cores is None else cores
-    devices = max(count for count in range(1, min(cores, runs) + 1) if runs % count == 0)
+    from ppojax.parallel import even_split
+
+    devices = even_split(runs, cpu_cores() if cores is None else cores)
     return devices if devices > 1 else None
 
 

@@ -40,12 +40,17 @@ def leading_axis_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(mesh.axis_names))
 
 
+def even_split(runs: int, limit: int) -> int:
+    """The most parts, at most ``limit``, that ``runs`` divide into evenly (1 at least)."""
+    return max(n for n in range(1, min(limit, runs) + 1) if runs % n == 0)
+
+
 def runs_sharding(runs: int, devices: list[Any] | None = None) -> NamedSharding | None:
     """``runs`` independent runs along a leading axis, split over the most of ``devices``
     (default: this process's) that divide them evenly, when that is more than one device;
     None (JAX's default device) otherwise."""
     devices = jax.local_devices() if devices is None else list(devices)
-    count = max(n for n in range(1, min(len(devices), runs) + 1) if runs % n == 0)
+    count = even_split(runs, len(devices))
     if count < 2:
         return None
     return leading_axis_sharding(make_mesh(devices[:count], "runs"))

@@ -248,3 +248,20 @@ def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_
     assert_states_close(saved, here.state, ulps=TRAINING_ULPS)
     _, metrics = io.read_metrics(tmp_path / "whole" / "metrics.csv")
     assert_close(metrics["policy_loss"], here.metrics["policy_loss"], ulps=TRAINING_ULPS)
+
+
+def test_runs_sharding_takes_the_most_devices_that_divide_the_runs():
+    out = run_python(
+        """
+        from ppojax.parallel import runs_sharding
+        sizes = {runs: runs_sharding(runs) for runs in (1, 3, 4, 5, 6, 8)}
+        assert sizes[1] is None and sizes[5] is None  # 4 devices: no even split over 2+
+        assert len(sizes[4].device_set) == 4 and len(sizes[8].device_set) == 4
+        assert len(sizes[3].device_set) == 3  # one run on each of 3 of the 4
+        assert len(sizes[6].device_set) == 3  # 6 runs: 2 per device on 3 of the 4
+        x = jax.device_put(np.zeros((6, 3)), sizes[6])
+        assert x.addressable_shards[0].data.shape == (2, 3)
+        print("runs sharding ok")
+        """
+    )
+    assert "runs sharding ok" in out
