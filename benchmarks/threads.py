@@ -42,7 +42,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
@@ -77,8 +79,6 @@ def child(config_name: str, seeds: int, pool_threads: int, library: str, devices
     import jax
     from compare import CONFIGS
 
-    from ppojax.train import init_state, run_updates
-
     if config_name in BOUNDARY:
         config = ppojax.PPOConfig(**BOUNDARY[config_name])
         updates = BOUNDARY_UPDATES.get(config_name, 12)
@@ -86,25 +86,7 @@ def child(config_name: str, seeds: int, pool_threads: int, library: str, devices
         config, updates = CONFIGS[config_name], UPDATES[config_name]
     keys = jax.random.split(jax.random.key(0), seeds)
     start = time.perf_counter()
-    if library == "rejax":  # its own compiler options, its training loop of `updates` updates
-        from compare import rejax_runner
-
-        lower, run, _, _ = rejax_runner(config.replace(total_timesteps=updates * config.batch_size))
-        compiled = lower(keys).compile()
-        call = functools.partial(run, compiled, keys)
-    else:
-        from ppojax.parallel import runs_sharding
-
-        seeds_split = {}
-        sharding = runs_sharding(seeds)  # as experiment.run_sharding lays out a folder's runs
-        if sharding is not None:
-            keys, seeds_split = jax.device_put(keys, sharding), {"out_shardings": sharding}
-        program = jax.jit(
-            jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)),
-            **seeds_split,
-        )
-        compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
-        call = functools.partial(compiled, keys)
+    call = (rejax_call if library == "rejax" else ppojax_call)(config, keys, updates)
     compile_s = time.perf_counter() - start
     jax.block_until_ready(call())
     runs = []
@@ -125,6 +107,35 @@ def child(config_name: str, seeds: int, pool_threads: int, library: str, devices
             }
         )
     )
+
+
+def rejax_call(config: Any, keys: Any, updates: int) -> Callable[[], Any]:
+    """rejax's compiled ``train`` of ``updates`` updates (compare.py's, its own compiler
+    options), as a call of no arguments."""
+    from compare import rejax_runner
+
+    lower, run, _, _ = rejax_runner(config.replace(total_timesteps=updates * config.batch_size))
+    return functools.partial(run, lower(keys).compile(), keys)
+
+
+def ppojax_call(config: Any, keys: Any, updates: int) -> Callable[[], Any]:
+    """ppojax's compiled ``run_updates`` of ``updates`` updates from fresh states, the seeds
+    over the process's devices as ``experiment.run_sharding`` lays out a folder's runs."""
+    import jax
+
+    import ppojax
+    from ppojax.parallel import runs_sharding
+    from ppojax.train import init_state, run_updates
+
+    split = {}
+    sharding = runs_sharding(keys.shape[0])
+    if sharding is not None:
+        keys, split = jax.device_put(keys, sharding), {"out_shardings": sharding}
+    program = jax.jit(
+        jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)), **split
+    )
+    compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
+    return functools.partial(compiled, keys)
 
 
 # Pins itself to one core, then becomes the command (the affinity survives exec).
@@ -183,40 +194,40 @@ def programs(
                     command += [name, str(seeds), str(pool), library, str(devices)]
                     _, out = wall(command, cwd=tempfile.gettempdir())
                     samples[mode].append(json.loads(out.strip().splitlines()[-1]))
-            row = {"config": name, "seeds": seeds}
-            for mode, runs in samples.items():
-                row[mode] = {
-                    key: statistics.median(run[key] for run in runs)
-                    for key in ("compile_s", "ms_per_update", "env_steps_per_s")
-                }
-                row[mode]["cores_seen"] = runs[0]["cores_seen"]
-                row[mode]["pool_threads"] = runs[0]["pool_threads"]
-                row[mode]["devices"] = runs[0]["devices"]
-                row[mode]["runs"] = runs
-            speedups = {"one core": "one_core", "one-thread pool": "one_thread_pool"}
-            speedups["devices"] = "devices"
-            for mode, key in speedups.items():
-                if mode in row:
-                    row[f"{key}_speedup"] = round(
-                        row["all cores"]["ms_per_update"] / row[mode]["ms_per_update"], 3
-                    )
-            if "devices" in row:
-                row["devices_vs_one_thread_pool"] = round(
-                    row["one-thread pool"]["ms_per_update"] / row["devices"]["ms_per_update"], 3
-                )
-            if "rejax, all cores" in row:
-                rejax_ms = row["rejax, all cores"]["ms_per_update"]
-                # ppojax train's default (split over devices where the seeds divide evenly,
-                # else a one-thread pool for these small configs) against rejax as it ships
-                default = "devices" if "devices" in row else "one-thread pool"
-                row["default_vs_rejax"] = round(rejax_ms / row[default]["ms_per_update"], 3)
-                row["pool_vs_rejax"] = round(rejax_ms / row["one-thread pool"]["ms_per_update"], 3)
-                row["rejax_pool_speedup"] = round(
-                    rejax_ms / row["rejax, one-thread pool"]["ms_per_update"], 3
-                )
+            row = summarize(name, seeds, samples)
             print(json.dumps(row), flush=True)
             results.append(row)
     return results
+
+
+def summarize(name: str, seeds: int, samples: dict[str, list[dict]]) -> dict:
+    """One config's row: each mode's medians over the rounds, and the speedups between modes."""
+    row: dict[str, Any] = {"config": name, "seeds": seeds}
+    for mode, runs in samples.items():
+        row[mode] = {
+            key: statistics.median(run[key] for run in runs)
+            for key in ("compile_s", "ms_per_update", "env_steps_per_s")
+        }
+        for key in ("cores_seen", "pool_threads", "devices"):
+            row[mode][key] = runs[0][key]
+        row[mode]["runs"] = runs
+
+    def ratio(slower: str, faster: str) -> float:
+        return round(row[slower]["ms_per_update"] / row[faster]["ms_per_update"], 3)
+
+    for mode, key in (("one core", "one_core"), ("one-thread pool", "one_thread_pool")):
+        row[f"{key}_speedup"] = ratio("all cores", mode)
+    if "devices" in row:
+        row["devices_speedup"] = ratio("all cores", "devices")
+        row["devices_vs_one_thread_pool"] = ratio("one-thread pool", "devices")
+    if "rejax, all cores" in row:
+        # ppojax train's default (split over devices where the seeds divide evenly, else a
+        # one-thread pool for these small configs) against rejax as it ships
+        default = "devices" if "devices" in row else "one-thread pool"
+        row["default_vs_rejax"] = ratio("rejax, all cores", default)
+        row["pool_vs_rejax"] = ratio("rejax, all cores", "one-thread pool")
+        row["rejax_pool_speedup"] = ratio("rejax, all cores", "rejax, one-thread pool")
+    return row
 
 
 def cli_runs() -> dict:

@@ -79,6 +79,12 @@ def backends_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
+def check_count(name: str, value: Any) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a positive int (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def limit_cpu_threads(threads: int) -> bool:
     """Start JAX's backends with a CPU thread pool of ``threads`` threads; True if the pool
     is smaller than the cores this process may use, False where nothing changes (as many
@@ -88,8 +94,7 @@ def limit_cpu_threads(threads: int) -> bool:
     client starts); raises RuntimeError after it. Every thread keeps or gets back its cores,
     so compiling and other work still run on all of them.
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    check_count("threads", threads)
     if backends_started():
         raise RuntimeError(
             "limit_cpu_threads must run before JAX's first computation in this process "
@@ -131,8 +136,7 @@ def use_cpu_devices(devices: int) -> bool:
     count (one device per process by default). Must run before JAX's first computation in the
     process, and before ``limit_cpu_threads``; after it, raises RuntimeError unless JAX
     already has that many CPU devices."""
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"devices must be a positive int, got {devices!r}")
+    check_count("devices", devices)
     if backends_started():
         if len(jax.devices("cpu")) == devices:
             return False
