@@ -232,9 +232,11 @@ def metric_rows(
     ``runs[r]`` gives the run's leading columns (run, seed, grid values). Updates count from 1.
     """
     updates = next(iter(metrics.values())).shape[1]
+    # One tolist() per metric gives the Python numbers item() would, value by value.
+    columns = {name: np.asarray(values).tolist() for name, values in metrics.items()}
     for offset in range(updates):
         for run_index, run in enumerate(runs):
-            values = {name: values[run_index, offset].item() for name, values in metrics.items()}
+            values = {name: column[run_index][offset] for name, column in columns.items()}
             yield {**run, "update": first_update + offset + 1, **values}
 
 
@@ -248,15 +250,15 @@ def append_metrics(path: Path, header: Sequence[str], rows: Iterable[dict[str, A
     its own columns (a run folder from an older version lacks newer metrics: they are left
     out of it rather than failing its resume)."""
     path = Path(path)
-    if path.exists():
+    is_new = not path.exists()
+    if not is_new:
         with open(path, newline="") as file:
             header = next(csv.reader(file))
-    is_new = not path.exists()
     with open(path, "a", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(header), extrasaction="ignore")
+        writer = csv.writer(file)
         if is_new:
-            writer.writeheader()
-        writer.writerows(rows)
+            writer.writerow(header)
+        writer.writerows([row.get(name, "") for name in header] for row in rows)
 
 
 MetricRow = tuple[int, int, list[str]]  # run, update, the row as written
