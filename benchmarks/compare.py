@@ -58,7 +58,7 @@ from throughput import machine_description  # noqa: E402
 
 import ppojax  # noqa: E402
 from ppojax.evaluate import evaluate, make_act  # noqa: E402
-from ppojax.parallel import runs_sharding  # noqa: E402
+from ppojax.parallel import jit_over_runs, place_runs  # noqa: E402
 from ppojax.rollout import collect_rollout, rollout_start  # noqa: E402
 from ppojax.train import init_state, make_agent  # noqa: E402
 
@@ -123,18 +123,13 @@ DEFAULT_PAIRS = {"cartpole": 5}
 
 
 def ppojax_runner(config: ppojax.PPOConfig):
-    def placed(keys):  # the seeds over the process's devices, as ppojax train lays out runs
-        sharding = runs_sharding(keys.shape[0])
-        return keys if sharding is None else jax.device_put(keys, sharding)
-
+    # the seeds over the process's devices, as ppojax train lays out a run folder's runs
     def run(compiled, keys):
-        return compiled(config, placed(keys))
+        return compiled(config, place_runs(keys, keys.shape[0]))
 
     def lower(keys):
-        sharding = runs_sharding(keys.shape[0])
-        split = {} if sharding is None else {"out_shardings": sharding}
-        train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)), **split)
-        return train_seeds.lower(config, placed(keys))
+        train_seeds = jit_over_runs(jax.vmap(ppojax.train, in_axes=(None, 0)), keys.shape[0])
+        return train_seeds.lower(config, place_runs(keys, keys.shape[0]))
 
     def act(out, seed: int):
         return make_act(config, jax.tree.map(lambda leaf: leaf[seed], out.state))

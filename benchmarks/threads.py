@@ -11,7 +11,7 @@ to one core (``os.sched_setaffinity``, then ``exec`` of the command), or on ever
 ``ppojax.limit_cpu_threads(1)`` called first (a one-thread pool; compiling keeps every core),
 or, where the seeds divide evenly over more than one device, on every core with
 ``ppojax.use_cpu_devices(n)`` called first (``compiling.auto_cpu_devices``: one device per core
-here) and the seeds split over the devices as ``experiment.run_sharding`` splits a run folder's
+here) and the seeds split over the devices as ``parallel.runs_sharding`` splits a run folder's
 runs, the modes in turn for ``--rounds`` rounds. With ``--rejax``, the classic config is also
 trained by rejax 0.1.3 (compare.py's settings, its own compiler options) as it ships, on
 every core, and with a one-thread pool: separate processes, so each library with the pool
@@ -120,19 +120,17 @@ def rejax_call(config: Any, keys: Any, updates: int) -> Callable[[], Any]:
 
 def ppojax_call(config: Any, keys: Any, updates: int) -> Callable[[], Any]:
     """ppojax's compiled ``run_updates`` of ``updates`` updates from fresh states, the seeds
-    over the process's devices as ``experiment.run_sharding`` lays out a folder's runs."""
+    over the process's devices as ``parallel.runs_sharding`` lays out a folder's runs."""
     import jax
 
     import ppojax
-    from ppojax.parallel import runs_sharding
+    from ppojax.parallel import jit_over_runs, place_runs
     from ppojax.train import init_state, run_updates
 
-    split = {}
-    sharding = runs_sharding(keys.shape[0])
-    if sharding is not None:
-        keys, split = jax.device_put(keys, sharding), {"out_shardings": sharding}
-    program = jax.jit(
-        jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)), **split
+    keys = place_runs(keys, keys.shape[0])
+    program = jit_over_runs(
+        jax.vmap(lambda key: run_updates(config, init_state(config, key), updates)),
+        keys.shape[0],
     )
     compiled = program.lower(keys).compile(compiler_options=ppojax.compiler_options())
     return functools.partial(compiled, keys)

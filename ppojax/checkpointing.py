@@ -190,7 +190,7 @@ class Checkpoints:
             raise CheckpointError(step, f"{step_dir} is not a complete checkpoint")
         verify_checkpoint(step_dir, step)
         # Onto one device whatever devices saved it (a run split over several, see
-        # experiment.run_sharding): orbax restores a sharded save only to a given placement.
+        # parallel.runs_sharding): orbax restores a sharded save only to a given placement.
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         abstract = jax.tree.map(
             lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),

@@ -45,7 +45,7 @@ the per-kernel hand-offs that make a shared pool slow for small programs: on a 2
 a one-thread pool, compiled once, and 2 seeds of the larger configs measured 1.15-1.55x
 faster than one device with its best pool (``benchmarks/threads.py``). ``Experiment``
 runs (``ppojax train``, ``ppojax sweep``) split their runs over the process's devices
-(``experiment.run_sharding``); ``auto_cpu_devices`` gives the count ``--cpu-devices auto``
+(``parallel.runs_sharding``); ``auto_cpu_devices`` gives the count ``--cpu-devices auto``
 uses.
 """
 

@@ -11,7 +11,7 @@ chunked updates give the same numbers as one call.
 
 Where the process has several devices (GPUs, or CPU devices from
 ``compiling.use_cpu_devices``), the runs are split along their axis over as many of them as
-divide the runs evenly (``run_sharding``); each device trains its share, compiled once.
+divide the runs evenly (``parallel.runs_sharding``); each device trains its share, compiled once.
 """
 
 from __future__ import annotations
@@ -71,29 +71,10 @@ def run_keys(experiment: Experiment) -> jax.Array:
     return jnp.concatenate([keys] * (experiment.num_runs // experiment.seeds))
 
 
-def run_sharding(experiment: Experiment) -> jax.sharding.NamedSharding | None:
-    """Where the runs' states live: their leading (runs) axis split over the most of this
-    process's devices that divide the runs evenly (``parallel.runs_sharding``); None (JAX's
-    default device) where that is one device. The runs never communicate."""
-    return parallel.runs_sharding(experiment.num_runs)
-
-
-def place_runs(experiment: Experiment, tree: Any) -> Any:
-    """``tree`` (leaves [runs, ...]) on the devices ``run_sharding`` gives."""
-    sharding = run_sharding(experiment)
-    return tree if sharding is None else jax.device_put(tree, sharding)
-
-
-def sharded_jit(experiment: Experiment, function: Callable[..., Any]) -> Any:
-    """``jax.jit(function)``, its outputs (leaves [runs, ...]) placed as ``run_sharding``."""
-    sharding = run_sharding(experiment)
-    return jax.jit(function) if sharding is None else jax.jit(function, out_shardings=sharding)
-
-
 def init_program(experiment: Experiment) -> tuple[Any, tuple[PPOConfig, jax.Array]]:
     """The jitted function that makes every run's fresh TrainState, and its arguments."""
     config, axes = run_config(experiment)
-    init = sharded_jit(experiment, jax.vmap(init_state, in_axes=(axes, 0)))
+    init = parallel.jit_over_runs(jax.vmap(init_state, in_axes=(axes, 0)), experiment.num_runs)
     return init, (config, run_keys(experiment))
 
 
@@ -192,8 +173,7 @@ def chunk_runner(
 ) -> Callable[..., Any]:
     """``runner(config, state, first, count)`` over all runs: jit(run_chunk) for ``length``."""
     _, axes = run_config(experiment)
-    return sharded_jit(
-        experiment,
+    return parallel.jit_over_runs(
         functools.partial(
             run_chunk,
             length=length,
@@ -201,6 +181,7 @@ def chunk_runner(
             report=report,
             report_every=report_every,
         ),
+        experiment.num_runs,
     )
 
 
@@ -395,7 +376,7 @@ def continue_experiment(
         if state is None:
             state, compiled = init_states_compiling(experiment, compile_for)
         else:
-            state = place_runs(experiment, state)
+            state = parallel.place_runs(state, experiment.num_runs)
             compiled = compile_for(state)
         compile_seconds = time.perf_counter() - begin
         if handler.bar is not None:

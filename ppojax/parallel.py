@@ -18,6 +18,7 @@ the devices of all processes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -54,6 +55,18 @@ def runs_sharding(runs: int, devices: list[Any] | None = None) -> NamedSharding 
     if count < 2:
         return None
     return leading_axis_sharding(make_mesh(devices[:count], "runs"))
+
+
+def place_runs(tree: Any, runs: int) -> Any:
+    """``tree`` (leaves [runs, ...]) on the devices ``runs_sharding(runs)`` gives."""
+    sharding = runs_sharding(runs)
+    return tree if sharding is None else jax.device_put(tree, sharding)
+
+
+def jit_over_runs(function: Callable[..., Any], runs: int) -> Any:
+    """``jax.jit(function)``, its outputs (leaves [runs, ...]) placed as ``runs_sharding``."""
+    sharding = runs_sharding(runs)
+    return jax.jit(function) if sharding is None else jax.jit(function, out_shardings=sharding)
 
 
 def check_divisible(size: int, mesh: Mesh, what: str) -> None:
