@@ -57,10 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import machine_description  # noqa: E402
 
 import ppojax  # noqa: E402
-from ppojax.evaluate import evaluate, make_act  # noqa: E402
-from ppojax.parallel import jit_over_runs, place_runs  # noqa: E402
-from ppojax.rollout import collect_rollout, rollout_start  # noqa: E402
-from ppojax.train import init_state, make_agent  # noqa: E402
+from ppojax.ppo.rollout import collect_rollout, rollout_start  # noqa: E402
+from ppojax.ppo.train import init_state, make_agent  # noqa: E402
+from ppojax.runs.policy import evaluate, make_act  # noqa: E402
+from ppojax.runtime.sharding import jit_over_runs, place_runs  # noqa: E402
 
 EVAL_EPISODES = 128
 
@@ -419,7 +419,7 @@ def matmul_throughput(config: ppojax.PPOConfig) -> dict:
 def xla_flops(config: ppojax.PPOConfig) -> float | None:
     """FLOPs of one update as XLA's cost analysis counts them (all ops, not just matmuls)."""
     state = init_state(config, jax.random.key(0))
-    from ppojax.train import run_updates
+    from ppojax.ppo.train import run_updates
 
     lowered = jax.jit(functools.partial(run_updates, config, num_updates=1)).lower(state)
     analysis = lowered.compile().cost_analysis()

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 import ppojax
-from ppojax.io import rolling_mean
+from ppojax.runs.folder import rolling_mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import machine_description  # noqa: E402

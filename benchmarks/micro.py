@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 
 import ppojax
-from ppojax.rollout import collect_rollout, rollout_start
-from ppojax.train import init_state, make_agent, make_batch
-from ppojax.update import (
+from ppojax.ppo.rollout import collect_rollout, rollout_start
+from ppojax.ppo.train import init_state, make_agent, make_batch
+from ppojax.ppo.update import (
     EpochCarry,
     OptimizerCarry,
     gradient_step,
@@ -103,7 +103,7 @@ def permutations() -> None:
     for size in (512, 8192):
         for name, shuffle in (
             ("jax.random.permutation", jax.random.permutation),
-            ("ppojax.update.permutation", permutation),
+            ("ppojax.ppo.update.permutation", permutation),
         ):
 
             def run(key, shuffle=shuffle, size=size):
@@ -139,7 +139,7 @@ def rollout() -> None:
 
 
 def gradient_steps() -> None:
-    from ppojax import packing
+    from ppojax.runtime import packing
 
     config = ppojax.PPOConfig()
     agent = make_agent(config)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import machine_description  # noqa: E402
 
 import ppojax  # noqa: E402
-from ppojax.train import init_state, run_updates  # noqa: E402
+from ppojax.ppo.train import init_state, run_updates  # noqa: E402
 
 PHASES = (
     "shuffle",

@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 
 import ppojax
-from ppojax.experiment import (
+from ppojax.runs.experiment import (
     Experiment,
     chunk_runner,
     init_states,
@@ -36,7 +36,7 @@ from ppojax.experiment import (
     run_keys,
     train_chunks,
 )
-from ppojax.reporting import ProgressBar, RunOptions
+from ppojax.runs.progress import ProgressBar, RunOptions
 
 REPORTS = RunOptions().progress_reports
 

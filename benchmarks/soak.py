@@ -35,9 +35,9 @@ from typing import Any
 
 import jax
 import numpy as np
-
-from ppojax import checkpointing, io
 from ppojax.experiment import read_experiment, state_template
+
+from ppojax.runs import checkpoints, folder
 
 MACHINE = "2-core AMD EPYC CPU, shared with other jobs"
 
@@ -61,30 +61,30 @@ def complete_steps(run_dir: Path | None) -> list[int]:
     """Steps of the checkpoints whose save finished (their manifest is written)."""
     if run_dir is None:
         return []
-    folder = run_dir / io.CHECKPOINT_DIR
+    ckpt_dir = run_dir / folder.CHECKPOINT_DIR
     return sorted(
         int(path.name)
-        for path in folder.glob("*")
-        if path.name.isdigit() and (path / checkpointing.MANIFEST_FILE).exists()
+        for path in ckpt_dir.glob("*")
+        if path.name.isdigit() and (path / checkpoints.MANIFEST_FILE).exists()
     )
 
 
 def saves_in_flight(run_dir: Path) -> list[str]:
     """What a kill left half-written: orbax temporary folders and steps without a manifest."""
-    folder = run_dir / io.CHECKPOINT_DIR
-    if not folder.is_dir():
+    ckpt_dir = run_dir / folder.CHECKPOINT_DIR
+    if not ckpt_dir.is_dir():
         return []
     return sorted(
         path.name
-        for path in folder.iterdir()
-        if path.is_dir() and not (path / checkpointing.MANIFEST_FILE).exists()
+        for path in ckpt_dir.iterdir()
+        if path.is_dir() and not (path / checkpoints.MANIFEST_FILE).exists()
     )
 
 
 def cached_env(cache: Path | None) -> dict[str, str]:
     """The environment for the CLI processes: JAX's persistent compilation cache in ``cache``
     for every compiled function, however quick to compile (None: no cache). The CLI's own
-    cache in the user's folder stays off, so the soak never writes there."""
+    cache in the user's ckpt_dir stays off, so the soak never writes there."""
     environment = {**os.environ, "PPOJAX_NO_COMPILE_CACHE": "1"}
     if cache is None:
         return environment
@@ -141,15 +141,17 @@ def attempt(
 def final_arrays(run_dir: Path) -> list[np.ndarray]:
     """Every leaf of the final checkpoint (PRNG keys as their data)."""
     experiment, _ = read_experiment(run_dir)
-    state, _ = checkpointing.restore_checkpoint(run_dir, state_template(experiment))
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpointing.to_savable(state))]
+    state, _ = checkpoints.restore_checkpoint(run_dir, state_template(experiment))
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpoints.to_savable(state))]
 
 
 def same_end(run_dir: Path, reference: Path) -> dict[str, bool]:
     """Whether the final checkpoint and metrics.csv equal the reference run's, bit for bit."""
     pairs = zip(final_arrays(run_dir), final_arrays(reference), strict=True)
     arrays = all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in pairs)
-    metrics = (run_dir / io.METRICS_FILE).read_bytes() == (reference / io.METRICS_FILE).read_bytes()
+    metrics = (run_dir / folder.METRICS_FILE).read_bytes() == (
+        reference / folder.METRICS_FILE
+    ).read_bytes()
     return {"final_arrays_equal": arrays, "metrics_csv_equal": metrics}
 
 
@@ -179,7 +181,7 @@ def soak(kills: int, updates: int, window: float, seed: int, work: Path, cache: 
         last = subprocess.run(command, capture_output=True, text=True, env=env)
         if last.returncode != 0:
             raise RuntimeError(last.stderr)
-    summary = io.read_json(run_dir / io.SUMMARY_FILE)
+    summary = folder.read_json(run_dir / folder.SUMMARY_FILE)
     return {
         "kills_asked": kills,
         "kills_delivered": sum(row["killed"] for row in rows),

@@ -54,7 +54,7 @@ from startup import train_runs, wall  # noqa: E402
 # Updates per timed run: long enough (about 0.3-2 s) that timer and dispatch are noise.
 UPDATES = {"cartpole": 100, "cartpole-2048": 8, "pendulum": 8, "breakout": 4}
 
-# The classic CartPole config at the sizes around ppojax.compiling's SMALL_ROLLOUT and
+# The classic CartPole config at the sizes around ppojax.runtime.compiling's SMALL_ROLLOUT and
 # SMALL_MINIBATCH, where ``--cpu-threads auto`` switches (not run unless named in --configs).
 BOUNDARY = {
     "cartpole-16envs": {"num_envs": 16},
@@ -124,8 +124,8 @@ def ppojax_call(config: Any, keys: Any, updates: int) -> Callable[[], Any]:
     import jax
 
     import ppojax
-    from ppojax.parallel import jit_over_runs, place_runs
-    from ppojax.train import init_state, run_updates
+    from ppojax.ppo.train import init_state, run_updates
+    from ppojax.runtime.sharding import jit_over_runs, place_runs
 
     keys = place_runs(keys, keys.shape[0])
     program = jit_over_runs(
@@ -170,7 +170,7 @@ def programs(
     rounds: int,
     with_rejax: bool,
 ) -> list[dict]:
-    from ppojax.compiling import auto_cpu_devices
+    from ppojax.runtime.compiling import auto_cpu_devices
 
     results = []
     for name in config_names:

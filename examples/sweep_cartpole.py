@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 import ppojax
-from ppojax.sweeps import format_table
+from ppojax.ppo.sweeps import format_table
 
 config = ppojax.PPOConfig(env_id="CartPole-v1", total_timesteps=500_000)
 keys = jax.random.split(jax.random.key(0), 8)

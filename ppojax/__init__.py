@@ -1,15 +1,15 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
-from ppojax.compiling import compiler_options, limit_cpu_threads, use_cpu_devices
-from ppojax.config import PRESETS, ConfigError, PPOConfig
 from ppojax.envs import list_envs, make_env, register_env
-from ppojax.evaluate import load
-from ppojax.evaluation import EVAL_METRIC_NAMES
-from ppojax.gae import compute_gae
-from ppojax.sweeps import SweepOutput, best_point, sweep, sweep_table
-from ppojax.train import init_state, run_updates, train
-from ppojax.types import METRIC_NAMES, TrainOutput, TrainState, Transition
-from ppojax.update import adaptive_kl_update
+from ppojax.ppo.config import PRESETS, ConfigError, PPOConfig
+from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
+from ppojax.ppo.gae import compute_gae
+from ppojax.ppo.sweeps import SweepOutput, best_point, sweep, sweep_table
+from ppojax.ppo.train import init_state, run_updates, train
+from ppojax.ppo.types import METRIC_NAMES, TrainOutput, TrainState, Transition
+from ppojax.ppo.update import adaptive_kl_update
+from ppojax.runs.policy import load
+from ppojax.runtime.compiling import compiler_options, limit_cpu_threads, use_cpu_devices
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 import sys
 
-from ppojax.cli import main
+from ppojax.cli.commands import main
 
 sys.exit(main())

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from tolerance import TRAINING_ULPS, assert_close
 
-from ppojax import cache, checkpointing, io
-from ppojax.experiment import read_experiment, state_template
+from ppojax.runs import checkpoints, folder
+from ppojax.runs.experiment import read_experiment, state_template
+from ppojax.runtime import cache
 
 TINY = [
     "train", "CartPole-v1", "--num-envs", "4", "--num-steps", "16", "--total-timesteps", "384",
@@ -37,9 +38,9 @@ def loaded(stdout: str) -> int:
 
 def final_state(run_dir) -> list[np.ndarray]:
     experiment, _ = read_experiment(run_dir)
-    state, step = checkpointing.restore_checkpoint(run_dir, state_template(experiment))
+    state, step = checkpoints.restore_checkpoint(run_dir, state_template(experiment))
     assert step == experiment.config.num_updates
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpointing.to_savable(state))]
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpoints.to_savable(state))]
 
 
 def test_programs_loaded_from_the_cache_give_the_fresh_programs_arrays(tmp_path):
@@ -57,7 +58,7 @@ def test_programs_loaded_from_the_cache_give_the_fresh_programs_arrays(tmp_path)
     # The cached and the freshly compiled executable are the same program: bit for bit.
     for x, y in zip(final_state(a), final_state(b), strict=True):
         np.testing.assert_array_equal(x, y)
-    assert (a / io.METRICS_FILE).read_text() == (b / io.METRICS_FILE).read_text()
+    assert (a / folder.METRICS_FILE).read_text() == (b / folder.METRICS_FILE).read_text()
     # The one-call program is another compiled program than the chunks: floats may differ by
     # float32 ulps of their terms (see tests/tolerance.py), integers and keys not at all.
     for x, y in zip(final_state(a), final_state(c), strict=True):
@@ -65,8 +66,8 @@ def test_programs_loaded_from_the_cache_give_the_fresh_programs_arrays(tmp_path)
             assert_close(y, x, ulps=TRAINING_ULPS)
         else:
             np.testing.assert_array_equal(x, y)
-    _, chunked = io.read_metrics(a / io.METRICS_FILE)
-    _, one_call = io.read_metrics(c / io.METRICS_FILE)
+    _, chunked = folder.read_metrics(a / folder.METRICS_FILE)
+    _, one_call = folder.read_metrics(c / folder.METRICS_FILE)
     assert list(one_call) == list(chunked)
     for name, values in chunked.items():
         assert_close(one_call[name], values, ulps=TRAINING_ULPS, err_msg=name)

@@ -17,11 +17,11 @@ from tolerance import (
 )
 
 import ppojax
-from ppojax import checkpointing, io
-from ppojax.cli import build_config, build_parser, divergence_status, main
-from ppojax.cli_report import print_divergence, reset_pool_line
-from ppojax.cli_values import annotation_parser
-from ppojax.experiment import Experiment, RunResult, read_experiment, run_table, state_template
+from ppojax.cli.commands import build_config, build_parser, divergence_status, main
+from ppojax.cli.report import print_divergence, reset_pool_line
+from ppojax.cli.values import annotation_parser
+from ppojax.runs import checkpoints, folder
+from ppojax.runs.experiment import Experiment, RunResult, read_experiment, run_table, state_template
 
 TINY = (
     "--total-timesteps",
@@ -48,7 +48,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def run_folder(stdout: str):
     """The run folder a ``ppojax train``/``sweep`` printed."""
     line = next(line for line in stdout.splitlines() if line.startswith("run folder: "))
-    return io.Path(line.removeprefix("run folder: "))
+    return folder.Path(line.removeprefix("run folder: "))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def trained(tmp_path_factory):
 
 def final_state(run_dir):
     experiment, _ = read_experiment(run_dir)
-    return checkpointing.restore_checkpoint(run_dir, state_template(experiment))
+    return checkpoints.restore_checkpoint(run_dir, state_template(experiment))
 
 
 def test_train_prints_the_learning_curve_and_final_return(trained):
@@ -88,16 +88,16 @@ def test_train_prints_the_learning_curve_and_final_return(trained):
 
 def test_train_writes_every_file_of_the_run_folder(trained):
     run_dir, _ = trained
-    config = io.config_from_dict(io.read_json(run_dir / "config.json"))
+    config = folder.config_from_dict(folder.read_json(run_dir / "config.json"))
     assert config.num_envs == 2 and config.hidden_sizes == (8,)
-    assert io.read_json(run_dir / "run.json")["seeds"] == 2
-    runs, metrics = io.read_metrics(run_dir / "metrics.csv")
+    assert folder.read_json(run_dir / "run.json")["seeds"] == 2
+    runs, metrics = folder.read_metrics(run_dir / "metrics.csv")
     assert len(runs) == 2 and metrics["episode_return"].shape == (2, 6)
     np.testing.assert_array_equal(metrics["env_steps"][0], np.arange(1, 7) * 8)
     assert (run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     steps = sorted(int(path.name) for path in (run_dir / "checkpoints").iterdir())
     assert steps == [2, 4, 6]
-    summary = io.read_json(run_dir / "summary.json")
+    summary = folder.read_json(run_dir / "summary.json")
     assert len(summary["final_return"][0]["per_seed"]) == 2
     assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
     assert summary["versions"]["jax"] == jax.__version__
@@ -123,7 +123,7 @@ def test_resume_from_a_mid_run_checkpoint_reproduces_the_uninterrupted_run(train
     result = run_cli("train", "--resume", str(resumed), "--no-progress", "--checkpoint-every", "3")
     assert result.returncode == 0, result.stderr
     assert_same_final_state(run_dir, resumed, same_program=False)
-    assert io.read_json(resumed / "summary.json")["resumed_from_update"] == 2
+    assert folder.read_json(resumed / "summary.json")["resumed_from_update"] == 2
 
 
 COUNTERS = ("env_steps", "episodes_finished", "gradient_steps", "nonfinite_steps")
@@ -143,8 +143,8 @@ def assert_same_final_state(run_dir, other_dir, same_program):
         assert (other_dir / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
         return
     assert_states_close(got, expected, ulps=TRAINING_ULPS)
-    runs, metrics = io.read_metrics(run_dir / "metrics.csv")
-    other_runs, other_metrics = io.read_metrics(other_dir / "metrics.csv")
+    runs, metrics = folder.read_metrics(run_dir / "metrics.csv")
+    other_runs, other_metrics = folder.read_metrics(other_dir / "metrics.csv")
     assert other_runs == runs and list(other_metrics) == list(metrics)
     for name, values in metrics.items():
         if name in COUNTERS:
@@ -173,7 +173,7 @@ def test_resume_passes_over_a_corrupt_newest_checkpoint(trained, tmp_path, capsy
     assert "moved the unreadable checkpoint to" in err
     assert [path.name[:2] for path in (damaged / "checkpoints-unreadable").iterdir()] == ["6-"]
     assert_same_final_state(run_dir, damaged, same_program=False)  # no progress callback
-    assert io.read_json(damaged / "summary.json")["resumed_from_update"] == 4
+    assert folder.read_json(damaged / "summary.json")["resumed_from_update"] == 4
 
 
 KILLED_RUN = (
@@ -188,9 +188,7 @@ KILLED_RUN = (
 def complete_checkpoints(out):
     """The checkpoints under the run folders in ``out`` whose save finished (manifest written)."""
     return [
-        path
-        for path in out.glob("*/checkpoints/*")
-        if (path / checkpointing.MANIFEST_FILE).exists()
+        path for path in out.glob("*/checkpoints/*") if (path / checkpoints.MANIFEST_FILE).exists()
     ]
 
 
@@ -216,7 +214,7 @@ def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters
     assert whole.returncode == 0, whole.stderr
     # Both runs have the same options, so the same chunk program: bit for bit.
     assert_same_final_state(run_folder(whole.stdout), run_dir, same_program=True)
-    assert io.read_json(run_dir / "summary.json")["resumed_from_update"] >= 4
+    assert folder.read_json(run_dir / "summary.json")["resumed_from_update"] >= 4
 
 
 def test_eval_reports_mean_return_and_draws_a_gif(trained, tmp_path):
@@ -226,7 +224,7 @@ def test_eval_reports_mean_return_and_draws_a_gif(trained, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "CartPole-v1, run 1: mean return" in result.stdout and "over 3 episodes" in result.stdout
     assert gif.read_bytes()[:6] == b"GIF89a"
-    assert len(io.read_json(run_dir / "eval.json")["returns"]) == 3
+    assert len(folder.read_json(run_dir / "eval.json")["returns"]) == 3
 
 
 def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
@@ -244,9 +242,9 @@ def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "learning_rate=0.001:" in result.stdout and "learning_rate=0.00025:" in result.stdout
     run_dir = run_folder(result.stdout)
-    runs, metrics = io.read_metrics(run_dir / "metrics.csv")
+    runs, metrics = folder.read_metrics(run_dir / "metrics.csv")
     assert [float(run["grid_learning_rate"]) for run in runs] == [1e-3, 1e-3, 2.5e-4, 2.5e-4]
-    assert len(io.read_json(run_dir / "summary.json")["final_return"]) == 2
+    assert len(folder.read_json(run_dir / "summary.json")["final_return"]) == 2
     # The default-lr point reproduces the plain two-seed run, computed by another program (the
     # swept learning rate is an array in it rather than a constant): parameters of order 1
     # after 12 Adam steps, to float32 rounding (see tests/tolerance.py).
@@ -271,7 +269,7 @@ def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, 
     assert "divergence guard, run 0 (seed 0): 12 minibatch step(s) skipped" in captured.out
     assert "NOT recovered" in captured.out
     run_dir = run_folder(captured.out)
-    summary = io.read_json(run_dir / "summary.json")
+    summary = folder.read_json(run_dir / "summary.json")
     assert summary["diverged_runs"] == [0] and summary["divergence"][0]["first_update"] == 1
     state, _ = final_state(run_dir)
     for leaf in jax.tree.leaves((state.params, state.opt_state)):
@@ -431,7 +429,7 @@ def test_the_reset_pool_line_counts_repeated_starts_over_runs_and_updates():
 def cpu_plan(monkeypatch):
     """What ``use_cpu_settings`` asks for, as ("devices" | "threads", count) pairs, on a
     2-core CPU-only machine whose JAX backend is taken as not started."""
-    from ppojax import compiling
+    from ppojax.runtime import compiling
 
     asked = []
     monkeypatch.setattr(compiling, "backends_started", lambda: False)
@@ -445,7 +443,7 @@ def cpu_plan(monkeypatch):
 
 
 def plan_for(asked: list, *argv: str, grid: dict | None = None) -> list:
-    from ppojax.cli import use_cpu_settings
+    from ppojax.cli.commands import use_cpu_settings
 
     before = len(asked)
     use_cpu_settings(build_parser().parse_args(list(argv)), grid or {})
@@ -504,7 +502,7 @@ def test_cpu_settings_auto_on_resume_read_the_run_folder(cpu_plan, trained):
 
 
 def test_cpu_flags_errors_name_the_flag(capsys):
-    from ppojax.cli import use_cpu_settings
+    from ppojax.cli.commands import use_cpu_settings
 
     for flag in ("--cpu-threads", "--cpu-devices"):
         for bad in ("0", "-2", "many", "1.5") + (("all",) if flag == "--cpu-devices" else ()):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax import compiling, experiment, io
+from ppojax.runs import experiment, folder
+from ppojax.runtime import compiling
 
 
 def test_cpu_programs_get_their_options_and_other_backends_keep_xlas_defaults():
@@ -136,7 +137,7 @@ def test_auto_cpu_threads_gives_small_mlp_programs_one_thread(monkeypatch):
     assert compiling.auto_cpu_threads(ppojax.PPOConfig.preset("Pendulum-v1")) == 1  # 16 envs
     assert compiling.auto_cpu_threads(ppojax.PPOConfig.preset("Breakout-MinAtar")) is None
     assert compiling.auto_cpu_threads(classic.replace(recurrent="gru")) is None
-    fields = io.config_to_dict(classic)
+    fields = folder.config_to_dict(classic)
     assert compiling.auto_cpu_threads(fields, runs=2) == 1  # a config.json's fields
     assert compiling.auto_cpu_threads({**fields, "recurrent": "off"}) == 1
     assert compiling.auto_cpu_threads({**fields, "encoder": "cnn"}) is None

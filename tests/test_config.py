@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax.config import PRESETS, ConfigError, UnknownFieldError
+from ppojax.ppo.config import PRESETS, ConfigError, UnknownFieldError
 
 
 def test_defaults_are_the_classic_cartpole_config():
@@ -163,7 +163,7 @@ def test_a_recurrent_config_needs_num_minibatches_to_divide_num_envs():
     ],
 )
 def test_an_encoder_that_cannot_take_the_observations_names_the_field(settings, field, message):
-    from ppojax.train import make_agent
+    from ppojax.ppo.train import make_agent
 
     config = ppojax.PPOConfig(**settings)
     with pytest.raises(ConfigError, match=message) as error:

@@ -3,13 +3,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppojax.distributions import (
+from ppojax.envs import EnvSpec
+from ppojax.networks.distributions import (
     deterministic_action,
     draw_action_noise,
     policy_distribution,
     sample_from_noise,
 )
-from ppojax.envs import EnvSpec
 
 DISCRETE = EnvSpec(obs_dim=1, discrete=True, action_dim=5, action_low=None, action_high=None)
 LOGITS = np.array([0.3, 2.0, -1.0, 0.5, 1.5], np.float32)

@@ -8,9 +8,9 @@ import pytest
 from gymnax.environments import spaces
 
 import ppojax
-from ppojax import io as ppojax_io
 from ppojax.envs import MultiDiscrete, PPOEnv, list_envs, make_env
-from ppojax.train import make_agent
+from ppojax.ppo.train import make_agent
+from ppojax.runs import folder as ppojax_io
 
 
 def run_env(env, actions, key):

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax.evaluate import evaluate, load, render_gif
-from ppojax.experiment import Experiment, RunOptions, run_experiment
-from ppojax.rollout import network_input
-from ppojax.train import make_agent
+from ppojax.ppo.rollout import network_input
+from ppojax.ppo.train import make_agent
+from ppojax.runs.experiment import Experiment, RunOptions, run_experiment
+from ppojax.runs.policy import evaluate, load, render_gif
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax.config import ConfigError
-from ppojax.evaluate import evaluate, make_act
-from ppojax.evaluation import EVAL_METRIC_NAMES, eval_key
-from ppojax.reporting import ProgressBar, TensorBoardLog
-from ppojax.train import init_state, make_agent, update_step
-from ppojax.update import make_optimizer
+from ppojax.ppo.config import ConfigError
+from ppojax.ppo.evaluation import EVAL_METRIC_NAMES, eval_key
+from ppojax.ppo.train import init_state, make_agent, update_step
+from ppojax.ppo.update import make_optimizer
+from ppojax.runs.policy import evaluate, make_act
+from ppojax.runs.progress import ProgressBar, TensorBoardLog
 
 
 def assert_trees_equal(a, b):

@@ -8,7 +8,8 @@ import pytest
 
 import ppojax
 from ppojax.envs import PPOEnv
-from ppojax.experiment import (
+from ppojax.ppo.sweeps import sweepable_fields
+from ppojax.runs.experiment import (
     Experiment,
     chunk_length,
     chunk_plan,
@@ -20,7 +21,6 @@ from ppojax.experiment import (
     run_keys,
     run_table,
 )
-from ppojax.sweeps import sweepable_fields
 
 CONFIG = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 10, hidden_sizes=(8,))
 
@@ -99,11 +99,11 @@ def test_fresh_states_are_made_while_the_runner_compiles_in_another_thread():
 def test_an_interrupted_run_keeps_its_checkpoints_and_resumes(tmp_path, monkeypatch):
     """Ctrl-C after the second chunk: the checkpoint at update 2 stays, no unfinished state is
     saved as final, and resuming finishes the run."""
-    from ppojax import experiment, io
+    from ppojax.runs import experiment, folder
 
     config = CONFIG.replace(total_timesteps=2 * 8 * 6, update_epochs=1, num_minibatches=1)
     chunks = []
-    real_append = io.append_metrics
+    real_append = folder.append_metrics
 
     def append_then_interrupt(*args):
         chunks.append(args)
@@ -111,12 +111,12 @@ def test_an_interrupted_run_keeps_its_checkpoints_and_resumes(tmp_path, monkeypa
         if len(chunks) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(io, "append_metrics", append_then_interrupt)
+    monkeypatch.setattr(folder, "append_metrics", append_then_interrupt)
     options = experiment.RunOptions(progress=False, checkpoint_every=2)
     with pytest.raises(KeyboardInterrupt):
         experiment.run_experiment(Experiment(config, seeds=2), tmp_path, options)
-    assert [path.name for path in (tmp_path / io.CHECKPOINT_DIR).iterdir()] == ["2"]
-    monkeypatch.setattr(io, "append_metrics", real_append)
+    assert [path.name for path in (tmp_path / folder.CHECKPOINT_DIR).iterdir()] == ["2"]
+    monkeypatch.setattr(folder, "append_metrics", real_append)
     result = experiment.resume_experiment(tmp_path)
     assert result.resumed_from == 2 and result.metrics["episode_return"].shape == (2, 6)
     np.testing.assert_array_equal(result.state.update_step, [6, 6])
@@ -153,9 +153,9 @@ def test_a_nan_reward_skips_one_update_is_reported_and_the_run_recovers(
     """A NaN reward at env step 40 (in update 3 of 16-step rollouts) reaches GAE and every
     minibatch of update 3: the guard skips all its steps, summary.json and the result name
     update 3, and with the normalizers left clean the run trains on, finite, to the end."""
-    from ppojax import experiment, io
+    from ppojax.runs import experiment, folder
 
-    train_module = importlib.import_module("ppojax.train")  # ppojax.train is the function
+    train_module = importlib.import_module("ppojax.ppo.train")  # ppojax.train is the function
     env = NaNRewardAt(40)
     monkeypatch.setattr(
         train_module, "make_env", lambda env_id: PPOEnv(env, env.params, "NaNReward")
@@ -183,7 +183,7 @@ def test_a_nan_reward_skips_one_update_is_reported_and_the_run_recovers(
         for run in (0, 1)
     ]
     assert result.divergence == expected and result.diverged_runs == []
-    summary = io.read_json(tmp_path / io.SUMMARY_FILE)
+    summary = folder.read_json(tmp_path / folder.SUMMARY_FILE)
     assert summary["divergence"] == expected and summary["diverged_runs"] == []
     state = result.state
     for leaf in jax.tree.leaves((state.params, state.opt_state, state.obs_stats)):

@@ -106,10 +106,12 @@ def test_the_checks_see_an_upward_import_and_a_cycle():
     """The two checks above on made-up graphs: they are not vacuous."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
-    tiers = tiers_of("## Tier 0: x\n- `ppojax/gae.py`: y\n## Tier 3: z\n- `ppojax/train.py`\n")
-    assert tiers == {"ppojax.gae": 0, "ppojax.train": 3}
+    tiers = tiers_of(
+        "## Tier 0: x\n- `ppojax/ppo/gae.py`: y\n## Tier 3: z\n- `ppojax/ppo/train.py`\n"
+    )
+    assert tiers == {"ppojax.ppo.gae": 0, "ppojax.ppo.train": 3}
     with pytest.raises(AssertionError, match="twice"):
-        tiers_of("## Tier 0\n- `ppojax/gae.py`, `ppojax/gae.py`\n")
+        tiers_of("## Tier 0\n- `ppojax/ppo/gae.py`, `ppojax/ppo/gae.py`\n")
     _, graph = package_imports()
-    assert "ppojax.gae" in graph["ppojax.train"]
-    assert "ppojax.io" in graph["ppojax.cli_report"]  # imported inside a function only
+    assert "ppojax.ppo.gae" in graph["ppojax.ppo.train"]
+    assert "ppojax.runs.folder" in graph["ppojax.cli.report"]  # imported inside a function only

@@ -12,7 +12,7 @@ import pytest
 
 import ppojax
 from ppojax.networks import householder_qr_q, init_params, observation_template, orthogonal
-from ppojax.train import make_agent
+from ppojax.ppo.train import make_agent
 
 
 def network_and_observation(**settings):

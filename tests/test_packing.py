@@ -4,7 +4,7 @@ import numpy as np
 import optax
 from tolerance import assert_trees_close, assert_trees_equal
 
-from ppojax import packing
+from ppojax.runtime import packing
 
 
 def _tree():

@@ -16,8 +16,8 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
 import jax
 import numpy as np
 import ppojax
-from ppojax.parallel import make_mesh
-from ppojax.sweeps import sweep
+from ppojax.runtime.sharding import make_mesh
+from ppojax.ppo.sweeps import sweep
 config = ppojax.PPOConfig(num_envs=8, num_steps=16, total_timesteps=8 * 16 * 4,
                           update_epochs=2, num_minibatches=2)
 """
@@ -97,16 +97,16 @@ import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import numpy as np
 import ppojax
-from ppojax import parallel
+from ppojax.runtime import sharding
 process_id, port = int(sys.argv[1]), sys.argv[2]
-parallel.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
+sharding.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id)
 import jax
-from ppojax.sweeps import sweep
+from ppojax.ppo.sweeps import sweep
 assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
 config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 2,
                           update_epochs=1, num_minibatches=2)
 keys = jax.random.split(jax.random.key(0), 4)
-out = sweep(config, keys, learning_rate=[1e-3], mesh=parallel.make_mesh())
+out = sweep(config, keys, learning_rate=[1e-3], mesh=sharding.make_mesh())
 reference = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(
     config.replace(learning_rate=1e-3), jax.device_put(keys, jax.local_devices()[0]))
 loss = out.metrics["policy_loss"]
@@ -175,7 +175,8 @@ def test_two_processes_over_loopback_split_the_seeds():
 def test_importing_ppojax_leaves_the_backend_unstarted():
     """So that jax.distributed.initialize can still be called after import ppojax."""
     code = (
-        "from jax._src import xla_bridge\nimport ppojax, ppojax.parallel, ppojax.sweeps\n"
+        "from jax._src import xla_bridge\nimport ppojax, ppojax.runtime.sharding, "
+        "ppojax.ppo.sweeps\n"
         "print('started' if xla_bridge._backends else 'not started')"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -189,7 +190,8 @@ import ppojax
 assert ppojax.use_cpu_devices(2)
 import jax
 import numpy as np
-from ppojax import checkpointing, experiment
+from ppojax.runs import checkpoints
+from ppojax.runs import experiment
 config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2,
                           num_minibatches=2)
 out = Path(sys.argv[1])
@@ -204,8 +206,8 @@ for step in ("2", "3"):
 resumed = experiment.resume_experiment(out / "resumed", options)
 assert resumed.resumed_from == 1
 # The same chunk program on the same two devices: every bit.
-pairs = zip(jax.tree.leaves(checkpointing.to_savable(whole.state)),
-            jax.tree.leaves(checkpointing.to_savable(resumed.state)), strict=True)
+pairs = zip(jax.tree.leaves(checkpoints.to_savable(whole.state)),
+            jax.tree.leaves(checkpoints.to_savable(resumed.state)), strict=True)
 for a, b in pairs:
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 assert (out / "whole" / "metrics.csv").read_text() == (out / "resumed" / "metrics.csv").read_text()
@@ -220,7 +222,7 @@ def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_
     from tolerance import TRAINING_ULPS, assert_close, assert_states_close
 
     import ppojax
-    from ppojax import checkpointing, experiment, io
+    from ppojax.runs import checkpoints, experiment, folder
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
@@ -239,21 +241,21 @@ def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_
     )
     runs = experiment.Experiment(config, seeds=2)
     here = experiment.run_experiment(runs, None, experiment.RunOptions(progress=False))
-    saved, step = checkpointing.restore_checkpoint(
+    saved, step = checkpoints.restore_checkpoint(
         tmp_path / "whole", experiment.state_template(runs)
     )
     assert step == 3
     # One program for 2 runs on one device against one for 1 run on each of two: other shapes,
     # so reductions may round differently, by ulps of order-1 terms (tests/tolerance.py).
     assert_states_close(saved, here.state, ulps=TRAINING_ULPS)
-    _, metrics = io.read_metrics(tmp_path / "whole" / "metrics.csv")
+    _, metrics = folder.read_metrics(tmp_path / "whole" / "metrics.csv")
     assert_close(metrics["policy_loss"], here.metrics["policy_loss"], ulps=TRAINING_ULPS)
 
 
 def test_runs_sharding_takes_the_most_devices_that_divide_the_runs():
     out = run_python(
         """
-        from ppojax.parallel import runs_sharding
+        from ppojax.runtime.sharding import runs_sharding
         sizes = {runs: runs_sharding(runs) for runs in (1, 3, 4, 5, 6, 8)}
         assert sizes[1] is None and sizes[5] is None  # 4 devices: no even split over 2+
         assert len(sizes[4].device_set) == 4 and len(sizes[8].device_set) == 4

@@ -1,4 +1,4 @@
-"""ppojax.prng draws flat for compile time; its values must be jax.random's.
+"""ppojax.runtime.prng draws flat for compile time; its values must be jax.random's.
 
 The random bits and keys are integers and must match exactly. Normal, Gumbel and uniform values
 are the same elementwise float32 functions of those bits in two programs of different shapes,
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tolerance import assert_close
 
-from ppojax import prng
+from ppojax.runtime import prng
 
 
 @pytest.mark.parametrize("shape", [(128, 4), (3, 5, 2), (7,)])

@@ -11,14 +11,14 @@ from flax import struct
 from gymnax.environments import environment, spaces
 
 import ppojax
-from ppojax.distributions import policy_distribution
 from ppojax.envs import PPOEnv
-from ppojax.experiment import Experiment, RunOptions, resume_experiment, run_experiment
-from ppojax.networks import build_network, init_params, observation_template
-from ppojax.rollout import Agent, draw_noise, env_step, rollout_start
-from ppojax.train import init_state, make_agent, make_batch, run_updates
-from ppojax.types import Batch, SequenceBatch
-from ppojax.update import policy_outputs, replay_sequences, shuffle_sequences
+from ppojax.networks import NetworkSettings, build_network, init_params, observation_template
+from ppojax.networks.distributions import policy_distribution
+from ppojax.ppo.rollout import Agent, draw_noise, env_step, rollout_start
+from ppojax.ppo.train import init_state, make_agent, make_batch, run_updates
+from ppojax.ppo.types import Batch, SequenceBatch
+from ppojax.ppo.update import policy_outputs, replay_sequences, shuffle_sequences
+from ppojax.runs.experiment import Experiment, RunOptions, resume_experiment, run_experiment
 
 RECURRENT = ppojax.PPOConfig(
     num_envs=4,
@@ -74,7 +74,7 @@ class Timer(environment.Environment):
 def test_hidden_state_resets_exactly_where_episodes_end(stop, max_steps, kind):
     config = RECURRENT.replace(num_envs=2)
     env = PPOEnv(Timer(stop), TimerParams(max_steps_in_episode=max_steps), "Timer")
-    agent = Agent(env, build_network(config, env))
+    agent = Agent(env, build_network(NetworkSettings.from_fields(config), env, config.env_id))
     state = init_state(config, jax.random.key(0))  # CartPole's state; replaced below
     params = init_params(jax.random.key(1), agent.network, observation_template(env))
     obs, env_state = jax.vmap(env.reset)(jax.random.split(jax.random.key(2), 2))
@@ -132,7 +132,7 @@ def test_replaying_the_first_minibatch_reproduces_the_rollout_exactly():
 
     @jax.jit
     def first_minibatch(state):
-        from ppojax.rollout import collect_rollout
+        from ppojax.ppo.rollout import collect_rollout
 
         _, transitions = collect_rollout(agent, config, state.params, rollout_start(state))
         batch = make_batch(agent, config, state.params, transitions, state.hidden)
@@ -185,12 +185,12 @@ def test_a_recurrent_run_resumes_bit_exactly(tmp_path, monkeypatch):
     """Interrupted in its second chunk (checkpoint at update 1) and resumed, a recurrent
     run ends exactly where the same run without the interruption ends: the hidden state is in
     the checkpoint."""
-    from ppojax import io
+    from ppojax.runs import folder
 
     config = RECURRENT.replace(num_steps=8, total_timesteps=4 * 8 * 3, update_epochs=1)
     options = RunOptions(progress=False, checkpoint_every=1)
     whole = run_experiment(Experiment(config, seeds=2), tmp_path / "whole", options)
-    real_append = io.append_metrics
+    real_append = folder.append_metrics
     chunks = []
 
     def append_then_interrupt(*args):
@@ -199,10 +199,10 @@ def test_a_recurrent_run_resumes_bit_exactly(tmp_path, monkeypatch):
         if len(chunks) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(io, "append_metrics", append_then_interrupt)
+    monkeypatch.setattr(folder, "append_metrics", append_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(Experiment(config, seeds=2), tmp_path / "cut", options)
-    monkeypatch.setattr(io, "append_metrics", real_append)
+    monkeypatch.setattr(folder, "append_metrics", real_append)
     resumed = resume_experiment(tmp_path / "cut")
     assert resumed.resumed_from == 1
     assert np.abs(np.asarray(whole.state.hidden)).max() > 0

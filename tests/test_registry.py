@@ -15,10 +15,10 @@ from flax import struct
 from gymnax.environments import spaces
 
 import ppojax
-from ppojax.cli import main
+from ppojax.cli.commands import main
 from ppojax.envs import registry
-from ppojax.evaluate import make_act
-from ppojax.evaluation import eval_start, eval_step, max_episode_steps
+from ppojax.ppo.evaluation import eval_start, eval_step, max_episode_steps
+from ppojax.runs.policy import make_act
 
 
 @struct.dataclass

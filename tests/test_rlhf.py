@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppojax import losses
-from ppojax.config import ConfigError
+from ppojax.ppo import losses
+from ppojax.ppo.config import ConfigError
 from ppojax.rlhf import (
     RLHFConfig,
     aggregate,

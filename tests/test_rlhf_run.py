@@ -9,13 +9,13 @@ import jax
 import numpy as np
 import pytest
 
-from ppojax import checkpointing, io
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps
 from ppojax.rlhf import run as rlhf_run
 from ppojax.rlhf.__main__ import frozen_params, main, prepare
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
 from ppojax.rlhf.tasks.reversal import checker, reversal_sft
+from ppojax.runs import checkpoints, folder
 
 TINY_RUN = [
     "--small",
@@ -40,9 +40,9 @@ TINY_RUN = [
 
 
 def restore_state(run_dir, step):
-    settings = io.read_json(run_dir / io.CONFIG_FILE)
+    settings = folder.read_json(run_dir / folder.CONFIG_FILE)
     _, template, _ = prepare(settings, frozen_params(settings, run_dir, resume=True))
-    return checkpointing.restore_checkpoint(run_dir, template, step)[0]
+    return checkpoints.restore_checkpoint(run_dir, template, step)[0]
 
 
 @pytest.mark.slow
@@ -66,7 +66,7 @@ def test_run_folder_and_bit_exact_resume(tmp_path, capsys):
     killed = tmp_path / "killed"
     shutil.copytree(full, killed)
     shutil.rmtree(killed / "checkpoints" / "4")
-    io.truncate_metrics(killed / "metrics.csv", 2)
+    folder.truncate_metrics(killed / "metrics.csv", 2)
     assert main(["--resume", str(killed), "--no-progress"]) == 0
     assert (killed / "metrics.csv").read_text() == (full / "metrics.csv").read_text()
     chex.assert_trees_all_equal(restore_state(killed, 4), restore_state(full, 4))

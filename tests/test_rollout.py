@@ -4,8 +4,8 @@ import pytest
 from tolerance import assert_close
 
 import ppojax
-from ppojax.rollout import collect_rollout, episode_metrics, reset_envs, rollout_start
-from ppojax.train import init_state, make_agent
+from ppojax.ppo.rollout import collect_rollout, episode_metrics, reset_envs, rollout_start
+from ppojax.ppo.train import init_state, make_agent
 
 
 @pytest.fixture(scope="module")

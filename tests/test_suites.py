@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ppojax
-from ppojax.evaluate import max_episode_steps
+from ppojax.runs.policy import max_episode_steps
 
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2)
 STEPS = 120

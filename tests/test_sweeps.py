@@ -5,8 +5,8 @@ import pytest
 from tolerance import TRAINING_ULPS, assert_close
 
 import ppojax
-from ppojax import sweeps as sweep_module
-from ppojax.sweeps import best_point, format_table, grid_points, sweep, sweep_table
+from ppojax.ppo import sweeps as sweep_module
+from ppojax.ppo.sweeps import best_point, format_table, grid_points, sweep, sweep_table
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 from tolerance import assert_close
 
 import ppojax
-from ppojax.types import Batch
-from ppojax.update import (
+from ppojax.ppo.types import Batch
+from ppojax.ppo.update import (
     OptimizerCarry,
     learning_rate_at,
     permutation,
@@ -127,8 +127,8 @@ def test_early_stop_keeps_the_parameters_after_the_stop():
 def _penalty_case(env_id, objective):
     """A minibatch whose old policy differs from the current one, and the manual loss parts."""
     from ppojax.networks import init_params, observation_template
-    from ppojax.train import make_agent
-    from ppojax.update import ppo_loss
+    from ppojax.ppo.train import make_agent
+    from ppojax.ppo.update import ppo_loss
 
     config = ppojax.PPOConfig(env_id=env_id, policy_objective=objective, hidden_sizes=(8,))
     agent = make_agent(config)

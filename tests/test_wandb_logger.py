@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
-from ppojax import checkpointing, io
-from ppojax.cli import main
-from ppojax.evaluate import evaluate, load
-from ppojax.evaluation import EVAL_METRIC_NAMES, eval_key
-from ppojax.experiment import read_experiment, state_template
+from ppojax.cli.commands import main
+from ppojax.ppo.evaluation import EVAL_METRIC_NAMES, eval_key
+from ppojax.runs import checkpoints, folder
+from ppojax.runs.experiment import read_experiment, state_template
+from ppojax.runs.policy import evaluate, load
 
 wandb_proto = pytest.importorskip("wandb.proto.wandb_internal_pb2")
 
@@ -67,12 +67,12 @@ def swept(tmp_path_factory):
 
 def test_metrics_csv_and_summary_hold_the_evaluations(swept):
     run_dir, _ = swept
-    _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
     for name in EVAL_METRIC_NAMES:
         assert metrics[name].shape == (4, 4)
         assert np.isnan(metrics[name][:, [0, 2]]).all()
         assert np.isfinite(metrics[name][:, [1, 3]]).all()
-    summary = io.read_json(run_dir / io.SUMMARY_FILE)
+    summary = folder.read_json(run_dir / folder.SUMMARY_FILE)
     finals = [value for row in summary["final_eval_return"] for value in row["per_seed"]]
     np.testing.assert_array_equal(finals, metrics["eval_return"][:, -1])
     assert [row["point"] for row in summary["final_eval_return"]] == [
@@ -88,8 +88,8 @@ def png_width(path: Path) -> int:
 def test_learning_curve_puts_the_evaluation_beside_the_training_curve(swept, tmp_path):
     run_dir, _ = swept
     returns = np.array([[np.nan, 10.0, 20.0, 30.0]])
-    io.plot_learning_curves({"x": returns}, np.arange(1, 5), tmp_path / "one.png", "t")
-    assert png_width(run_dir / io.CURVE_FILE) == 2 * png_width(tmp_path / "one.png")
+    folder.plot_learning_curves({"x": returns}, np.arange(1, 5), tmp_path / "one.png", "t")
+    assert png_width(run_dir / folder.CURVE_FILE) == 2 * png_width(tmp_path / "one.png")
 
 
 def test_in_loop_evaluation_equals_ppojax_eval_of_the_loaded_policy(swept):
@@ -98,9 +98,9 @@ def test_in_loop_evaluation_equals_ppojax_eval_of_the_loaded_policy(swept):
     discrete actions, so the returns (sums of rewards of 1) are equal integers and their
     means over 3 episodes agree to float32 rounding (rtol 1e-6)."""
     run_dir, _ = swept
-    _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
     experiment, _ = read_experiment(run_dir)
-    states, _ = checkpointing.restore_checkpoint(run_dir, state_template(experiment))
+    states, _ = checkpoints.restore_checkpoint(run_dir, state_template(experiment))
     for run in (0, 3):
         config, act = load(run_dir, run=run)
         state = jax.tree.map(lambda leaf, run=run: leaf[run], states)
@@ -156,7 +156,7 @@ def offline_run(path: Path) -> dict:
 
 def test_offline_wandb_runs_hold_every_metric_of_every_update(swept):
     run_dir, wandb_dir = swept
-    _, metrics = io.read_metrics(run_dir / io.METRICS_FILE)
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
     paths = sorted((wandb_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     runs = {run["config"]["run"]: run for run in map(offline_run, paths)}
     assert sorted(runs) == [0, 1, 2, 3]
@@ -173,7 +173,7 @@ def test_offline_wandb_runs_hold_every_metric_of_every_update(swept):
             np.testing.assert_array_equal(logged, values[index], err_msg=name)
         assert "eval_return" not in run["history"][1]
         assert run["summary"]["final_eval_return"] == metrics["eval_return"][index, -1]
-        expected = io.final_returns(metrics["episode_return"][index : index + 1])[0]
+        expected = folder.final_returns(metrics["episode_return"][index : index + 1])[0]
         np.testing.assert_allclose(run["summary"]["final_return"], expected, rtol=1e-12)
         assert run["summary"]["diverged"] is False
     assert os.environ.get("WANDB_MODE") != "offline"  # the fixture restored the environment
@@ -205,7 +205,7 @@ def test_a_resumed_run_logs_on_into_the_same_wandb_runs(tmp_path, monkeypatch):
     out = tmp_path / "runs"
     assert main([*TRAIN, "--out", str(out), "--wandb", "--wandb-project", "tests"]) == 0
     (run_dir,) = out.iterdir()
-    saved = io.read_json(run_dir / io.RUN_FILE)["wandb"]
+    saved = folder.read_json(run_dir / folder.RUN_FILE)["wandb"]
     assert saved["project"] == "tests" and len(saved["run_ids"]) == 2
     assert len(set(saved["run_ids"])) == 2
     assert all(len(run_id) == 16 for run_id in saved["run_ids"])  # 64 random bits each
@@ -213,7 +213,7 @@ def test_a_resumed_run_logs_on_into_the_same_wandb_runs(tmp_path, monkeypatch):
     assert sorted(offline_run(path)["id"] for path in first) == sorted(saved["run_ids"])
 
     # as if killed before the last checkpoint: resume from update 2 of 4
-    for path in (run_dir / io.CHECKPOINT_DIR).iterdir():
+    for path in (run_dir / folder.CHECKPOINT_DIR).iterdir():
         if path.name == "4":
             shutil.rmtree(path)
     assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
@@ -223,12 +223,14 @@ def test_a_resumed_run_logs_on_into_the_same_wandb_runs(tmp_path, monkeypatch):
     for run in resumed:
         assert sorted(run["history"]) == [3, 4]
         assert run["config"]["run"] == saved["run_ids"].index(run["id"])
-    assert io.read_json(run_dir / io.RUN_FILE)["wandb"] == saved  # unchanged by the resume
+    assert folder.read_json(run_dir / folder.RUN_FILE)["wandb"] == saved  # unchanged by the resume
 
-    settings = io.read_json(run_dir / io.RUN_FILE)
-    io.write_json(run_dir / io.RUN_FILE, {**settings, "wandb": {**saved, "run_ids": ["a b"]}})
+    settings = folder.read_json(run_dir / folder.RUN_FILE)
+    folder.write_json(
+        run_dir / folder.RUN_FILE, {**settings, "wandb": {**saved, "run_ids": ["a b"]}}
+    )
     with pytest.raises(ValueError, match=r"run.json: field 'wandb': run_ids must be .*\[.a b.\]"):
         read_experiment(run_dir)
     del settings["wandb"]  # run folders from before W&B resume have no such field
-    io.write_json(run_dir / io.RUN_FILE, settings)
+    folder.write_json(run_dir / folder.RUN_FILE, settings)
     assert read_experiment(run_dir)[1].wandb is None

@@ -1,8 +1,7 @@
 """Environments: gymnax ids, registered ids and suite ids behind one wrapper with episode
 statistics."""
 
-from ppojax.envs.registry import SUITES, register_env, registered_envs
-from ppojax.envs.wrappers import (
+from ppojax.envs.env import (
     EnvSpec,
     EpisodeState,
     MultiDiscrete,
@@ -11,6 +10,7 @@ from ppojax.envs.wrappers import (
     list_envs,
     make_env,
 )
+from ppojax.envs.registry import SUITES, register_env, registered_envs
 
 __all__ = [
     "SUITES",

@@ -44,17 +44,20 @@ class Suite(NamedTuple):
 
 
 SUITES: dict[str, Suite] = {
-    "brax": Suite("ppojax.envs.brax", "brax", "brax", "brax/inverted_pendulum"),
+    "brax": Suite("ppojax.envs.suites.brax", "brax", "brax", "brax/inverted_pendulum"),
     "craftax": Suite(
-        "ppojax.envs.craftax", "craftax", "craftax", "craftax/Craftax-Classic-Symbolic-v1"
+        "ppojax.envs.suites.craftax", "craftax", "craftax", "craftax/Craftax-Classic-Symbolic-v1"
     ),
-    "jumanji": Suite("ppojax.envs.jumanji", "jumanji", "jumanji", "jumanji/Snake-v1"),
-    "navix": Suite("ppojax.envs.navix", "navix", "navix", "navix/Navix-Empty-5x5-v0"),
+    "jumanji": Suite("ppojax.envs.suites.jumanji", "jumanji", "jumanji", "jumanji/Snake-v1"),
+    "navix": Suite("ppojax.envs.suites.navix", "navix", "navix", "navix/Navix-Empty-5x5-v0"),
     "playground": Suite(
-        "ppojax.envs.playground", "mujoco_playground", "playground", "playground/CartpoleBalance"
+        "ppojax.envs.suites.playground",
+        "mujoco_playground",
+        "playground",
+        "playground/CartpoleBalance",
     ),
     "xminigrid": Suite(
-        "ppojax.envs.xminigrid", "xminigrid", "xminigrid", "xminigrid/MiniGrid-Empty-6x6"
+        "ppojax.envs.suites.xminigrid", "xminigrid", "xminigrid", "xminigrid/MiniGrid-Empty-6x6"
     ),
 }
 

@@ -1,7 +1,7 @@
 """Policy networks: encoder (mlp, cnn) -> optional recurrent core (gru, lstm) -> heads.
 
-``build_network`` picks the modules from the config's static fields and checks that the
-encoder can take the env's observations; ``init_params`` initialises every kernel
+``build_network`` picks the modules from ``NetworkSettings`` (static config fields) and
+checks that the encoder can take the env's observations; ``init_params`` initialises every kernel
 orthogonally through the LAPACK-free Householder QR of ``ppojax.networks.init``.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ppojax.config import ConfigError, PPOConfig
+from ppojax.checks import ConfigError
 from ppojax.envs import PPOEnv
 from ppojax.networks.init import householder_qr_q, orthogonal, orthogonalize, tall_shape
 from ppojax.networks.modules import (
@@ -35,7 +35,6 @@ __all__ = [
     "householder_qr_q",
     "init_params",
     "initial_hidden",
-    "network_settings",
     "observation_template",
     "orthogonal",
     "orthogonalize",
@@ -46,20 +45,6 @@ __all__ = [
 HIDDEN_SCALE = math.sqrt(2.0)  # gain of the encoder layers (tanh/relu)
 CORE_SCALE = 1.0  # recurrent kernels: orthogonal, norm-preserving
 HEAD_SCALES = {"actor_head": 0.01, "critic_head": 1.0}  # small policy logits, unit-scale values
-
-
-def network_settings(config: PPOConfig) -> NetworkSettings:
-    return NetworkSettings(
-        encoder=config.encoder,
-        hidden_sizes=tuple(config.hidden_sizes),
-        activation=config.activation,
-        cnn_channels=tuple(config.cnn_channels),
-        cnn_kernel_size=config.cnn_kernel_size,
-        cnn_stride=config.cnn_stride,
-        recurrent=config.recurrent,
-        recurrent_size=config.recurrent_size,
-        shared_torso=config.shared_torso,
-    )
 
 
 def observation_template(env: PPOEnv) -> Any:
@@ -94,10 +79,9 @@ def check_encoder(settings: NetworkSettings, observation: Any, env_name: str) ->
             )
 
 
-def build_network(config: PPOConfig, env: PPOEnv) -> ActorCritic:
-    """The network ``config`` describes for ``env``, checked against its observations."""
-    settings = network_settings(config)
-    check_encoder(settings, observation_template(env), config.env_id)
+def build_network(settings: NetworkSettings, env: PPOEnv, env_name: str) -> ActorCritic:
+    """The network ``settings`` describe for ``env``, checked against its observations."""
+    check_encoder(settings, observation_template(env), env_name)
     return ActorCritic(env.spec, settings)
 
 

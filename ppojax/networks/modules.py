@@ -26,17 +26,27 @@ ACTIVATION_FNS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 
 class NetworkSettings(NamedTuple):
-    """The static PPOConfig fields that shape the network (hashable, so a flax attribute)."""
+    """The static fields that shape the network, by name; their defaults and checks live with
+    the fields themselves in ``PPOConfig``, so ``from_fields`` reads them off any object that
+    has them. Hashable, so a flax attribute."""
 
-    encoder: str = "mlp"
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    cnn_channels: tuple[int, ...] = (16,)
-    cnn_kernel_size: int = 3
-    cnn_stride: int = 1
-    recurrent: str | None = None
-    recurrent_size: int = 128
-    shared_torso: bool = False
+    encoder: str
+    hidden_sizes: tuple[int, ...]
+    activation: str
+    cnn_channels: tuple[int, ...]
+    cnn_kernel_size: int
+    cnn_stride: int
+    recurrent: str | None
+    recurrent_size: int
+    shared_torso: bool
+
+    @classmethod
+    def from_fields(cls, source: Any) -> NetworkSettings:
+        """The settings named by this class's fields, read from ``source``'s attributes."""
+        values = {name: getattr(source, name) for name in cls._fields}
+        for name in ("hidden_sizes", "cnn_channels"):
+            values[name] = tuple(values[name])
+        return cls(**values)
 
 
 def core_state_size(settings: NetworkSettings) -> int:

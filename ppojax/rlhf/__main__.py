@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 
-from ppojax import cache, io
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
@@ -37,6 +36,8 @@ from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_sft
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
 from ppojax.rlhf.trainer import make_trainer
+from ppojax.runs import folder
+from ppojax.runtime import cache
 
 # Fields the task fixes: the vocabulary and the answer's length are the task's.
 TASK_FIELDS = ("pad_id", "eos_id", "response_len")
@@ -178,14 +179,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache.enable_compile_cache()
     if args.resume is not None:
         run_dir = args.resume
-        if not (run_dir / io.CONFIG_FILE).exists():
-            raise ValueError(f"--resume {run_dir}: no {io.CONFIG_FILE} there (not a run folder)")
-        settings = io.read_json(run_dir / io.CONFIG_FILE)
+        if not (run_dir / folder.CONFIG_FILE).exists():
+            raise ValueError(
+                f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)"
+            )
+        settings = folder.read_json(run_dir / folder.CONFIG_FILE)
     else:
         settings = settings_from_args(args)
         name = f"rlhf-{args.task}-{settings['rlhf']['algorithm']}"
-        run_dir = io.new_run_dir(args.out, name)
-        io.write_json(run_dir / io.CONFIG_FILE, settings)
+        run_dir = folder.new_run_dir(args.out, name)
+        folder.write_json(run_dir / folder.CONFIG_FILE, settings)
     frozen = frozen_params(settings, run_dir, args.resume is not None)
     trainer, state, prompt_fn = prepare(settings, frozen)
     run = settings["run"]

@@ -29,10 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import checkpointing, io
-from ppojax.compiling import compiler_options
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.trainer import RLHFState, Trainer
+from ppojax.runs import checkpoints, folder
+from ppojax.runtime.compiling import compiler_options
 
 PLOT_FILE = "curves.png"
 FROZEN_DIR = "frozen"
@@ -73,16 +73,16 @@ def rlhf_config_from_dict(values: dict[str, Any]) -> RLHFConfig:
 
 def save_frozen(run_dir: Path, tree: Any) -> None:
     """Write the rewards' frozen arrays once, as an orbax checkpoint ``frozen/0``."""
-    checkpoints = checkpointing.open_checkpoints(Path(run_dir) / FROZEN_DIR)
+    store = checkpoints.open_checkpoints(Path(run_dir) / FROZEN_DIR)
     try:
-        checkpointing.save_checkpoint(checkpoints, 0, tree)
+        checkpoints.save_checkpoint(store, 0, tree)
     finally:
-        checkpoints.close()
+        store.close()
 
 
 def load_frozen(run_dir: Path, template: Any) -> Any:
     """The arrays ``save_frozen`` wrote (``template`` gives their structure and shapes)."""
-    return checkpointing.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
+    return checkpoints.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
 
 
 def plot_curves(path: Path, metrics: dict[str, np.ndarray], names: tuple[str, ...]) -> None:
@@ -119,7 +119,7 @@ def summarize(
         "timed_steps": timed_steps,
         "wall_s": round(seconds, 2),
         "response_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else math.nan,
-        "versions": io.versions(),
+        "versions": folder.versions(),
     }
 
 
@@ -132,12 +132,12 @@ def curve_names(metrics: dict[str, Any]) -> tuple[str, ...]:
 def resume_point(run_dir: Path, template: RLHFState) -> tuple[RLHFState | None, int]:
     """The newest readable checkpoint and its step (None, 0 without one); checkpoints that do
     not read back are set aside and metrics rows after the step dropped."""
-    state, step, unreadable = checkpointing.restore_newest(run_dir, template)
+    state, step, unreadable = checkpoints.restore_newest(run_dir, template)
     if unreadable:
-        checkpointing.set_aside(run_dir, unreadable)
-    metrics_path = Path(run_dir) / io.METRICS_FILE
+        checkpoints.set_aside(run_dir, unreadable)
+    metrics_path = Path(run_dir) / folder.METRICS_FILE
     if metrics_path.exists():
-        io.truncate_metrics(metrics_path, step)
+        folder.truncate_metrics(metrics_path, step)
     return state, step
 
 
@@ -164,7 +164,7 @@ def train_run(
         restored, start = resume_point(run_dir, state)
         state = state if restored is None else restored
     compiled: dict[int, Callable[..., Any]] = {}
-    checkpoints = checkpointing.open_checkpoints(run_dir, clean=True)
+    store = checkpoints.open_checkpoints(run_dir, clean=True)
     bar = tqdm(total=num_steps, initial=start, unit="step", disable=not progress)
     began, step = time.perf_counter(), start
     try:
@@ -177,11 +177,11 @@ def train_run(
                 )
             state, metrics = compiled[count](state, key, jnp.int32(step))
             table = {name: np.asarray(values)[None] for name, values in sorted(metrics.items())}
-            header = io.metrics_header([{"run": 0}], list(table))
-            rows = io.metric_rows([{"run": 0}], step, table)
-            io.append_metrics(run_dir / io.METRICS_FILE, header, rows)
+            header = folder.metrics_header([{"run": 0}], list(table))
+            rows = folder.metric_rows([{"run": 0}], step, table)
+            folder.append_metrics(run_dir / folder.METRICS_FILE, header, rows)
             step += count
-            checkpointing.save_checkpoint(checkpoints, step, state)
+            checkpoints.save_checkpoint(store, step, state)
             bar.update(count)
             last = {
                 name: float(table[name][0, -1]) for name in ("objective/scores", "objective/kl")
@@ -190,13 +190,13 @@ def train_run(
                 score=f"{last['objective/scores']:.3f}", kl=f"{last['objective/kl']:.2f}"
             )
     finally:
-        checkpoints.close()
+        store.close()
         bar.close()
     seconds = time.perf_counter() - began
-    _, table = io.read_metrics(run_dir / io.METRICS_FILE)
+    _, table = folder.read_metrics(run_dir / folder.METRICS_FILE)
     metrics = {name: values[0] for name, values in table.items()}
     plot_curves(run_dir / PLOT_FILE, metrics, curve_names(metrics))
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
     summary = summarize(metrics, seconds, rows, num_steps - start)
-    io.write_json(run_dir / io.SUMMARY_FILE, summary)
+    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
     return state, metrics

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import optax
 
-from ppojax import losses
+from ppojax.ppo import losses
 from ppojax.rlhf.sampling import PolicyApply, response_stats
 
 

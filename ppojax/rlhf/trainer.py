@@ -8,7 +8,7 @@ One step: repeat each prompt ``group_size`` times, sample responses, recompute t
 under the policy and the frozen reference (the initial params; with LoRA the base), score
 them with the weighted reward functions, turn scores and KL into advantages (PPO: token GAE on
 the critic's values; GRPO: group-normalized; RLOO: leave-one-out), run ``ppo_epochs`` x
-``num_minibatches`` clipped updates through ``ppojax.update.run_epochs``, then the KL
+``num_minibatches`` clipped updates through ``ppojax.ppo.update.run_epochs``, then the KL
 controller. Every array of the state and every traced config field can be vmapped.
 """
 
@@ -24,13 +24,13 @@ import optax
 from flax import struct
 
 from ppojax.checks import ConfigError
+from ppojax.ppo.update import OptimizerCarry, run_epochs
 from ppojax.rlhf import lora
 from ppojax.rlhf.advantages import update_kl_coef
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.objective import LossParts, RLHFBatch, rlhf_loss
 from ppojax.rlhf.rollout import collect, rollout_metrics
 from ppojax.rlhf.sampling import KVCacheHook, PolicyApply
-from ppojax.update import OptimizerCarry, run_epochs
 
 RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 CriticApply = Callable[[Any, jax.Array, jax.Array], jax.Array]

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ppojax import losses
 from ppojax.checks import check_positive_int
+from ppojax.ppo import losses
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
 from ppojax.rlhf.sampling import sample_cached

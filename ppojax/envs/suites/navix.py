@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import navix
 from gymnax.environments import spaces
 
-from ppojax.envs.adapter import Adapter, AdapterState, NoParams, box_like, unknown_name
+from ppojax.envs.suites.adapter import Adapter, AdapterState, NoParams, box_like, unknown_name
 
 TERMINATION = 2
 TRUNCATION = 1

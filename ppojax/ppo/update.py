@@ -15,12 +15,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ppojax import losses, packing, prng
-from ppojax.config import PPOConfig
-from ppojax.distributions import policy_distribution
 from ppojax.networks import reset_hidden
-from ppojax.rollout import Agent
-from ppojax.types import Batch, Params, SequenceBatch
+from ppojax.networks.distributions import policy_distribution
+from ppojax.ppo import losses
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.rollout import Agent
+from ppojax.ppo.types import Batch, Params, SequenceBatch
+from ppojax.runtime import packing, prng
 
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -286,7 +287,7 @@ def run_epochs(
     the divergence guard skipped.
 
     Inside the epochs the optimizer's moments and each step's metrics travel packed, one
-    array per dtype (ppojax/packing.py), and the optimizer runs on packed gradients: Adam,
+    array per dtype (ppojax/runtime/packing.py), and the optimizer runs on packed gradients: Adam,
     clipping and the guard then take a few kernels per step instead of a few per parameter
     leaf. The parameters stay a tree: the loss reads them as they are (slicing a packed
     vector there would make the gradient a sum of padded copies). The steps are those on

@@ -15,13 +15,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ppojax import checkpointing, io
+from ppojax.runs import checkpoints
+
+from ppojax.runs import folder
 from ppojax.checks import ConfigError, check_positive_int, is_int, show
-from ppojax.config import PPOConfig
+from ppojax.ppo.config import PPOConfig
 from ppojax.envs.registry import env_id_known, env_modules, import_env_modules
-from ppojax.reporting import RunOptions
-from ppojax.sweeps import grid_points as sweep_grid_points
-from ppojax.wandb_logger import options_from_settings, wandb_settings
+from ppojax.runs.progress import RunOptions
+from ppojax.ppo.sweeps import grid_points as sweep_grid_points
+from ppojax.runs.loggers import options_from_settings, wandb_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +130,7 @@ RUN_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 
 def read_run_settings(path: Path) -> dict[str, Any]:
     """run.json, every field checked; a ``ValueError`` naming the file and the field."""
-    settings = io.read_json_object(path, "run settings (seeds, seed, grid, checkpoints)")
+    settings = folder.read_json_object(path, "run settings (seeds, seed, grid, checkpoints)")
     for name, (kind, valid) in RUN_FIELDS.items():
         if name not in settings:
             raise ValueError(f"{path} has no field {name!r} ({kind})")
@@ -147,9 +149,9 @@ def env_modules_of(path: Path, settings: dict[str, Any]) -> tuple[str, ...]:
 
 def read_config(path: Path) -> PPOConfig:
     """config.json as a validated PPOConfig; errors name the file."""
-    settings = io.read_json_object(path, "PPOConfig fields")
+    settings = folder.read_json_object(path, "PPOConfig fields")
     try:
-        return io.config_from_dict(settings)
+        return folder.config_from_dict(settings)
     except (ValueError, TypeError) as error:
         raise ValueError(f"{path}: {error}") from None
 
@@ -159,15 +161,15 @@ def read_experiment(run_dir: Path) -> tuple[Experiment, RunOptions]:
     file and field when config.json or run.json is missing, empty or damaged. The env modules
     run.json records are imported first when the env id is not registered yet."""
     run_dir = Path(run_dir)
-    if not (run_dir / io.CONFIG_FILE).exists() and not (run_dir / io.RUN_FILE).exists():
+    if not (run_dir / folder.CONFIG_FILE).exists() and not (run_dir / folder.RUN_FILE).exists():
         raise ValueError(f"{run_dir} is not a ppojax run folder (no config.json / run.json)")
-    path = run_dir / io.RUN_FILE
+    path = run_dir / folder.RUN_FILE
     settings = read_run_settings(path)
     modules = env_modules_of(path, settings)
-    saved = io.read_json_object(run_dir / io.CONFIG_FILE, "PPOConfig fields")
+    saved = folder.read_json_object(run_dir / folder.CONFIG_FILE, "PPOConfig fields")
     if not env_id_known(saved.get("env_id", "CartPole-v1")):
         import_env_modules(modules, str(path))
-    config = read_config(run_dir / io.CONFIG_FILE)
+    config = read_config(run_dir / folder.CONFIG_FILE)
     grid = {name: tuple(values) for name, values in settings["grid"].items()}
     try:
         experiment = Experiment(config, settings["seeds"], settings["seed"], grid)
@@ -191,7 +193,7 @@ def run_record(experiment: Experiment) -> dict[str, Any]:
     """What fixes a run's state, as saved in each checkpoint's manifest: every config field
     and the seeds, base seed and grid of run.json."""
     return {
-        "config": io.config_to_dict(experiment.config),
+        "config": folder.config_to_dict(experiment.config),
         "seeds": experiment.seeds,
         "seed": experiment.seed,
         "grid": {name: list(values) for name, values in experiment.grid.items()},
@@ -206,11 +208,11 @@ def record_differences(
     compared)."""
     saved_config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
     pairs = [
-        (io.CONFIG_FILE, name, value, saved_config.get(name, value))
+        (folder.CONFIG_FILE, name, value, saved_config.get(name, value))
         for name, value in now["config"].items()
     ]
     pairs += [
-        (io.RUN_FILE, name, now[name], saved.get(name, now[name]))
+        (folder.RUN_FILE, name, now[name], saved.get(name, now[name]))
         for name in ("seeds", "seed", "grid")
     ]
     return [pair for pair in pairs if pair[2] != pair[3]]
@@ -220,7 +222,7 @@ def check_record(run_dir: Path, experiment: Experiment) -> None:
     """Raise ``RunMismatchError`` naming the fields when config.json or run.json differ from
     what the checkpoints of ``run_dir`` were saved with (read-only)."""
     now = run_record(experiment)
-    for step, saved in checkpointing.checkpoint_records(run_dir):
+    for step, saved in checkpoints.checkpoint_records(run_dir):
         differences = record_differences(now, saved)
         if differences:
             raise RunMismatchError(mismatch_message(run_dir, step, differences))
@@ -238,5 +240,5 @@ def mismatch_message(run_dir: Path, step: int, differences: list[tuple[str, str,
     return (
         f"{run_dir}: {files} no longer {verb} the run's checkpoints: {changed}. Nothing was "
         f"changed. To resume, restore {files} ({restore}); to train with the new settings, "
-        f"start a new run with --config {run_dir / io.CONFIG_FILE}"
+        f"start a new run with --config {run_dir / folder.CONFIG_FILE}"
     )

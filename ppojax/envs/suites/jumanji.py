@@ -30,8 +30,14 @@ import numpy as np
 from gymnax.environments import spaces
 from jumanji import specs
 
-from ppojax.envs.adapter import Adapter, AdapterState, NoParams, observation_space_of, unknown_name
-from ppojax.envs.wrappers import MultiDiscrete
+from ppojax.envs.env import MultiDiscrete
+from ppojax.envs.suites.adapter import (
+    Adapter,
+    AdapterState,
+    NoParams,
+    observation_space_of,
+    unknown_name,
+)
 
 MASK_FIELD = "action_mask"
 

@@ -6,8 +6,8 @@ JAX version, same devices), so a command run a second time skips compiling. The 
 turns it on unless ``--no-compile-cache`` is given or ``PPOJAX_NO_COMPILE_CACHE=1`` is set; from
 Python, call :func:`enable_compile_cache` before the first ``jax.jit`` call::
 
-    import ppojax.cache
-    ppojax.cache.enable_compile_cache()            # $XDG_CACHE_HOME/ppojax, or ~/.cache/ppojax
+    import ppojax.runtime.cache
+    ppojax.runtime.cache.enable_compile_cache()  # $XDG_CACHE_HOME/ppojax, or ~/.cache/ppojax
     out = jax.jit(ppojax.train)(config, key)       # compiled once, loaded by later processes
 
 JAX decides once per process, at its first compilation, whether the cache is used. It does not

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import xminigrid
 from gymnax.environments import spaces
 
-from ppojax.envs.adapter import Adapter, AdapterState, box_like, unknown_name
+from ppojax.envs.suites.adapter import Adapter, AdapterState, box_like, unknown_name
 
 
 class XMiniGrid(Adapter):

@@ -1,7 +1,7 @@
 """The command line: ``ppojax train | sweep | eval | envs``.
 
 ``ppojax train`` (no arguments) trains CartPole-v1, shows a progress bar, writes a run folder
-(config, metrics, learning curve, checkpoints, summary; see ``ppojax.io``) and prints the
+(config, metrics, learning curve, checkpoints, summary; see ``ppojax.runs.folder``) and prints the
 result. ``ppojax sweep`` trains a grid of hyperparameters x seeds in one compiled program.
 ``ppojax eval`` loads a run folder's policy and reports its mean return, optionally as a GIF.
 """
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ppojax.cli_report import print_report
-from ppojax.cli_values import (
+from ppojax.cli.report import print_report
+from ppojax.cli.values import (
     Parser,
     annotation_parser,
     parse_cpu_devices,
@@ -28,10 +28,10 @@ from ppojax.cli_values import (
     parse_grid,
     parse_int,
 )
-from ppojax.config import PRESETS, PPOConfig
+from ppojax.ppo.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
-    from ppojax.experiment import RunOptions, RunResult
+    from ppojax.runs.experiment import RunOptions, RunResult
 
 DEFAULT_OUT = "runs"
 
@@ -120,7 +120,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_wandb_flags(parser: argparse.ArgumentParser) -> None:
-    """--wandb and where its runs go (see ppojax.wandb_logger)."""
+    """--wandb and where its runs go (see ppojax.runs.loggers)."""
     parser.add_argument(
         "--wandb", action="store_true", help="also log to Weights & Biases (one W&B run per run)"
     )
@@ -153,7 +153,7 @@ def add_cache_flag(parser: argparse.ArgumentParser) -> None:
 
 def use_compile_cache(args: argparse.Namespace) -> None:
     """Turn on JAX's persistent compilation cache unless the flag or variable says no."""
-    from ppojax import cache
+    from ppojax.runtime import cache
 
     if not getattr(args, "no_compile_cache", True) and not cache.disabled_by_environment():
         cache.enable_compile_cache()
@@ -239,17 +239,17 @@ def flag_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_config(args: argparse.Namespace) -> PPOConfig:
     """Preset of the env, then the --config file (JSON or TOML), then the flags."""
-    from ppojax import io
+    from ppojax.runs import folder
 
     overrides = flag_settings(args)
     if args.config is None:
-        return io.config_from_dict(overrides)
-    return io.config_from_file(args.config, **overrides)
+        return folder.config_from_dict(overrides)
+    return folder.config_from_file(args.config, **overrides)
 
 
 def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> RunOptions:
     """RunOptions from the flags; on --resume, the run's saved options with the flags on top."""
-    from ppojax.experiment import RunOptions
+    from ppojax.runs.experiment import RunOptions
 
     if args.tensorboard and importlib.util.find_spec("tensorboardX") is None:
         raise ValueError("--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'")
@@ -275,7 +275,7 @@ def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> Ru
 def wandb_options(args: argparse.Namespace, saved: Any = None) -> Any:
     """WandbOptions from --wandb and its flags; None without --wandb. On --resume, ``saved``
     (the run's W&B settings, which it logs on to without --wandb) with the flags on top."""
-    from ppojax.wandb_logger import WandbOptions
+    from ppojax.runs.loggers import WandbOptions
 
     given = {
         name: getattr(args, f"wandb_{name}")
@@ -296,7 +296,7 @@ def wandb_options(args: argparse.Namespace, saved: Any = None) -> Any:
 
 def resume(args: argparse.Namespace) -> RunResult:
     """Continue ``args.resume``; the run's own config and seeds, so no config flags."""
-    from ppojax.experiment import read_experiment, resume_experiment
+    from ppojax.runs.experiment import read_experiment, resume_experiment
 
     given = [f"--{name.replace('_', '-')}" for name in config_overrides(args)]
     given += ["ENV_ID"] * (args.env_id is not None) + ["--config"] * (args.config is not None)
@@ -311,9 +311,8 @@ def resume(args: argparse.Namespace) -> RunResult:
 def use_cpu_settings(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:
     """Make the CPU devices ``--cpu-devices`` says, then size XLA's CPU thread pool as
     ``--cpu-threads`` says, both before JAX's first computation."""
-    from ppojax import compiling
+    from ppojax.runtime import compiling
 
-    # None also where an --env-module that computed at import has already started JAX
     planned = None if compiling.backends_started() else planned_settings(args, grid)
     devices = args.cpu_devices
     if devices == "auto":
@@ -350,16 +349,16 @@ def planned_settings(
     """The PPOConfig fields and the number of runs this command trains, read without building
     the PPOConfig (its env check imports gymnax, which computes at import and so starts JAX);
     None where the files cannot be read (the PPOConfig built next reports why)."""
-    from ppojax import io
-    from ppojax.runs import num_runs, read_run_settings
+    from ppojax.runs import folder
+    from ppojax.runs.settings import num_runs, read_run_settings
 
     try:
         if args.resume is not None:
-            settings = io.read_json_object(args.resume / io.CONFIG_FILE, "PPOConfig fields")
-            run = read_run_settings(args.resume / io.RUN_FILE)
+            settings = folder.read_json_object(args.resume / folder.CONFIG_FILE, "PPOConfig fields")
+            run = read_run_settings(args.resume / folder.RUN_FILE)
             runs = num_runs(run["seeds"], run["grid"])
         else:
-            settings = io.read_config_file(args.config) if args.config is not None else {}
+            settings = folder.read_config_file(args.config) if args.config is not None else {}
             settings = {**settings, **flag_settings(args)}
             runs = num_runs(args.seeds, grid)
     except ValueError:
@@ -370,7 +369,7 @@ def planned_settings(
 
 
 def check_seed_flags(args: argparse.Namespace) -> None:
-    from ppojax.experiment import MAX_SEED
+    from ppojax.runs.experiment import MAX_SEED
 
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
@@ -380,8 +379,8 @@ def check_seed_flags(args: argparse.Namespace) -> None:
 
 def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> int:
     """``ppojax train`` and ``ppojax sweep``: train, fill the run folder, print the result."""
-    from ppojax import io
-    from ppojax.experiment import Experiment, check_env, run_experiment
+    from ppojax.runs import folder
+    from ppojax.runs.experiment import Experiment, check_env, run_experiment
 
     use_cpu_settings(args, grid)
     if args.resume is not None:
@@ -390,9 +389,9 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
         check_seed_flags(args)
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)
-        io.check_out_dir(args.out)
+        folder.check_out_dir(args.out)
         check_env(experiment.config)  # an env that cannot be built leaves no empty folder
-        run_dir = io.new_run_dir(args.out, experiment.config.env_id)
+        run_dir = folder.new_run_dir(args.out, experiment.config.env_id)
         print(f"run folder: {run_dir}", flush=True)
         result = run_experiment(experiment, run_dir, options)
     print_report(result)
@@ -427,8 +426,8 @@ def divergence_status(result: RunResult, command: str) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``ppojax eval``: mean/std return of the run's policy, and a GIF when asked."""
-    from ppojax import io
-    from ppojax.evaluate import evaluate, load, render_gif
+    from ppojax.runs import folder
+    from ppojax.runs.policy import evaluate, load, render_gif
 
     if args.episodes < 1:
         raise ValueError(f"--episodes must be at least 1, got {args.episodes}")
@@ -439,7 +438,7 @@ def run_eval(args: argparse.Namespace) -> int:
         f"{config.env_id}, run {args.run}: mean return {returns.mean():.1f} +- {returns.std():.1f}"
         f" over {args.episodes} episodes ({mode} actions)"
     )
-    io.write_json(
+    folder.write_json(
         args.run_dir / "eval.json",
         {"run": args.run, "mode": mode, "seed": args.seed, "returns": returns.tolist()},
     )
@@ -490,7 +489,7 @@ def show_warning(
 ) -> None:
     """ppojax's own warnings (a checkpoint passed over) as one plain line on stderr; others
     as Python shows them."""
-    from ppojax.checkpointing import CheckpointWarning
+    from ppojax.runs.checkpoints import CheckpointWarning
 
     if issubclass(category, CheckpointWarning):
         sys.stderr.write(f"ppojax: warning: {message}\n")

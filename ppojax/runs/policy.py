@@ -12,15 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import checkpointing
-from ppojax.config import PPOConfig
+from ppojax.runs import checkpoints
+from ppojax.ppo.config import PPOConfig
 from ppojax.envs import PPOEnv, make_env
-from ppojax.evaluation import Act, EvalCarry, eval_start, eval_step, max_episode_steps, run_episodes
-from ppojax.experiment import read_experiment, run_table, state_template
+from ppojax.ppo.evaluation import Act, EvalCarry, eval_start, eval_step, max_episode_steps, run_episodes
+from ppojax.runs.experiment import read_experiment, run_table, state_template
 from ppojax.networks import initial_hidden, observation_template
-from ppojax.rollout import Agent, policy_step
-from ppojax.train import make_agent
-from ppojax.types import TrainState
+from ppojax.ppo.rollout import Agent, policy_step
+from ppojax.ppo.train import make_agent
+from ppojax.ppo.types import TrainState
 
 # The env ids gymnax.visualize.Visualizer draws (gymnax 1.x).
 RENDERABLE_ENVS = (
@@ -66,7 +66,7 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
     runs = run_table(experiment)
     if not 0 <= run < len(runs):
         raise ValueError(f"run must lie in [0, {len(runs) - 1}] for {run_dir}, got {run}")
-    state, _ = checkpointing.restore_checkpoint(Path(run_dir), state_template(experiment), step)
+    state, _ = checkpoints.restore_checkpoint(Path(run_dir), state_template(experiment), step)
     point = {name: runs[run][name] for name in experiment.grid}
     config = experiment.config.replace(**point)
     return config, make_act(config, jax.tree.map(lambda leaf: leaf[run], state))
@@ -135,7 +135,7 @@ def episode_frames(
     hidden: jax.Array | None = None,
 ) -> tuple[Any, ...]:
     """One env stepped for the env's time limit by the evaluation's own step
-    (``ppojax.evaluation.eval_step``): per step [T, 1] the env state before the step, the
+    (``ppojax.ppo.evaluation.eval_step``): per step [T, 1] the env state before the step, the
     reward, and whether the first episode has ended by then. ``hidden`` [1, S] is a recurrent
     policy's initial state."""
 
@@ -164,7 +164,7 @@ def evaluate(
 ) -> np.ndarray:
     """Returns [episodes] of ``episodes`` episodes run in parallel, one per env, from
     ``jax.random.key(seed)`` or ``key`` when given. The same function
-    (``ppojax.evaluation.run_episodes``) evaluates inside training: the in-loop evaluation
+    (``ppojax.ppo.evaluation.run_episodes``) evaluates inside training: the in-loop evaluation
     after an update is ``evaluate(config, act, eval_episodes, key=eval_key(state.key))``."""
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")

@@ -1,5 +1,5 @@
 """Run folders: config and run settings as JSON, metrics as CSV, learning-curve plots and a
-summary (the checkpoints are ``ppojax.checkpointing``'s).
+summary (the checkpoints are ``ppojax.runs.checkpoints``'s).
 
 A run folder holds::
 
@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.config import ConfigError, PPOConfig
+from ppojax.ppo.config import ConfigError, PPOConfig
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"

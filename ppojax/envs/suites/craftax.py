@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from craftax.craftax_env import make_craftax_env_from_name
 from gymnax.environments import spaces
 
-from ppojax.envs.adapter import Adapter, AdapterState, unknown_name
+from ppojax.envs.suites.adapter import Adapter, AdapterState, unknown_name
 
 NAMES = (
     "Craftax-Classic-Symbolic-v1",

@@ -172,7 +172,7 @@ def auto_cpu_devices(runs: int, cores: int | None = None) -> int | None:
         return None
     if jax.config.jax_num_cpu_devices > 0:
         return None
-    from ppojax.parallel import even_split
+    from ppojax.runtime.sharding import even_split
 
     devices = even_split(runs, cpu_cores() if cores is None else cores)
     return devices if devices > 1 else None

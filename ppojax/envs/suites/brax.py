@@ -24,7 +24,7 @@ from brax import envs
 from flax import struct
 from gymnax.environments import spaces
 
-from ppojax.envs.adapter import Adapter, AdapterState, observation_space_of, unknown_name
+from ppojax.envs.suites.adapter import Adapter, AdapterState, observation_space_of, unknown_name
 
 
 @struct.dataclass

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ppojax import io
-from ppojax.config import PPOConfig
-from ppojax.evaluation import EVAL_METRIC_NAMES
+from ppojax.runs import folder
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -123,7 +123,7 @@ def run_config(config: PPOConfig, run: dict[str, Any], group: str) -> dict[str, 
     and ``experiment`` (the group)."""
     point = {name: value for name, value in run.items() if name not in ("run", "seed")}
     return {
-        **io.config_to_dict(config),
+        **folder.config_to_dict(config),
         **point,
         "run": run["run"],
         "seed": run["seed"],
@@ -153,7 +153,7 @@ class WandbLog:
                 f"WandbOptions.run_ids has {len(options.run_ids)} ids for {len(runs)} runs"
             )
         group = options.name or (Path(run_dir).name if run_dir is not None else config.env_id)
-        folder = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
+        wandb_dir = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
         self.runs = []
         for index, run in enumerate(runs):
             settings = run_config(config, run, group)
@@ -168,7 +168,7 @@ class WandbLog:
                     job_type=label or "train",
                     tags=[f"seed={run['seed']}", *([label] if label else [])],
                     config=settings,
-                    dir=folder,
+                    dir=wandb_dir,
                     reinit="create_new",
                     id=run_id,
                     resume=None if run_id is None else "allow",
@@ -211,7 +211,7 @@ def run_summary(metrics: dict[str, np.ndarray], run: int, diverged: bool) -> dic
     """``final_return`` (mean episode return of the last 10 updates), ``final_eval_return``
     (the last evaluation's return; only with evaluation) and ``diverged``."""
     summary: dict[str, Any] = {
-        "final_return": float(io.final_returns(metrics["episode_return"][run : run + 1])[0]),
+        "final_return": float(folder.final_returns(metrics["episode_return"][run : run + 1])[0]),
         "diverged": bool(diverged),
     }
     if "eval_return" in metrics:

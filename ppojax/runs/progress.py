@@ -2,7 +2,7 @@
 
 ``RunOptions`` says what to show and keep; ``ChunkHandler`` receives every chunk's metrics and
 states and feeds the progress bar (``ProgressBar``), metrics.csv, TensorBoard
-(``TensorBoardLog``), Weights & Biases and the checkpoints. ``ppojax.experiment`` runs the
+(``TensorBoardLog``), Weights & Biases and the checkpoints. ``ppojax.runs.experiment`` runs the
 chunks and hands them over; nothing here compiles or traces.
 """
 
@@ -18,12 +18,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax import checkpointing, io
+from ppojax.runs import checkpoints
+
+from ppojax.runs import folder
 from ppojax.checks import check_bool, check_positive_int, show
-from ppojax.config import PPOConfig
-from ppojax.evaluation import EVAL_METRIC_NAMES
-from ppojax.types import TrainState
-from ppojax.wandb_logger import WandbLog, WandbOptions
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
+from ppojax.ppo.types import TrainState
+from ppojax.runs.loggers import WandbLog, WandbOptions
 
 
 class ProgressBar:
@@ -117,7 +119,7 @@ class RunOptions:
     """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
     run), checkpoints every N updates (the final state is always saved when there is a run
     folder), how many to keep (None: all), TensorBoard, Weights & Biases (``wandb``: where to
-    log, None: not at all; see ``ppojax.wandb_logger``), and the modules that register the env
+    log, None: not at all; see ``ppojax.runs.loggers``), and the modules that register the env
     (``--env-module``; recorded in run.json, imported again by ``--resume`` and ``load``)."""
 
     progress: bool = True
@@ -174,8 +176,8 @@ class TensorBoardLog:
             raise ValueError(
                 "--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'"
             ) from None
-        folder = Path(run_dir) / io.TENSORBOARD_DIR
-        self.writers = [SummaryWriter(str(folder / f"run-{run['run']}")) for run in runs]
+        log_dir = Path(run_dir) / folder.TENSORBOARD_DIR
+        self.writers = [SummaryWriter(str(log_dir / f"run-{run['run']}")) for run in runs]
 
     def write(self, first: int, metrics: dict[str, np.ndarray], batch_size: int) -> None:
         for run, writer in enumerate(self.writers):
@@ -206,7 +208,7 @@ class ChunkHandler:
         record: dict[str, Any] | None = None,
     ) -> None:
         """``runs``: one {"run", "seed", **grid point} per run, in run order; ``record``: what
-        every checkpoint records of the experiment (see ``checkpointing.open_checkpoints``)."""
+        every checkpoint records of the experiment (see ``checkpoints.open_checkpoints``)."""
         self.config, self.run_dir, self.options = config, run_dir, options
         self.runs = runs
         # Grid values get a prefix: a swept field can share its name with a metric
@@ -228,7 +230,7 @@ class ChunkHandler:
             description = f"{config.env_id} x{len(runs)}"
             self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
         if run_dir is not None:
-            self.checkpoints = checkpointing.open_checkpoints(
+            self.checkpoints = checkpoints.open_checkpoints(
                 run_dir, options.keep_checkpoints, clean=True, record=record
             )
             if options.tensorboard:
@@ -241,9 +243,9 @@ class ChunkHandler:
         config = self.config
         self.chunks.append(metrics)
         if self.run_dir is not None:
-            header = io.metrics_header(self.columns, list(metrics))
-            io.append_metrics(
-                self.run_dir / io.METRICS_FILE, header, io.metric_rows(self.columns, first, metrics)
+            header = folder.metrics_header(self.columns, list(metrics))
+            folder.append_metrics(
+                self.run_dir / folder.METRICS_FILE, header, folder.metric_rows(self.columns, first, metrics)
             )
         if self.tensorboard is not None:
             self.tensorboard.write(first, metrics, config.batch_size)
@@ -277,7 +279,7 @@ class ChunkHandler:
             print(message, file=sys.stderr, flush=True)
 
     def save(self, step: int, state: TrainState) -> None:
-        checkpointing.save_checkpoint(self.checkpoints, step, state)
+        checkpoints.save_checkpoint(self.checkpoints, step, state)
         self.saved_step = step
 
     def finish(self, state: TrainState) -> dict[str, np.ndarray]:

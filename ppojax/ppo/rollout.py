@@ -12,24 +12,24 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax import prng
-from ppojax.config import PPOConfig
-from ppojax.distributions import (
-    deterministic_action,
-    draw_action_noise,
-    policy_distribution,
-    sample_from_noise,
-)
 from ppojax.envs import PPOEnv
+from ppojax.envs.env import EpisodeState
 from ppojax.envs.normalize import (
     RewardNormalizer,
     normalize_observation,
     normalize_reward,
     update_observation_stats,
 )
-from ppojax.envs.wrappers import EpisodeState
 from ppojax.networks import ActorCritic, reset_hidden
-from ppojax.types import Params, TrainState, Transition
+from ppojax.networks.distributions import (
+    deterministic_action,
+    draw_action_noise,
+    policy_distribution,
+    sample_from_noise,
+)
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.types import Params, TrainState, Transition
+from ppojax.runtime import prng
 
 
 class Agent(NamedTuple):

@@ -88,7 +88,7 @@ class PPOConfig:
     eval_every: every that many updates and after the last one (None: never, and the program
     is exactly the one without evaluation) the compiled loop plays eval_episodes whole
     episodes of the current policy on fresh envs, its mode when eval_deterministic, else
-    samples; see ``ppojax.evaluation``.
+    samples; see ``ppojax.ppo.evaluation``.
     """
 
     env_id: str = static("CartPole-v1")

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax import prng
 from ppojax.envs import EnvSpec
+from ppojax.runtime import prng
 
 MASKED_LOGIT = float(np.finfo(np.float32).min)
 HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ppojax.experiment import RunResult
+    from ppojax.runs.experiment import RunResult
 
 
 def print_report(result: RunResult) -> None:
@@ -37,7 +37,7 @@ def print_report(result: RunResult) -> None:
 
 def cache_note() -> str:
     """How many programs this process loaded from the compilation cache, when it is on."""
-    from ppojax import cache
+    from ppojax.runtime import cache
 
     if not cache.cache_enabled():
         return ""
@@ -50,7 +50,7 @@ def cache_note() -> str:
 
 def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
     """Mean over runs of the 10-update rolling mean return at ten points; returns [runs, U]."""
-    from ppojax.io import rolling_mean
+    from ppojax.runs.folder import rolling_mean
 
     smooth = rolling_mean(returns)
     print(f"{'env steps':>12}  {'mean return':>12}")
@@ -77,7 +77,7 @@ def reset_pool_line(reset_pool: int | None, metrics: dict[str, np.ndarray]) -> s
 
 def print_final_returns(result: RunResult) -> None:
     """Each seed's final return (mean of its last 10 updates), per grid point."""
-    from ppojax.experiment import final_return_table
+    from ppojax.runs.experiment import final_return_table
 
     print("final return (mean of the last 10 updates):")
     print_return_rows(final_return_table(result))
@@ -85,7 +85,7 @@ def print_final_returns(result: RunResult) -> None:
 
 def print_final_eval_returns(result: RunResult) -> None:
     """Each seed's last evaluation return, per grid point; nothing without evaluation."""
-    from ppojax.experiment import final_return_table
+    from ppojax.runs.experiment import final_return_table
 
     if "eval_return" not in result.metrics:
         return
@@ -97,7 +97,7 @@ def print_final_eval_returns(result: RunResult) -> None:
 
 def print_return_rows(rows: list[dict]) -> None:
     """One line per grid point of ``final_return_table``: each seed's value, mean and std."""
-    from ppojax.experiment import point_label
+    from ppojax.runs.experiment import point_label
 
     for row in rows:
         label = point_label(row["point"]) or "per seed"
@@ -109,7 +109,7 @@ def print_return_rows(rows: list[dict]) -> None:
 
 def print_divergence(result: RunResult) -> None:
     """One line per run whose steps the divergence guard skipped; nothing when none did."""
-    from ppojax.experiment import point_label
+    from ppojax.runs.experiment import point_label
 
     for row in result.divergence:
         if row["nonfinite_steps"] == 0:

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from ppojax.io import CHECKPOINT_DIR, json_kind, read_json_object, write_json
+from ppojax.runs.folder import CHECKPOINT_DIR, json_kind, read_json_object, write_json
 
 
 def _is_key(leaf: Any) -> bool:

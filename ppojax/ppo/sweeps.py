@@ -17,10 +17,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ppojax.config import PPOConfig, unknown_field_message
-from ppojax.parallel import grid_mesh, put_global
-from ppojax.train import train
-from ppojax.types import Metrics, TrainState, check_key_batch
+from ppojax.ppo.config import PPOConfig, unknown_field_message
+from ppojax.ppo.train import train
+from ppojax.ppo.types import Metrics, TrainState, check_key_batch
+from ppojax.runtime.sharding import grid_mesh, put_global
 
 
 class SweepOutput(NamedTuple):

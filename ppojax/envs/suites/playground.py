@@ -23,9 +23,9 @@ from typing import Any
 
 from mujoco_playground import registry
 
-from ppojax.envs.adapter import unknown_name
-from ppojax.envs.brax import Brax, BraxParams
 from ppojax.envs.registry import unknown_parameter
+from ppojax.envs.suites.adapter import unknown_name
+from ppojax.envs.suites.brax import Brax, BraxParams
 
 CPU_IMPL = "jax"
 

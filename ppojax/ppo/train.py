@@ -9,15 +9,20 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from ppojax.config import PPOConfig
 from ppojax.envs import make_env
 from ppojax.envs.normalize import RewardNormalizer, observation_stats
-from ppojax.evaluation import eval_key, eval_metrics, run_episodes, skipped_metrics
-from ppojax.gae import compute_gae
-from ppojax.losses import explained_variance
-from ppojax.networks import build_network, init_params, initial_hidden, observation_template
-from ppojax.parallel import check_divisible, constrain_env_axis
-from ppojax.rollout import (
+from ppojax.networks import (
+    NetworkSettings,
+    build_network,
+    init_params,
+    initial_hidden,
+    observation_template,
+)
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.evaluation import eval_key, eval_metrics, run_episodes, skipped_metrics
+from ppojax.ppo.gae import compute_gae
+from ppojax.ppo.losses import explained_variance
+from ppojax.ppo.rollout import (
     Agent,
     collect_rollout,
     episode_metrics,
@@ -26,7 +31,7 @@ from ppojax.rollout import (
     reset_envs,
     rollout_start,
 )
-from ppojax.types import (
+from ppojax.ppo.types import (
     Batch,
     Metrics,
     SequenceBatch,
@@ -35,7 +40,7 @@ from ppojax.types import (
     Transition,
     as_key,
 )
-from ppojax.update import (
+from ppojax.ppo.update import (
     OptimizerCarry,
     adaptive_kl_update,
     learning_rate_at,
@@ -43,13 +48,14 @@ from ppojax.update import (
     policy_kl,
     update_epochs,
 )
+from ppojax.runtime.sharding import check_divisible, constrain_env_axis
 
 
 def make_agent(config: PPOConfig) -> Agent:
     """The env and network module that ``config`` describes; ``ConfigError`` naming the field
     when the encoder cannot take the env's observations."""
     env = make_env(config.env_id, **config.env_kwargs)
-    return Agent(env, build_network(config, env))
+    return Agent(env, build_network(NetworkSettings.from_fields(config), env, config.env_id))
 
 
 def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
@@ -252,7 +258,7 @@ def run_updates(
 
     Running the updates in chunks gives exactly the same result as one call, which is what
     progress reporting and resuming from checkpoints rely on. With ``mesh`` (static), the
-    environments are split across its devices (see ``ppojax.parallel``).
+    environments are split across its devices (see ``ppojax.runtime.sharding``).
     """
     agent = make_agent(config)
     optimizer = make_optimizer(config)
@@ -282,7 +288,7 @@ def train(config: PPOConfig, key: jax.Array, mesh: Mesh | None = None) -> TrainO
 
     Pure in ``(config, key)``: ``jax.jit(train)(config, key)`` compiles once per program
     structure, and ``jax.vmap(train, in_axes=(None, 0))(config, keys)`` runs several seeds.
-    Metrics have a leading axis of num_updates (see ``ppojax.types.METRIC_NAMES``, and
+    Metrics have a leading axis of num_updates (see ``ppojax.ppo.types.METRIC_NAMES``, and
     ``EVAL_METRIC_NAMES`` with ``config.eval_every``, evaluated as ``train_step`` says).
     ``mesh`` (static under jit: ``jax.jit(train, static_argnames="mesh")``) splits the run's
     environments across devices; num_envs must be a multiple of the device count. ``key`` is

@@ -1,8 +1,8 @@
 """Evaluation episodes: a policy played for whole episodes on fresh environments.
 
 One function, ``run_episodes``, serves both the evaluation inside the compiled training loop
-(``PPOConfig.eval_every``, see ``ppojax.train.train_step``) and ``ppojax eval``
-(``ppojax.evaluate.evaluate``): given the same policy and key they play the same episodes.
+(``PPOConfig.eval_every``, see ``ppojax.ppo.train.train_step``) and ``ppojax eval``
+(``ppojax.runs.policy.evaluate``): given the same policy and key they play the same episodes.
 
 Keys: the evaluation after an update uses ``eval_key(state.key)`` of the state after that
 update, ``fold_in(state.key, EVAL_KEY_FOLD)``. Training splits its own keys from
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.envs import PPOEnv
-from ppojax.envs.wrappers import StepResult
+from ppojax.envs.env import StepResult
 from ppojax.networks import reset_hidden
 
 # Any fixed number gives a key stream apart from training's splits; this one spells "eval".

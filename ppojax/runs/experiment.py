@@ -2,7 +2,7 @@
 
 Progress reaches the host from inside the compiled loop: every few updates a
 ``jax.debug.callback`` hands the update number and the mean episode return to the progress
-bar; with the compilation cache on (``ppojax.cache``), which does not store programs with host
+bar; with the compilation cache on (``ppojax.runtime.cache``), which does not store programs with host
 callbacks, the updates run in chunks of one report interval instead. Checkpoints need the
 state on the host, so with ``checkpoint_every`` the updates run in chunks of one compiled
 program: a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by
@@ -11,7 +11,7 @@ chunked updates give the same numbers as one call.
 
 Where the process has several devices (GPUs, or CPU devices from
 ``compiling.use_cpu_devices``), the runs are split along their axis over as many of them as
-divide the runs evenly (``parallel.runs_sharding``); each device trains its share, compiled once.
+divide the runs evenly (``sharding.runs_sharding``); each device trains its share, compiled once.
 """
 
 from __future__ import annotations
@@ -32,12 +32,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
-from ppojax import cache, checkpointing, io, parallel
-from ppojax.compiling import compiler_options
-from ppojax.config import PPOConfig
-from ppojax.evaluation import EVAL_METRIC_NAMES
-from ppojax.reporting import ChunkHandler, RunOptions, divergence_report, latest_finite
-from ppojax.runs import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
+from ppojax.runtime import cache
+
+from ppojax.runs import checkpoints
+
+from ppojax.runs import folder
+
+from ppojax.runtime import sharding
+from ppojax.runtime.compiling import compiler_options
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
+from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report, latest_finite
+from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
     Experiment,
     RunMismatchError,
@@ -48,9 +54,9 @@ from ppojax.runs import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exporte
     run_settings,
     run_table,
 )
-from ppojax.train import eval_due, init_state, make_agent, train_step
-from ppojax.types import METRIC_NAMES, Metrics, TrainState
-from ppojax.update import make_optimizer
+from ppojax.ppo.train import eval_due, init_state, make_agent, train_step
+from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
+from ppojax.ppo.update import make_optimizer
 
 
 def run_config(experiment: Experiment) -> tuple[PPOConfig, int | None]:
@@ -74,7 +80,7 @@ def run_keys(experiment: Experiment) -> jax.Array:
 def init_program(experiment: Experiment) -> tuple[Any, tuple[PPOConfig, jax.Array]]:
     """The jitted function that makes every run's fresh TrainState, and its arguments."""
     config, axes = run_config(experiment)
-    init = parallel.jit_over_runs(jax.vmap(init_state, in_axes=(axes, 0)), experiment.num_runs)
+    init = sharding.jit_over_runs(jax.vmap(init_state, in_axes=(axes, 0)), experiment.num_runs)
     return init, (config, run_keys(experiment))
 
 
@@ -173,7 +179,7 @@ def chunk_runner(
 ) -> Callable[..., Any]:
     """``runner(config, state, first, count)`` over all runs: jit(run_chunk) for ``length``."""
     _, axes = run_config(experiment)
-    return parallel.jit_over_runs(
+    return sharding.jit_over_runs(
         functools.partial(
             run_chunk,
             length=length,
@@ -283,17 +289,17 @@ def run_experiment(
     options = options or RunOptions()
     if run_dir is not None:
         run_dir = Path(run_dir)
-        if (run_dir / io.CONFIG_FILE).exists():
+        if (run_dir / folder.CONFIG_FILE).exists():
             raise ValueError(f"{run_dir} already holds a run: resume it or train into a new folder")
-        io.check_out_dir(run_dir)
+        folder.check_out_dir(run_dir)
         check_env(experiment.config)
         if options.wandb is not None:  # run.json names the W&B runs, so a resume continues them
             options = dataclasses.replace(
                 options, wandb=options.wandb.with_run_ids(experiment.num_runs)
             )
         run_dir.mkdir(parents=True, exist_ok=True)
-        io.write_json(run_dir / io.CONFIG_FILE, io.config_to_dict(experiment.config))
-        io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
+        folder.write_json(run_dir / folder.CONFIG_FILE, folder.config_to_dict(experiment.config))
+        folder.write_json(run_dir / folder.RUN_FILE, run_settings(experiment, options))
     return continue_experiment(experiment, run_dir, options, None, 0, {})
 
 
@@ -313,23 +319,23 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
     experiment, saved_options = read_experiment(run_dir)
     options = options or saved_options
     check_record(run_dir, experiment)
-    state, step, unreadable = checkpointing.restore_newest(run_dir, state_template(experiment))
-    metrics_path = run_dir / io.METRICS_FILE
+    state, step, unreadable = checkpoints.restore_newest(run_dir, state_template(experiment))
+    metrics_path = run_dir / folder.METRICS_FILE
     history: dict[str, np.ndarray] = {}
     if step > 0:
-        header, rows, history = io.metrics_until(metrics_path, step, experiment.num_runs)
-    for path in checkpointing.set_aside(run_dir, unreadable):
+        header, rows, history = folder.metrics_until(metrics_path, step, experiment.num_runs)
+    for path in checkpoints.set_aside(run_dir, unreadable):
         warnings.warn(
-            f"moved the unreadable checkpoint to {path}", checkpointing.CheckpointWarning, 2
+            f"moved the unreadable checkpoint to {path}", checkpoints.CheckpointWarning, 2
         )
     if state is None:
         warnings.warn(
             f"{run_dir} has no complete checkpoint: training again from update 0",
-            checkpointing.CheckpointWarning,
+            checkpoints.CheckpointWarning,
             stacklevel=2,
         )
     if step > 0:
-        io.write_metrics(metrics_path, header, rows)
+        folder.write_metrics(metrics_path, header, rows)
     else:  # from update 0 the rows so far (perhaps one cut short) are all dropped
         metrics_path.unlink(missing_ok=True)
     if options.wandb is not None and options.wandb != saved_options.wandb:
@@ -337,7 +343,7 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
         options = dataclasses.replace(
             options, wandb=options.wandb.with_run_ids(experiment.num_runs)
         )
-        io.write_json(run_dir / io.RUN_FILE, run_settings(experiment, options))
+        folder.write_json(run_dir / folder.RUN_FILE, run_settings(experiment, options))
     return continue_experiment(experiment, run_dir, options, state, step, history)
 
 
@@ -376,7 +382,7 @@ def continue_experiment(
         if state is None:
             state, compiled = init_states_compiling(experiment, compile_for)
         else:
-            state = parallel.place_runs(state, experiment.num_runs)
+            state = sharding.place_runs(state, experiment.num_runs)
             compiled = compile_for(state)
         compile_seconds = time.perf_counter() - begin
         if handler.bar is not None:
@@ -427,7 +433,7 @@ def final_return_table(result: RunResult, metric: str = "episode_return") -> lis
     its last 10 updates; for ``metric="eval_return"`` its last evaluation), and their mean and
     standard deviation over seeds."""
     values = result.metrics[metric]
-    finals = latest_finite(values) if metric == "eval_return" else io.final_returns(values)
+    finals = latest_finite(values) if metric == "eval_return" else folder.final_returns(values)
     seeds = result.experiment.seeds
     rows = []
     for index, point in enumerate(grid_points(result.experiment.grid)):
@@ -458,10 +464,10 @@ def write_report(result: RunResult) -> None:
     returns = result.metrics["episode_return"]
     env_steps = (np.arange(returns.shape[1]) + 1) * config.batch_size
     evaluated = "eval_return" in result.metrics
-    io.plot_learning_curves(
+    folder.plot_learning_curves(
         curves_by_point(experiment, returns),
         env_steps,
-        result.run_dir / io.CURVE_FILE,
+        result.run_dir / folder.CURVE_FILE,
         f"ppojax PPO on {config.env_id}",
         curves_by_point(experiment, result.metrics["eval_return"]) if evaluated else None,
     )
@@ -482,6 +488,6 @@ def write_report(result: RunResult) -> None:
         "divergence": result.divergence,
         "diverged_runs": result.diverged_runs,
         "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": io.versions(),
+        "versions": folder.versions(),
     }
-    io.write_json(result.run_dir / io.SUMMARY_FILE, summary)
+    folder.write_json(result.run_dir / folder.SUMMARY_FILE, summary)

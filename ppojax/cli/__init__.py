@@ -1,0 +1,5 @@
+"""The command line: ``ppojax train | sweep | eval | envs | rlhf``."""
+
+from ppojax.cli.commands import main
+
+__all__ = ["main"]

@@ -1,0 +1,1 @@
+"""The algorithm, pure and jittable: config, rollout, GAE, losses, update, train, sweeps."""

@@ -1,0 +1,1 @@
+"""How ppojax's programs are compiled and laid out: compile cache, XLA/CPU settings, devices."""
