@@ -14,7 +14,8 @@ tanh), differ in agents (vmapped keys) and envs per agent:
 
 Each library's ``jax.jit(jax.vmap(train))`` over keys is compiled ahead of time (lowering and
 compiling timed apart from running), then the two run alternating in this process, best of
-3 repeats (2 for 2048 agents), each waited for with ``block_until_ready``. Where a work trains
+up to 3 repeats (2 for 2048 agents; no further pair once a work's runs took 30 s, 90 s for
+2048 agents), each waited for with ``block_until_ready``. Where a work trains
 to its end (1 x 4 and 2048 x 4) both report the final policy's return by one protocol: the
 mean over agents of 16 episodes with sampled actions. ppojax plays them in its compiled loop
 (``eval_every`` = the number of updates: one evaluation, after the last update, inside the
@@ -22,9 +23,9 @@ timed run: a handicap of ~500 sequential steps against 976 x 144); rejax's polic
 after its timed runs by this script (``algo.make_act`` and gymnax). ppojax's training return
 (last 5% of updates) is kept too.
 
-Ceilings, same process: gymnax's CartPole alone under vmap with random actions, at 8192 and
-65536 envs. Not measured: ppojax's rollout alone (no public rollout function) and RLHF steps
-(benchmarks/rlhf.py has no GPT-2-small timing).
+Ceilings, same process, measured first (seconds): gymnax's CartPole alone under vmap with
+random actions, at 8192 and 65536 envs. Not measured: ppojax's rollout alone (no public
+rollout function) and RLHF steps (benchmarks/rlhf.py has no GPT-2-small timing).
 
 Writes ``--out`` (default benchmarks/results/gpu.json) after every work, each work in its own
 try/except (an error is recorded and the rest go on), then a bar chart beside it (gpu.png).
@@ -63,18 +64,21 @@ ENV_ID = "CartPole-v1"
 EVAL_EPISODES = 16
 FINAL_FRACTION = 0.05
 
-# name: (agents, envs per agent, updates, timed repeats, final return measured)
-WORKS: dict[str, tuple[int, int, int, int, bool]] = {
-    "1 agent x 4 envs": (1, 4, 244, 3, True),
-    "1 agent x 8192 envs": (1, 8192, 96, 3, False),
-    "1 agent x 65536 envs": (1, 65536, 16, 3, False),
-    "2048 agents x 4 envs": (2048, 4, 976, 2, True),
+# name: (agents, envs per agent, updates, timed repeats at most, final return measured, and
+# the run seconds of both libraries together after which no further repeat starts). In this
+# order: the 65536-env work last, since rejax's run there is the least predictable (GPU.md has
+# no figure for it).
+WORKS: dict[str, tuple[int, int, int, int, bool, float]] = {
+    "1 agent x 4 envs": (1, 4, 244, 3, True, 30.0),
+    "1 agent x 8192 envs": (1, 8192, 96, 3, False, 30.0),
+    "2048 agents x 4 envs": (2048, 4, 976, 2, True, 90.0),
+    "1 agent x 65536 envs": (1, 65536, 16, 3, False, 30.0),
 }
-SMOKE_WORKS: dict[str, tuple[int, int, int, int, bool]] = {
-    "1 agent x 4 envs": (1, 4, 8, 1, True),
-    "1 agent x 8192 envs": (1, 64, 2, 1, False),
-    "1 agent x 65536 envs": (1, 256, 2, 1, False),
-    "2048 agents x 4 envs": (4, 4, 8, 1, True),
+SMOKE_WORKS: dict[str, tuple[int, int, int, int, bool, float]] = {
+    "1 agent x 4 envs": (1, 4, 8, 1, True, 30.0),
+    "1 agent x 8192 envs": (1, 64, 2, 1, False, 30.0),
+    "2048 agents x 4 envs": (4, 4, 8, 1, True, 30.0),
+    "1 agent x 65536 envs": (1, 256, 2, 1, False, 30.0),
 }
 # env alone: (envs, steps of the scan)
 CEILINGS = {"env alone, 8192 envs": (8192, 20_000), "env alone, 65536 envs": (65536, 20_000)}
@@ -250,9 +254,19 @@ def compile_library(library: dict[str, Any], agents: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_work(name: str, spec: tuple[int, int, int, int, bool], episodes: int) -> dict:
-    """Both libraries on one work: compile each, then alternating timed runs."""
-    agents, envs, updates, repeats, final = spec
+def failure(error: Exception) -> str:
+    traceback.print_exc()
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+LIBRARIES = {"ppojax": ppojax_library, "rejax": rejax_library}
+
+
+def measure_work(name: str, spec: tuple[int, int, int, int, bool, float], episodes: int) -> dict:
+    """Both libraries on one work: compile each, then alternating timed runs (a pair at
+    least; no further pair once the runs so far took ``spec[5]`` seconds). A library that
+    fails (its error recorded) leaves the other's figures standing."""
+    agents, envs, updates, repeats, final, max_run_s = spec
     config = classic_config(envs, updates, final)
     steps = agents * config.num_updates * config.batch_size
     work: dict[str, Any] = {
@@ -262,35 +276,61 @@ def measure_work(name: str, spec: tuple[int, int, int, int, bool], episodes: int
         "num_steps": config.num_steps,
         "updates": config.num_updates,
         "env_steps": steps,
-        "repeats": repeats,
     }
-    libraries = {"ppojax": ppojax_library(config), "rejax": rejax_library(config)}
-    for library_name, library in libraries.items():
-        work[f"{library_name}_compile_s"] = round(compile_library(library, agents), 2)
-        library["seconds"], library["out"] = [], None
+    libraries = {}
+    for library_name, make in LIBRARIES.items():
+        try:
+            library = make(config)
+            work[f"{library_name}_compile_s"] = round(compile_library(library, agents), 2)
+            libraries[library_name] = {**library, "seconds": [], "out": None}
+        except Exception as error:
+            work[f"{library_name}_error"] = failure(error)
     for repeat in range(repeats):
+        spent = sum(sum(library["seconds"]) for library in libraries.values())
+        if repeat > 0 and spent >= max_run_s:
+            break
         order = ("ppojax", "rejax") if repeat % 2 == 0 else ("rejax", "ppojax")
-        for library_name in order:
+        for library_name in (name for name in order if name in libraries):
             library = libraries[library_name]
             keys = keys_for(agents, repeat)
-            start = time.perf_counter()
-            library["out"] = jax.block_until_ready(library["run"](library["compiled"], keys))
-            library["seconds"].append(time.perf_counter() - start)
+            try:
+                start = time.perf_counter()
+                library["out"] = jax.block_until_ready(library["run"](library["compiled"], keys))
+                library["seconds"].append(time.perf_counter() - start)
+            except Exception as error:
+                work[f"{library_name}_error"] = failure(error)
+                del libraries[library_name]
     for library_name, library in libraries.items():
-        work[f"{library_name}_run_s"] = [round(s, 3) for s in library["seconds"]]
-        work[f"{library_name}_steps_per_s"] = round(steps / min(library["seconds"]))
-    work["ppojax_over_rejax"] = round(work["ppojax_steps_per_s"] / work["rejax_steps_per_s"], 3)
+        if library["seconds"]:
+            work[f"{library_name}_run_s"] = [round(s, 3) for s in library["seconds"]]
+            work[f"{library_name}_steps_per_s"] = round(steps / min(library["seconds"]))
+    work["repeats"] = max((len(library["seconds"]) for library in libraries.values()), default=0)
+    if "ppojax_steps_per_s" in work and "rejax_steps_per_s" in work:
+        ratio = work["ppojax_steps_per_s"] / work["rejax_steps_per_s"]
+        work["ppojax_over_rejax"] = round(ratio, 3)
     if final:
+        final_returns(work, libraries, episodes)
+    return work
+
+
+def final_returns(work: dict, libraries: dict, episodes: int) -> None:
+    """Each library's final return into ``work``, by the protocol the docstring gives."""
+    work["final_return_protocol"] = (
+        f"mean over agents of {episodes} sampled-action episodes of the final policy"
+    )
+    if libraries.get("ppojax", {}).get("out") is not None:
         returns = ppojax_returns(libraries["ppojax"]["out"])
         work["ppojax_final_return"] = returns["final"]
         work["ppojax_training_return"] = returns["training"]
-        work["rejax_final_return"] = rejax_final_return(
-            libraries["rejax"]["algo"], libraries["rejax"]["out"], jax.random.key(7), episodes
-        )
-        work["final_return_protocol"] = (
-            f"mean over agents of {episodes} sampled-action episodes of the final policy"
-        )
-    return work
+    if libraries.get("rejax", {}).get("out") is not None:
+        try:
+            rejax = libraries["rejax"]
+            key = jax.random.key(7)
+            work["rejax_final_return"] = rejax_final_return(
+                rejax["algo"], rejax["out"], key, episodes
+            )
+        except Exception as error:
+            work["rejax_final_return_error"] = failure(error)
 
 
 def env_alone(envs: int, steps: int) -> dict:
@@ -494,28 +534,27 @@ def main(argv: list[str] | None = None) -> int:
     report = header(argv)
     print(f"{report['gpu']} ({report['backend']}), driver {report['driver']}, jax {report['jax']}")
     failed = 0
+    # the ceilings first: seconds in all, so a part cut off by its timeout still has them
+    for name, (envs, steps) in ({} if args.no_ceilings else ceilings).items():
+        try:
+            ceiling = {"name": name, **env_alone(envs, steps)}
+        except Exception as error:
+            ceiling = {"name": name, "error": failure(error)}
+            failed += 1
+        report["ceilings"].append(ceiling)
+        save(report, args.out, args.mirror)
+        print(json.dumps(ceiling), flush=True)
     for name in args.works:
         began = time.perf_counter()
         try:
             work = measure_work(name, works[name], episodes)
         except Exception as error:  # one work's failure must not lose the others
-            traceback.print_exc()
-            work = {"name": name, "error": f"{type(error).__name__}: {error}"[:2000]}
-            failed += 1
+            work = {"name": name, "error": failure(error)}
+        failed += any(key.endswith("error") for key in work)
         work["wall_s"] = round(time.perf_counter() - began, 1)
         report["works"].append(work)
         save(report, args.out, args.mirror)
         print(json.dumps(work), flush=True)
-    for name, (envs, steps) in ({} if args.no_ceilings else ceilings).items():
-        try:
-            ceiling = {"name": name, **env_alone(envs, steps)}
-        except Exception as error:
-            traceback.print_exc()
-            ceiling = {"name": name, "error": f"{type(error).__name__}: {error}"[:2000]}
-            failed += 1
-        report["ceilings"].append(ceiling)
-        save(report, args.out, args.mirror)
-        print(json.dumps(ceiling), flush=True)
     figure = args.out.with_suffix(".png")
     plot(report, figure)
     if args.mirror is not None and figure.exists():

@@ -3,13 +3,13 @@
 # python3 with jax, flax, optax, chex and matplotlib, plus the wheels benchmarks/gpu_wheels.sh
 # put in .whl/ (gymnax, rejax and what they import), installed into /tmp/site.
 #
-#   bash benchmarks/gpu.sh            both parts (about 10-12 minutes: more than one 10-minute
+#   bash benchmarks/gpu.sh            both parts (about 10-13 minutes: more than one 10-minute
 #                                     device command; run the parts apart there)
 #   bash benchmarks/gpu.sh learning   (a) benchmarks/learning.py: the 9 gymnax tasks and the 4
 #                                     MinAtar games with a CNN, 4 seeds, 6 jobs at once ->
 #                                     benchmarks/results/learning.json and .png (~6-8 min)
 #   bash benchmarks/gpu.sh speed      (b) benchmarks/gpu.py: ppojax vs rejax steps/s ->
-#                                     benchmarks/results/gpu.json and .png (~3-5 min)
+#                                     benchmarks/results/gpu.json and .png (~4-5 min)
 #
 # Each part runs under its own timeout (LEARNING_TIMEOUT, SPEED_TIMEOUT seconds; LEARNING_TASKS
 # and LEARNING_JOBS change (a)'s tasks, space-separated, and its processes) and writes its
