@@ -1,23 +1,121 @@
 #!/usr/bin/env bash
-# The GPU benchmarks on a CUDA GPU, in under 10 minutes: ppojax's scaling over envs and seeds
-# (benchmarks/results/scaling-gpu.json and .png), then ppojax against rejax at CartPole with
-# 2,048 and 65,536 envs and Breakout-MinAtar with 1,024 (compile and run time,
-# benchmarks/results/compare-gpu.json and .png). Each step's JSON is written as it goes, so a
-# step cut off by its timeout keeps what it measured.
-#   bash benchmarks/gpu.sh            (from the repository root, on a machine with a GPU)
-set -euo pipefail
+# The GPU benchmarks, on a machine with a CUDA GPU and no network (shared/GPU.md): its own
+# python3 with jax, flax, optax, chex and matplotlib, plus the wheels benchmarks/gpu_wheels.sh
+# put in .whl/ (gymnax, rejax and what they import), installed into /tmp/site.
+#
+#   bash benchmarks/gpu.sh            both parts (about 10-13 minutes: more than one 10-minute
+#                                     device command; run the parts apart there)
+#   bash benchmarks/gpu.sh learning   (a) benchmarks/learning.py: the 9 gymnax tasks and the 4
+#                                     MinAtar games with a CNN, 4 seeds, 6 jobs at once ->
+#                                     benchmarks/results/learning.json and .png (~6-8 min)
+#   bash benchmarks/gpu.sh speed      (b) benchmarks/gpu.py: ppojax vs rejax steps/s ->
+#                                     benchmarks/results/gpu.json and .png (~4-5 min)
+#
+# Each part runs under its own timeout (LEARNING_TIMEOUT, SPEED_TIMEOUT seconds; LEARNING_TASKS
+# and LEARNING_JOBS change (a)'s tasks, space-separated, and its processes) and writes its
+# JSON as it goes, so a part cut off keeps what it finished. With $OUT set (the device tool's
+# folder of files to bring back) the results and this script's log are copied there as they
+# are written (flat names, 5 files). PPOJAX_COMMIT=<hash> records the commit where the
+# checkout has no .git. From the repository root or anywhere in it.
+# To try the script on a CPU: SMOKE=1 (tiny sizes, results in /tmp/ppojax-smoke, no GPU
+# needed), PYTHON=<an interpreter with gymnax and rejax>, NO_WHEELS=1 (use its packages).
+set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ ! -x .venv-gpu/bin/python ]]; then
-    python3 -m venv .venv-gpu
-    .venv-gpu/bin/pip install -q -e ".[bench]" "jax[cuda12]"
+PART="${1:-all}"
+LEARNING_TIMEOUT="${LEARNING_TIMEOUT:-540}"
+SPEED_TIMEOUT="${SPEED_TIMEOUT:-330}"
+LEARNING_JOBS="${LEARNING_JOBS:-6}"
+ALL_TASKS="CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 MountainCar-v0
+    Asterix-MinAtar Breakout-MinAtar Freeway-MinAtar SpaceInvaders-MinAtar
+    Asterix-MinAtar:cnn Breakout-MinAtar:cnn Freeway-MinAtar:cnn SpaceInvaders-MinAtar:cnn"
+read -r -a TASKS <<<"$(echo ${LEARNING_TASKS:-$ALL_TASKS})"
+PYTHON="${PYTHON:-python3}"
+SMOKE_FLAG=()
+[[ -n "${SMOKE:-}" ]] && SMOKE_FLAG=(--smoke)
+RESULTS=benchmarks/results
+[[ -n "${SMOKE:-}" ]] && RESULTS=/tmp/ppojax-smoke
+case "$PART" in
+    all | learning | speed) ;;
+    *) echo "usage: bash benchmarks/gpu.sh [all|learning|speed]" >&2; exit 2 ;;
+esac
+MIRROR=()
+if [[ -n "${OUT:-}" ]]; then
+    mkdir -p "$OUT"
+    MIRROR=(--mirror "$OUT")
+    exec > >(tee -a "$OUT/gpu-sh.log") 2>&1
 fi
-.venv-gpu/bin/python - <<'PY'
+began=$(date +%s)
+
+# The carried wheels, without their dependencies (the machine has the rest).
+if [[ -z "${NO_WHEELS:-}" ]]; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "no wheels in .whl/: run bash benchmarks/gpu_wheels.sh where a registry is" \
+            "reachable, and carry .whl" >&2
+        exit 1
+    fi
+    rm -rf /tmp/site
+    if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl; then
+        echo "pip failed; unpacking the wheels instead (they are zip files)" >&2
+        "$PYTHON" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall("/tmp/site") for w in sys.argv[1:]]' \
+            .whl/*.whl || exit 1
+    fi
+    export PYTHONPATH="/tmp/site:$PWD"
+else
+    export PYTHONPATH="$PWD"
+fi
+
+SMOKE="${SMOKE:-}" "$PYTHON" - <<'PY' || exit 1
+import importlib.metadata as metadata
+import os
+import subprocess
+
 import jax
-assert jax.default_backend() == "gpu", f"no GPU visible to JAX: {jax.devices()}"
-print(jax.devices())
+
+if not os.environ.get("SMOKE"):
+    assert jax.default_backend() == "gpu", f"no GPU visible to JAX: {jax.devices()}"
+try:
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=30,
+    ).stdout.strip()
+except (OSError, subprocess.SubprocessError):
+    driver = "nvidia-smi not found"
+print(f"GPU: {jax.devices()[0].device_kind} x {jax.device_count()}; nvidia-smi: {driver}")
+names = ("jax", "jaxlib", "flax", "optax", "chex", "gymnax", "gymnasium", "rejax", "distrax")
+print("versions:", ", ".join(f"{name} {metadata.version(name)}" for name in names))
+import gymnax, rejax  # noqa: E401,F401  (fail here, not halfway through a part)
 PY
-timeout 280 .venv-gpu/bin/python benchmarks/scaling.py --tag gpu \
-    --envs 4 64 1024 4096 16384 65536 --seeds 1 4 16 64 256 \
-    --steps-per-point 8388608 --steps-per-seed 131072 --repeats 2 || echo "scaling.py stopped (timeout or error); going on" >&2
-timeout 280 .venv-gpu/bin/python benchmarks/compare.py --tag gpu \
-    --configs cartpole-2048 cartpole-65536 breakout-1024 --pairs 3
+echo "set up in $(($(date +%s) - began)) s"
+
+status=0
+if [[ "$PART" == all || "$PART" == learning ]]; then
+    echo "== (a) learning: timeout ${LEARNING_TIMEOUT} s"
+    timeout -k 15 "$LEARNING_TIMEOUT" "$PYTHON" benchmarks/learning.py "${SMOKE_FLAG[@]}" \
+        --tasks "${TASKS[@]}" --seeds 4 --jobs "$LEARNING_JOBS" "${MIRROR[@]}" || {
+        status=$?
+        echo "learning.py stopped (exit $status: 124 is the timeout); going on" >&2
+    }
+    if [[ "$status" != 0 && -f "$RESULTS/learning.json" ]]; then
+        # the figure of what finished, when the run was cut off before drawing it
+        "$PYTHON" benchmarks/learning.py --plot-only --out "$RESULTS/learning.json" || true
+        [[ -n "${OUT:-}" ]] && cp -f "$RESULTS/learning.png" "$OUT/" 2>/dev/null
+    fi
+    echo "(a) done at $(($(date +%s) - began)) s"
+fi
+if [[ "$PART" == all || "$PART" == speed ]]; then
+    echo "== (b) speed: timeout ${SPEED_TIMEOUT} s"
+    timeout -k 15 "$SPEED_TIMEOUT" "$PYTHON" benchmarks/gpu.py "${SMOKE_FLAG[@]}" "${MIRROR[@]}" || {
+        code=$?
+        status=$code
+        echo "gpu.py stopped (exit $code: 124 is the timeout)" >&2
+    }
+    echo "(b) done at $(($(date +%s) - began)) s"
+fi
+if [[ -n "${OUT:-}" ]]; then
+    for file in learning.json learning.png gpu.json gpu.png; do
+        [[ -f "$RESULTS/$file" ]] && cp -f "$RESULTS/$file" "$OUT/"
+    done
+    ls -la "$OUT"
+fi
+exit "$status"

@@ -136,7 +136,7 @@ def test_presets_build_and_accept_overrides():
     assert (
         pendulum.learning_rate == 3e-4 and pendulum.num_envs == PRESETS["Pendulum-v1"]["num_envs"]
     )
-    assert ppojax.PPOConfig.preset("Acrobot-v1").num_envs == 4  # no preset: the defaults
+    assert ppojax.PPOConfig.preset("Catch-bsuite").num_envs == 4  # no preset: the defaults
 
 
 def test_hidden_sizes_list_becomes_a_tuple():

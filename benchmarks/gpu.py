@@ -1,0 +1,567 @@
+"""ppojax against rejax 0.1.3 on one GPU: env steps/s of each library's own jit(vmap(train)).
+
+    python benchmarks/gpu.py [--works NAME ...] [--out benchmarks/results/gpu.json]
+        [--mirror DIR] [--smoke]
+
+The works, all on CartPole-v1 with PureJaxRL's classic PPO config (4 envs x 128 steps, 4
+epochs x 4 minibatches, lr 2.5e-4 annealed in ppojax (rejax 0.1.3 has no annealing), 64-64
+tanh), differ in agents (vmapped keys) and envs per agent:
+
+- "1 agent x 4 envs": 244 updates (125k steps), latency-bound;
+- "1 agent x 8192 envs", "1 agent x 65536 envs": 96 and 16 updates, about 100M and 134M
+  steps, ~2 s each at GPU.md's ~52M and ~74M steps/s;
+- "2048 agents x 4 envs": 5e5 steps each (976 updates), PureJaxRL's headline.
+
+Each library's ``jax.jit(jax.vmap(train))`` over keys is compiled ahead of time (lowering and
+compiling timed apart from running), then the two run alternating in this process, best of
+up to 3 repeats (2 for 2048 agents; no further pair once a work's runs took 30 s, 90 s for
+2048 agents), each waited for with ``block_until_ready``. Where a work trains
+to its end (1 x 4 and 2048 x 4) both report the final policy's return by one protocol: the
+mean over agents of 16 episodes with sampled actions. ppojax plays them in its compiled loop
+(``eval_every`` = the number of updates: one evaluation, after the last update, inside the
+timed run: a handicap of ~500 sequential steps against 976 x 144); rejax's policies are played
+after its timed runs by this script (``algo.make_act`` and gymnax). ppojax's training return
+(last 5% of updates) is kept too.
+
+Ceilings, same process, measured first (seconds): gymnax's CartPole alone under vmap with
+random actions, at 8192 and 65536 envs. Not measured: ppojax's rollout alone (no public
+rollout function) and RLHF steps (benchmarks/rlhf.py has no GPT-2-small timing).
+
+Writes ``--out`` (default benchmarks/results/gpu.json) after every work, each work in its own
+try/except (an error is recorded and the rest go on), then a bar chart beside it (gpu.png).
+rejax needs gymnax's LegacyStepAPIWrapper on gymnax 1.0 (shared/KNOWN-ISSUES.md). Uses only
+ppojax's public API and stands alone. ``--smoke``: every size shrunk to seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import ppojax
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
+ENV_ID = "CartPole-v1"
+EVAL_EPISODES = 16
+FINAL_FRACTION = 0.05
+
+# name: (agents, envs per agent, updates, timed repeats at most, final return measured, and
+# the run seconds of both libraries together after which no further repeat starts). In this
+# order: the 65536-env work last, since rejax's run there is the least predictable (GPU.md has
+# no figure for it).
+WORKS: dict[str, tuple[int, int, int, int, bool, float]] = {
+    "1 agent x 4 envs": (1, 4, 244, 3, True, 30.0),
+    "1 agent x 8192 envs": (1, 8192, 96, 3, False, 30.0),
+    "2048 agents x 4 envs": (2048, 4, 976, 2, True, 90.0),
+    "1 agent x 65536 envs": (1, 65536, 16, 3, False, 30.0),
+}
+SMOKE_WORKS: dict[str, tuple[int, int, int, int, bool, float]] = {
+    "1 agent x 4 envs": (1, 4, 8, 1, True, 30.0),
+    "1 agent x 8192 envs": (1, 64, 2, 1, False, 30.0),
+    "2048 agents x 4 envs": (4, 4, 8, 1, True, 30.0),
+    "1 agent x 65536 envs": (1, 256, 2, 1, False, 30.0),
+}
+# env alone: (envs, steps of the scan)
+CEILINGS = {"env alone, 8192 envs": (8192, 20_000), "env alone, 65536 envs": (65536, 20_000)}
+SMOKE_CEILINGS = {"env alone, 8192 envs": (64, 200), "env alone, 65536 envs": (256, 200)}
+
+
+def classic_config(num_envs: int, updates: int, final_return: bool) -> ppojax.PPOConfig:
+    """PureJaxRL's classic CartPole config at ``num_envs`` envs and ``updates`` updates; with
+    one sampled-action evaluation of EVAL_EPISODES episodes after the last update."""
+    evaluation = dict(eval_every=updates, eval_episodes=EVAL_EPISODES, eval_deterministic=False)
+    return ppojax.PPOConfig(
+        env_id=ENV_ID,
+        num_envs=num_envs,
+        num_steps=128,
+        total_timesteps=num_envs * 128 * updates,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=2.5e-4,
+        anneal_lr=True,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        **(evaluation if final_return else {}),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The two libraries: lower(keys) -> jax.stages.Lowered, run(compiled, keys) -> output
+
+
+def legacy_step_env(env: Any) -> Any:
+    """gymnax 1.0's env with the old five-value ``step`` that rejax 0.1.3 unpacks."""
+    from gymnax.wrappers import LegacyStepAPIWrapper
+
+    class LegacyStep(LegacyStepAPIWrapper):
+        def __getattr__(self, name: str) -> Any:
+            # rejax deep-copies its env; copy probes attributes of an instance whose _env is
+            # not set yet, and the wrapper's lookup of _env would recurse forever.
+            if name == "_env":
+                raise AttributeError(name)
+            return super().__getattr__(name)
+
+    return LegacyStep(env)
+
+
+def rejax_algo(config: ppojax.PPOConfig) -> Any:
+    """rejax's PPO with ``config``'s hyperparameters and networks, its evaluation off."""
+    import gymnax
+    from rejax import PPO
+
+    env, env_params = gymnax.make(config.env_id)
+    steps = config.num_updates * config.batch_size
+    algo = PPO.create(
+        env=legacy_step_env(env),
+        env_params=env_params,
+        num_envs=config.num_envs,
+        num_steps=config.num_steps,
+        num_epochs=config.update_epochs,
+        num_minibatches=config.num_minibatches,
+        total_timesteps=steps,
+        eval_freq=steps,
+        skip_initial_evaluation=True,
+        learning_rate=config.learning_rate,
+        max_grad_norm=config.max_grad_norm,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+        clip_eps=config.clip_eps,
+        ent_coef=config.ent_coef,
+        vf_coef=config.vf_coef,
+        normalize_observations=config.normalize_observations,
+        normalize_rewards=config.normalize_rewards,
+        agent_kwargs={"activation": config.activation, "hidden_layer_sizes": config.hidden_sizes},
+    )
+    return algo.replace(eval_callback=lambda algo, ts, key: jnp.zeros(()))
+
+
+def ppojax_library(config: ppojax.PPOConfig) -> dict[str, Any]:
+    train = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
+    return {
+        "lower": lambda keys: train.lower(config, keys),
+        "options": ppojax.compiler_options(),  # what ppojax compiles with (None on a GPU)
+        "run": lambda compiled, keys: compiled(config, keys),
+    }
+
+
+def rejax_library(config: ppojax.PPOConfig) -> dict[str, Any]:
+    algo = rejax_algo(config)
+    train = jax.jit(jax.vmap(algo.train))
+    return {
+        "algo": algo,
+        "lower": lambda keys: train.lower(keys),
+        "options": None,
+        "run": lambda compiled, keys: compiled(keys),
+    }
+
+
+def keys_for(agents: int, repeat: int) -> jax.Array:
+    return jax.random.split(jax.random.key(1000 + repeat), agents)
+
+
+# --------------------------------------------------------------------------------------------
+# Final returns
+
+
+def nanmean(values: np.ndarray, axis: Any = None) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return np.nanmean(values, axis=axis)
+
+
+def ppojax_returns(out: Any) -> dict[str, float | None]:
+    """The final evaluation (mean over agents) and the training return of the last 5% of
+    updates (mean over agents)."""
+    training = np.asarray(out.metrics["episode_return"], np.float64)  # [agents, updates]
+    last = max(1, math.ceil(FINAL_FRACTION * training.shape[1]))
+    evaluation = np.asarray(out.metrics["eval_return"], np.float64)[:, -1]
+    return {
+        "final": rounded(nanmean(evaluation)),
+        "training": rounded(nanmean(nanmean(training[:, -last:], axis=1))),
+    }
+
+
+def rejax_final_return(algo: Any, out: Any, key: jax.Array, episodes: int) -> float | None:
+    """Mean over agents of ``episodes`` episodes of each trained rejax policy, sampled actions
+    (``algo.make_act``), on gymnax's env with its own time limit."""
+    import gymnax
+
+    env, params = gymnax.make(ENV_ID)
+    limit = int(params.max_steps_in_episode)
+    states = out[0]  # rejax's train returns (train state, evaluation)
+
+    def agent_return(ts: Any, key: jax.Array) -> jax.Array:
+        act = algo.make_act(ts)
+
+        def episode(key: jax.Array) -> jax.Array:
+            reset_key, key = jax.random.split(key)
+            obs, state = env.reset(reset_key, params)
+
+            def step(carry: tuple, _: None) -> tuple:
+                obs, state, key, total, alive = carry
+                key, act_key, step_key = jax.random.split(key, 3)
+                obs, state, reward, terminated, truncated, _ = env.step(
+                    step_key, state, act(obs, act_key), params
+                )
+                total = total + reward * alive
+                alive = alive * (1.0 - jnp.logical_or(terminated, truncated))
+                return (obs, state, key, total, alive), None
+
+            start = (obs, state, key, jnp.float32(0), jnp.float32(1))
+            (_, _, _, total, _), _ = jax.lax.scan(step, start, None, limit)
+            return total
+
+        return jax.vmap(episode)(jax.random.split(key, episodes)).mean()
+
+    agents = jax.tree.leaves(states)[0].shape[0]
+    returns = jax.jit(jax.vmap(agent_return))(states, jax.random.split(key, agents))
+    return rounded(np.mean(np.asarray(returns)))
+
+
+def rounded(value: Any, digits: int = 2) -> float | None:
+    value = float(value)
+    return None if math.isnan(value) else round(value, digits)
+
+
+# --------------------------------------------------------------------------------------------
+# Works and ceilings
+
+
+def compile_library(library: dict[str, Any], agents: int) -> float:
+    """Lower and compile (timed together) into ``library["compiled"]``; the seconds."""
+    start = time.perf_counter()
+    lowered = library["lower"](keys_for(agents, 0))
+    library["compiled"] = lowered.compile(compiler_options=library["options"])
+    return time.perf_counter() - start
+
+
+def failure(error: Exception) -> str:
+    traceback.print_exc()
+    return f"{type(error).__name__}: {error}"[:2000]
+
+
+LIBRARIES = {"ppojax": ppojax_library, "rejax": rejax_library}
+
+
+def measure_work(name: str, spec: tuple[int, int, int, int, bool, float], episodes: int) -> dict:
+    """Both libraries on one work: compile each, then alternating timed runs (a pair at
+    least; no further pair once the runs so far took ``spec[5]`` seconds). A library that
+    fails (its error recorded) leaves the other's figures standing."""
+    agents, envs, updates, repeats, final, max_run_s = spec
+    config = classic_config(envs, updates, final)
+    steps = agents * config.num_updates * config.batch_size
+    work: dict[str, Any] = {
+        "name": name,
+        "agents": agents,
+        "envs_per_agent": envs,
+        "num_steps": config.num_steps,
+        "updates": config.num_updates,
+        "env_steps": steps,
+    }
+    libraries = {}
+    for library_name, make in LIBRARIES.items():
+        try:
+            library = make(config)
+            work[f"{library_name}_compile_s"] = round(compile_library(library, agents), 2)
+            libraries[library_name] = {**library, "seconds": [], "out": None}
+        except Exception as error:
+            work[f"{library_name}_error"] = failure(error)
+    for repeat in range(repeats):
+        spent = sum(sum(library["seconds"]) for library in libraries.values())
+        if repeat > 0 and spent >= max_run_s:
+            break
+        order = ("ppojax", "rejax") if repeat % 2 == 0 else ("rejax", "ppojax")
+        for library_name in (name for name in order if name in libraries):
+            library = libraries[library_name]
+            keys = keys_for(agents, repeat)
+            try:
+                start = time.perf_counter()
+                library["out"] = jax.block_until_ready(library["run"](library["compiled"], keys))
+                library["seconds"].append(time.perf_counter() - start)
+            except Exception as error:
+                work[f"{library_name}_error"] = failure(error)
+                del libraries[library_name]
+    for library_name, library in libraries.items():
+        if library["seconds"]:
+            work[f"{library_name}_run_s"] = [round(s, 3) for s in library["seconds"]]
+            work[f"{library_name}_steps_per_s"] = round(steps / min(library["seconds"]))
+    work["repeats"] = max((len(library["seconds"]) for library in libraries.values()), default=0)
+    if "ppojax_steps_per_s" in work and "rejax_steps_per_s" in work:
+        ratio = work["ppojax_steps_per_s"] / work["rejax_steps_per_s"]
+        work["ppojax_over_rejax"] = round(ratio, 3)
+    if final:
+        final_returns(work, libraries, episodes)
+    return work
+
+
+def final_returns(work: dict, libraries: dict, episodes: int) -> None:
+    """Each library's final return into ``work``, by the protocol the docstring gives."""
+    work["final_return_protocol"] = (
+        f"mean over agents of {episodes} sampled-action episodes of the final policy"
+    )
+    if libraries.get("ppojax", {}).get("out") is not None:
+        returns = ppojax_returns(libraries["ppojax"]["out"])
+        work["ppojax_final_return"] = returns["final"]
+        work["ppojax_training_return"] = returns["training"]
+    if libraries.get("rejax", {}).get("out") is not None:
+        try:
+            rejax = libraries["rejax"]
+            key = jax.random.key(7)
+            work["rejax_final_return"] = rejax_final_return(
+                rejax["algo"], rejax["out"], key, episodes
+            )
+        except Exception as error:
+            work["rejax_final_return_error"] = failure(error)
+
+
+def env_alone(envs: int, steps: int) -> dict:
+    """gymnax's CartPole alone under vmap, random actions, auto-reset included: steps/s."""
+    import gymnax
+
+    env, params = gymnax.make(ENV_ID)
+    actions = env.action_space(params).n
+
+    def run(key: jax.Array) -> jax.Array:
+        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, envs), params)
+
+        def step(carry: tuple, _: None) -> tuple:
+            state, key, total = carry
+            key, action_key, step_key = jax.random.split(key, 3)
+            action = jax.random.randint(action_key, (envs,), 0, actions)
+            obs, state, reward, _, _, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(step_key, envs), state, action, params
+            )
+            return (state, key, total + reward.sum() + obs.sum()), None
+
+        (_, _, total), _ = jax.lax.scan(step, (state, key, jnp.float32(0)), None, steps)
+        return total
+
+    start = time.perf_counter()
+    compiled = jax.jit(run).lower(jax.random.key(0)).compile()
+    compile_s = time.perf_counter() - start
+    seconds = []
+    for repeat in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(jax.random.key(repeat)))
+        seconds.append(time.perf_counter() - start)
+    return {
+        "envs": envs,
+        "steps": steps,
+        "compile_s": round(compile_s, 2),
+        "run_s": [round(s, 4) for s in seconds],
+        "steps_per_s": round(envs * steps / min(seconds)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("PPOJAX_COMMIT", "unknown")
+
+
+def gpu_driver() -> str | None:
+    try:
+        found = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        return found.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def header(argv: list[str]) -> dict[str, Any]:
+    device = jax.devices()[0]
+    return {
+        "benchmark": "gpu: ppojax vs rejax 0.1.3, CartPole-v1, PureJaxRL's classic PPO config",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": device.device_kind,
+        "backend": jax.default_backend(),
+        "driver": gpu_driver(),
+        "jax": jax.__version__,
+        "versions": {
+            name: package_version(name)
+            for name in ("jaxlib", "flax", "optax", "gymnax", "rejax", "distrax")
+        }
+        | {"ppojax_commit": git_commit()},
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "command": shlex.join(["python", "benchmarks/gpu.py", *argv]),
+        "notes": [
+            "steps/s: env steps of all agents over the best run's seconds (run time only)",
+            "rejax 0.1.3 keeps its learning rate constant; ppojax anneals it (the classic config)",
+            "ppojax's timed runs of works with a final return include its one evaluation",
+        ],
+        "works": [],
+        "ceilings": [],
+        "skipped": {
+            "rollout alone": "ppojax exposes no rollout function in its public API",
+            "RLHF PPO/GRPO steps": "benchmarks/rlhf.py has no GPT-2-small step timing to reuse",
+        },
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w") as file:
+        file.write(text)
+    os.chmod(temporary, 0o644)  # mkstemp makes it private; a result file is for everyone
+    os.replace(temporary, path)
+
+
+def save(report: dict, path: Path, mirror: Path | None) -> None:
+    write_atomic(path, json.dumps(report, indent=1) + "\n")
+    if mirror is not None:
+        write_atomic(mirror / path.name, path.read_text())
+
+
+def plot(report: dict, path: Path) -> None:
+    """Grouped bars: ppojax and rejax env steps/s per work (log scale), env ceilings dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    works = [work for work in report["works"] if "ppojax_steps_per_s" in work]
+    if not works:
+        return
+    figure, axis = plt.subplots(figsize=(9, 4.2))
+    positions = np.arange(len(works))
+    for offset, library in ((-0.2, "ppojax"), (0.2, "rejax")):
+        values = [work.get(f"{library}_steps_per_s") or 0 for work in works]
+        bars = axis.bar(positions + offset, values, width=0.4, label=library)
+        for bar, value in zip(bars, values, strict=True):
+            if value:
+                axis.annotate(
+                    f"{value / 1e6:.3g}M",
+                    (bar.get_x() + bar.get_width() / 2, value),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
+    for ceiling in report["ceilings"]:
+        if "steps_per_s" in ceiling:
+            axis.axhline(ceiling["steps_per_s"], color="gray", linestyle="--", linewidth=0.8)
+            axis.annotate(
+                f"{ceiling['name']}: {ceiling['steps_per_s'] / 1e6:.3g}M",
+                (len(works) - 0.5, ceiling["steps_per_s"]),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+                color="gray",
+            )
+    axis.set_xticks(positions, [work["name"] for work in works], fontsize=8)
+    axis.set_yscale("log")
+    axis.set_ylabel("env steps / s (best run, run time only)")
+    axis.legend()
+    axis.set_title(
+        f"CartPole-v1, classic PPO config - {report['gpu']}, jax {report['jax']}, "
+        f"{report['date'][:10]}",
+        fontsize=9,
+    )
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    print(f"wrote {path}", flush=True)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--works", nargs="+", choices=list(WORKS), default=list(WORKS))
+    parser.add_argument("--no-ceilings", action="store_true")
+    parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--mirror", type=Path, help="also copy the JSON and PNG into this folder")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, results in /tmp")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "gpu.json"
+        args.out = smoke_out if args.smoke else DEFAULT_OUT
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    works = SMOKE_WORKS if args.smoke else WORKS
+    ceilings = SMOKE_CEILINGS if args.smoke else CEILINGS
+    episodes = 2 if args.smoke else EVAL_EPISODES
+    report = header(argv)
+    print(f"{report['gpu']} ({report['backend']}), driver {report['driver']}, jax {report['jax']}")
+    failed = 0
+    # the ceilings first: seconds in all, so a part cut off by its timeout still has them
+    for name, (envs, steps) in ({} if args.no_ceilings else ceilings).items():
+        try:
+            ceiling = {"name": name, **env_alone(envs, steps)}
+        except Exception as error:
+            ceiling = {"name": name, "error": failure(error)}
+            failed += 1
+        report["ceilings"].append(ceiling)
+        save(report, args.out, args.mirror)
+        print(json.dumps(ceiling), flush=True)
+    for name in args.works:
+        began = time.perf_counter()
+        try:
+            work = measure_work(name, works[name], episodes)
+        except Exception as error:  # one work's failure must not lose the others
+            work = {"name": name, "error": failure(error)}
+        failed += any(key.endswith("error") for key in work)
+        work["wall_s"] = round(time.perf_counter() - began, 1)
+        report["works"].append(work)
+        save(report, args.out, args.mirror)
+        print(json.dumps(work), flush=True)
+    figure = args.out.with_suffix(".png")
+    plot(report, figure)
+    if args.mirror is not None and figure.exists():
+        (args.mirror / figure.name).write_bytes(figure.read_bytes())
+    print(f"wrote {args.out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
