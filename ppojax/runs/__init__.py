@@ -1,0 +1,1 @@
+"""The host side of one run and of many: the runner, run folder, checkpoints, loggers, policies."""
