@@ -54,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from throughput import machine_description  # noqa: E402
+from machine import machine_description  # noqa: E402
 
 import ppojax  # noqa: E402
 from ppojax.ppo.rollout import collect_rollout, rollout_start  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from throughput import machine_description
+from machine import machine_description
 
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps, sample_cached, tree_bytes
 from ppojax.rlhf.model import zero_value_head

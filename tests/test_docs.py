@@ -1,0 +1,145 @@
+"""The pages a user reads hold true: docs/configuration.md lists every PPOConfig field once,
+with its type, default and whether it is static or traced, and no field PPOConfig lacks; the
+README keeps the line CI runs and the learning-table markers; relative links point to files."""
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+import ppojax
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = ["field", "type", "default", "kind", "meaning"]
+
+
+def split_row(line: str) -> list[str]:
+    """The cells of a markdown table row, stripped (no cell of these tables holds a '|')."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def unquote(cell: str) -> str:
+    """A cell's text without the backticks of a code span."""
+    return cell.replace("`", "").strip()
+
+
+def field_rows(text: str) -> list[dict[str, str]]:
+    """Every row of every table whose header is HEADER, as {column: cell}."""
+    rows, columns = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            columns = None
+            continue
+        cells = split_row(line)
+        if columns is None:
+            columns = cells
+        elif columns == HEADER and not set("".join(cells)) <= set("-: "):
+            assert len(cells) == len(HEADER), f"docs/configuration.md: {line!r}"
+            rows.append(dict(zip(HEADER, cells, strict=True)))
+    return rows
+
+
+def documented() -> dict[str, dict[str, str]]:
+    rows = field_rows((ROOT / "docs" / "configuration.md").read_text())
+    names = [unquote(row["field"]) for row in rows]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    assert not twice, f"docs/configuration.md lists these fields more than once: {twice}"
+    return {unquote(row["field"]): row for row in rows}
+
+
+FIELDS = {field.name: field for field in dataclasses.fields(ppojax.PPOConfig)}
+
+
+def test_the_parser_reads_a_table_and_skips_other_tables():
+    text = "\n".join(
+        [
+            "| property | value |",
+            "|---|---|",
+            "| `batch_size` | x |",
+            "",
+            "| field | type | default | kind | meaning |",
+            "|---|---|---|---|---|",
+            "| `gamma` | `float` | `0.99` | traced | discount |",
+        ]
+    )
+    assert field_rows(text) == [
+        {
+            "field": "`gamma`",
+            "type": "`float`",
+            "default": "`0.99`",
+            "kind": "traced",
+            "meaning": "discount",
+        }
+    ]
+
+
+def test_every_field_is_documented_and_every_documented_field_exists():
+    rows = documented()
+    assert sorted(set(FIELDS) - set(rows)) == [], "fields missing from docs/configuration.md"
+    assert sorted(set(rows) - set(FIELDS)) == [], "docs/configuration.md lists no such field"
+
+
+@pytest.mark.parametrize("name", sorted(FIELDS))
+def test_a_fields_default_type_and_kind_are_as_documented(name):
+    row = documented()[name]
+    field = FIELDS[name]
+    default = ast.literal_eval(unquote(row["default"]))
+    assert default == field.default, row
+    # 1 == True == 1.0 in Python: the documented default must have the field's own type too
+    # (env_kwargs' EnvKwargs is a dict, written as one)
+    expected = dict if isinstance(field.default, dict) else type(field.default)
+    assert type(default) is expected, row
+    assert unquote(row["type"]).replace(" or ", " | ") == str(field.type), row
+    static = not field.metadata.get("pytree_node", True)
+    assert row["kind"] == ("static" if static else "traced"), row
+    assert row["meaning"], row
+
+
+def test_the_readme_keeps_the_test_command_ci_runs():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    marker = lines.index("<!-- test-command: .ci/run runs the next line verbatim -->")
+    assert lines[marker + 1] == "```bash"
+    assert lines[marker + 2] == (
+        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && '
+        ".venv/bin/python -m pytest -q -n 2 --dist worksteal"
+    )
+
+
+def relative_links(text: str) -> list[str]:
+    """The targets of markdown links and images that are paths in the repository (no URL, no
+    pure anchor), without their anchors."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    return [
+        target.split("#")[0]
+        for target in targets
+        if not re.match(r"[a-z]+:", target) and not target.startswith("#")
+    ]
+
+
+def test_relative_links_finds_paths_and_skips_urls_and_anchors():
+    text = "[a](docs/guide.md#sweeps) [b](https://x.org/y.md) [c](#top) ![d](../x.png)"
+    assert relative_links(text) == ["docs/guide.md", "../x.png"]
+
+
+PAGES = [
+    "README.md",
+    "benchmarks/README.md",
+    *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_of_a_page_points_to_a_file(page):
+    path = ROOT / page
+    missing = [
+        link for link in relative_links(path.read_text()) if not (path.parent / link).exists()
+    ]
+    assert missing == [], f"{page} links to files that do not exist"
+
+
+def test_the_readme_has_the_learning_table_markers():
+    text = (ROOT / "README.md").read_text()
+    start = text.index("<!-- learning-table:start -->")
+    assert start < text.index("<!-- learning-table:end -->")
