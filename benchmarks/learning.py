@@ -448,17 +448,27 @@ def plot(path: Path, figure_path: Path) -> None:
 
 
 def steps_text(steps: int) -> str:
-    """10_000_000 -> "10M", 150_000 -> "150k"."""
+    """10_000_000 -> "10M", 999_424 -> "1M", 150_000 -> "150k": budgets are whole multiples
+    of a batch, so they fall a little short of the round number they were set to."""
     for unit, size in (("M", 1_000_000), ("k", 1_000)):
-        if steps >= size:
-            return f"{steps / size:.3g}{unit}"
+        if steps >= 0.99 * size:
+            value = steps / size
+            close = value >= 9.5 or abs(value - round(value)) < 0.05
+            return f"{round(value)}{unit}" if close else f"{value:.1f}{unit}"
     return str(steps)
 
 
+def seeds_text(row: dict) -> str:
+    """The per-seed returns the mean is of, to one decimal."""
+    key = f"final_{row['mean_of']}_return_per_seed"
+    values = row.get(key) or []
+    return ", ".join(f"{value:.1f}" for value in values)
+
+
 def markdown_table(rows: list[dict], link: str) -> str:
-    """task | budget | seeds | mean | published | hardware | link, one line per task."""
+    """task | budget | mean | per seed | published | hardware | link, one line per task."""
     lines = [
-        "| task | budget | seeds | mean | published | hardware | link |",
+        "| task | budget | mean of 4 seeds | per seed | published PPO | hardware | plot |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -472,10 +482,22 @@ def markdown_table(rows: list[dict], link: str) -> str:
             shown += " (MLP)"
         mean = "-" if row["mean"] is None else f"{row['mean']:.1f} ({row['mean_of']})"
         lines.append(
-            f"| {row['task']} | {steps_text(row['budget'])} | {row['seeds']} | {mean} | {shown} "
-            f"| {hardware(row)} | [{Path(link).name}]({link}) |"
+            f"| {row['task']} | {steps_text(row['budget'])} | {mean} | {seeds_text(row)} "
+            f"| {shown} | {hardware(row)} | [{Path(link).name}]({link}) |"
         )
     return "\n".join(lines)
+
+
+TABLE_START, TABLE_END = "<!-- learning-table:start -->", "<!-- learning-table:end -->"
+
+
+def readme_with_table(readme: str, table: str) -> str:
+    """``readme`` with the block between the learning-table markers replaced by ``table``."""
+    if TABLE_START not in readme or TABLE_END not in readme:
+        raise ValueError(f"README.md has no {TABLE_START} ... {TABLE_END} block")
+    head, rest = readme.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,6 +640,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     parser.add_argument("--table", action="store_true", help="print the JSON as markdown")
     parser.add_argument(
+        "--readme", type=Path, help="write the table into this README's learning-table block"
+    )
+    parser.add_argument(
         "--link", default="benchmarks/results/learning.png", help="the table's link target"
     )
     # internal: one task in a subprocess of a --jobs run
@@ -637,8 +662,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     figure_path = args.out.with_suffix(".png")
-    if args.table:
-        print(markdown_table(read_results(args.out)["tasks"], args.link))
+    if args.table or args.readme:
+        table = markdown_table(read_results(args.out)["tasks"], args.link)
+        if args.readme:
+            args.readme.write_text(readme_with_table(args.readme.read_text(), table))
+        else:
+            print(table)
         return 0
     if args.plot_only:
         plot(args.out, figure_path)

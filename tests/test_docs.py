@@ -4,6 +4,8 @@ README keeps the line CI runs and the learning-table markers; relative links poi
 
 import ast
 import dataclasses
+import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +14,16 @@ import pytest
 import ppojax
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """A script of benchmarks/ as a module (benchmarks/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 HEADER = ["field", "type", "default", "kind", "meaning"]
 
 
@@ -143,3 +155,17 @@ def test_the_readme_has_the_learning_table_markers():
     text = (ROOT / "README.md").read_text()
     start = text.index("<!-- learning-table:start -->")
     assert start < text.index("<!-- learning-table:end -->")
+
+
+def test_the_readme_learning_table_is_the_one_learning_py_makes_from_the_result_file():
+    """The README's learning rows are generated, never typed: they equal what
+    ``python benchmarks/learning.py --readme README.md`` writes from learning.json."""
+    learning = load_benchmark("learning")
+    rows = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["tasks"]
+    table = learning.markdown_table(rows, "benchmarks/results/learning.png")
+    text = (ROOT / "README.md").read_text()
+    assert learning.readme_with_table(text, table) == text, (
+        "run python benchmarks/learning.py --readme README.md"
+    )
+    assert learning.steps_text(9_994_240) == "10M" and learning.steps_text(150_000) == "150k"
+    assert learning.steps_text(499_712) == "500k" and learning.steps_text(1_500_000) == "1.5M"
