@@ -5,7 +5,7 @@ import pytest
 import ppojax
 from ppojax.ppo.rollout import network_input
 from ppojax.ppo.train import make_agent
-from ppojax.runs.experiment import Experiment, RunOptions, run_experiment
+from ppojax.runs import Experiment, RunOptions, run_experiment
 from ppojax.runs.policy import evaluate, load, render_gif
 
 

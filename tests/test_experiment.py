@@ -8,16 +8,16 @@ import pytest
 
 import ppojax
 from ppojax.envs import PPOEnv
+from ppojax.ppo.summary import grid_points
 from ppojax.ppo.sweeps import sweepable_fields
 from ppojax.runs.experiment import (
     Experiment,
+    batched_config,
     chunk_length,
     chunk_plan,
-    grid_points,
     init_states,
     init_states_compiling,
     report_interval,
-    run_config,
     run_keys,
     run_table,
 )
@@ -49,15 +49,15 @@ def test_grid_points_are_the_cartesian_product_in_run_order():
     assert table[3] == {"run": 3, "seed": 1, "learning_rate": 1e-3, "clip_eps": 0.2}
 
 
-def test_run_config_batches_the_swept_fields_and_keys_repeat_per_point():
+def test_batched_config_batches_the_swept_fields_and_keys_repeat_per_point():
     experiment = Experiment(CONFIG, seeds=2, grid={"learning_rate": (1e-3, 3e-4)})
-    config, axes = run_config(experiment)
+    config, axes = batched_config(experiment)
     assert axes == 0
     np.testing.assert_allclose(config.learning_rate, [1e-3, 1e-3, 3e-4, 3e-4])
     np.testing.assert_allclose(config.gamma, [CONFIG.gamma] * 4)
     keys = jax.random.key_data(run_keys(experiment))
     np.testing.assert_array_equal(keys[:2], keys[2:])
-    assert run_config(Experiment(CONFIG, seeds=3)) == (CONFIG, None)
+    assert batched_config(Experiment(CONFIG, seeds=3)) == (CONFIG, None)
 
 
 def test_bad_grids_are_clear_errors():

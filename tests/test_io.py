@@ -132,7 +132,6 @@ def test_rolling_mean_skips_nan_updates():
     values = np.array([[np.nan, 2.0, np.nan, 4.0, 6.0]])
     expected = [[np.nan, 2.0, 2.0, 3.0, 5.0]]
     np.testing.assert_allclose(folder.rolling_mean(values, window=2 + 1), expected)
-    np.testing.assert_allclose(folder.final_returns(values, window=2), [5.0])
 
 
 def test_plot_writes_a_png(tmp_path):

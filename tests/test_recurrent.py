@@ -18,7 +18,7 @@ from ppojax.ppo.rollout import Agent, draw_noise, env_step, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, run_updates
 from ppojax.ppo.types import Batch, SequenceBatch
 from ppojax.ppo.update import policy_outputs, replay_sequences, shuffle_sequences
-from ppojax.runs.experiment import Experiment, RunOptions, resume_experiment, run_experiment
+from ppojax.runs import Experiment, RunOptions, resume_experiment, run_experiment
 
 RECURRENT = ppojax.PPOConfig(
     num_envs=4,

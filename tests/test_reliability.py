@@ -20,7 +20,7 @@ import ppojax
 from ppojax.cli.commands import main
 from ppojax.envs import PPOEnv
 from ppojax.ppo.config import PPOConfig
-from ppojax.runs.experiment import Experiment, RunOptions, run_experiment
+from ppojax.runs import Experiment, RunOptions, run_experiment
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 MARKER = "<!-- bad-inputs: tests/test_reliability.py runs every row -->"

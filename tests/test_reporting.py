@@ -1,7 +1,8 @@
 import numpy as np
 
 import ppojax
-from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report, latest_finite
+from ppojax.ppo.summary import latest_finite
+from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report
 
 CONFIG = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 5, hidden_sizes=(8,))
 

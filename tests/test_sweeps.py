@@ -6,7 +6,7 @@ from tolerance import TRAINING_ULPS, assert_close
 
 import ppojax
 from ppojax.ppo import sweeps as sweep_module
-from ppojax.ppo.sweeps import best_point, format_table, grid_points, sweep, sweep_table
+from ppojax.ppo.sweeps import best_point, format_table, grid_arrays, sweep, sweep_table
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +59,10 @@ def test_sweep_traces_once_for_new_values(tiny_config, monkeypatch):
 
 
 def test_grid_points_product_and_zip(tiny_config):
-    product = grid_points(tiny_config, {"learning_rate": [1e-3, 2e-3], "gamma": [0.9, 0.99, 1.0]})
+    product = grid_arrays(tiny_config, {"learning_rate": [1e-3, 2e-3], "gamma": [0.9, 0.99, 1.0]})
     assert len(product["learning_rate"]) == 6
     np.testing.assert_allclose(product["gamma"], [0.9, 0.99, 1.0] * 2, rtol=1e-6)
-    zipped = grid_points(
+    zipped = grid_arrays(
         tiny_config, {"learning_rate": [1e-3, 2e-3], "gamma": [0.9, 0.99]}, zipped=True
     )
     np.testing.assert_allclose(zipped["learning_rate"], [1e-3, 2e-3])
@@ -81,7 +81,7 @@ def test_grid_points_product_and_zip(tiny_config):
 )
 def test_bad_grids_are_clear_errors(tiny_config, grid, zipped, message):
     with pytest.raises(ValueError, match=message):
-        grid_points(tiny_config, grid, zipped=zipped)
+        grid_arrays(tiny_config, grid, zipped=zipped)
 
 
 def test_best_point_breaks_ties_by_the_other_metric():

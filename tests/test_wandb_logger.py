@@ -14,6 +14,7 @@ import pytest
 
 from ppojax.cli.commands import main
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES, eval_key
+from ppojax.ppo.summary import final_return
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.experiment import read_experiment, state_template
 from ppojax.runs.policy import evaluate, load
@@ -173,7 +174,7 @@ def test_offline_wandb_runs_hold_every_metric_of_every_update(swept):
             np.testing.assert_array_equal(logged, values[index], err_msg=name)
         assert "eval_return" not in run["history"][1]
         assert run["summary"]["final_eval_return"] == metrics["eval_return"][index, -1]
-        expected = folder.final_returns(metrics["episode_return"][index : index + 1])[0]
+        expected = final_return(metrics["episode_return"][index])
         np.testing.assert_allclose(run["summary"]["final_return"], expected, rtol=1e-12)
         assert run["summary"]["diverged"] is False
     assert os.environ.get("WANDB_MODE") != "offline"  # the fixture restored the environment

@@ -31,7 +31,7 @@ from ppojax.cli.values import (
 from ppojax.ppo.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
-    from ppojax.runs.experiment import RunOptions, RunResult
+    from ppojax.runs import RunOptions, RunResult
 
 DEFAULT_OUT = "runs"
 
@@ -249,7 +249,7 @@ def build_config(args: argparse.Namespace) -> PPOConfig:
 
 def run_options(args: argparse.Namespace, saved: RunOptions | None = None) -> RunOptions:
     """RunOptions from the flags; on --resume, the run's saved options with the flags on top."""
-    from ppojax.runs.experiment import RunOptions
+    from ppojax.runs import RunOptions
 
     if args.tensorboard and importlib.util.find_spec("tensorboardX") is None:
         raise ValueError("--tensorboard needs tensorboardX: pip install 'ppojax[tensorboard]'")

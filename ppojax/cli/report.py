@@ -97,7 +97,7 @@ def print_final_eval_returns(result: RunResult) -> None:
 
 def print_return_rows(rows: list[dict]) -> None:
     """One line per grid point of ``final_return_table``: each seed's value, mean and std."""
-    from ppojax.runs.experiment import point_label
+    from ppojax.ppo.summary import point_label
 
     for row in rows:
         label = point_label(row["point"]) or "per seed"
@@ -109,7 +109,7 @@ def print_return_rows(rows: list[dict]) -> None:
 
 def print_divergence(result: RunResult) -> None:
     """One line per run whose steps the divergence guard skipped; nothing when none did."""
-    from ppojax.runs.experiment import point_label
+    from ppojax.ppo.summary import point_label
 
     for row in result.divergence:
         if row["nonfinite_steps"] == 0:

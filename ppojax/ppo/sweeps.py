@@ -9,7 +9,6 @@ runs, no communication).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -18,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppojax.ppo.config import PPOConfig, unknown_field_message
+from ppojax.ppo.summary import final_return, grid_points
 from ppojax.ppo.train import train
 from ppojax.ppo.types import Metrics, TrainState, check_key_batch
 from ppojax.runtime.sharding import grid_mesh, put_global
@@ -37,11 +37,9 @@ def sweepable_fields() -> list[str]:
     return [f.name for f in dataclasses.fields(PPOConfig) if f.metadata.get("pytree_node", True)]
 
 
-def grid_points(
-    config: PPOConfig, grid: dict[str, Sequence[float]], *, zipped: bool = False
-) -> dict[str, np.ndarray]:
-    """The swept values at every point, {field: [num_points]}: the cartesian product of the
-    grid, or its values taken side by side when ``zipped``. Every point is validated."""
+def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]], zipped: bool = False) -> None:
+    """Raise ``ValueError`` naming the problem for a grid that one vmapped program cannot
+    sweep: an unknown or static field, an empty list, a None, or a point ``config`` refuses."""
     names = {f.name for f in dataclasses.fields(PPOConfig)}
     for name, values in grid.items():
         if name not in names:
@@ -53,18 +51,17 @@ def grid_points(
             )
         if len(values) == 0 or any(value is None for value in values):
             raise ValueError(f"sweep grid {name}: give one or more numbers (None cannot be swept)")
-    columns = [np.asarray(values, np.float32).reshape(-1) for values in grid.values()]
-    if zipped:
-        if len({len(column) for column in columns}) > 1:
-            sizes = {name: len(column) for name, column in zip(grid, columns, strict=True)}
-            raise ValueError(f"zipped sweep needs equally long value lists, got {sizes}")
-        rows = list(zip(*columns, strict=True))
-    else:
-        rows = list(itertools.product(*columns))
-    points = {name: np.array([row[i] for row in rows], np.float32) for i, name in enumerate(grid)}
-    for row in rows:
-        config.replace(**{name: float(value) for name, value in zip(grid, row, strict=True)})
-    return points
+    for point in grid_points(grid, zipped):
+        config.replace(**{name: float(value) for name, value in point.items()})
+
+
+def grid_arrays(
+    config: PPOConfig, grid: dict[str, Sequence[float]], *, zipped: bool = False
+) -> dict[str, np.ndarray]:
+    """The swept values at every point, {field: [num_points]} (float32), checked."""
+    check_grid(config, grid, zipped)
+    points = grid_points(grid, zipped)
+    return {name: np.array([point[name] for point in points], np.float32) for name in grid}
 
 
 def point_configs(config: PPOConfig, points: dict[str, np.ndarray]) -> PPOConfig:
@@ -98,7 +95,7 @@ def sweep(
     ``zipped``. With ``mesh`` the points x seeds runs are split across its devices.
     """
     check_key_batch(keys)
-    points = grid_points(config, grid, zipped=zipped)
+    points = grid_arrays(config, grid, zipped=zipped)
     configs = point_configs(config, points)
     if mesh is not None:
         layout = grid_mesh(mesh, jax.tree.leaves(configs)[0].shape[0], keys.shape[0])
@@ -106,11 +103,6 @@ def sweep(
         keys = put_global(keys, NamedSharding(layout, PartitionSpec("seeds")))
     out = train_grid(configs, keys)
     return SweepOutput(out.state, out.metrics, points)
-
-
-def _final(curve: np.ndarray, last: int) -> float:
-    tail = curve[-last:]
-    return float(np.nanmean(tail)) if np.isfinite(tail).any() else float("nan")
 
 
 def sweep_table(out: SweepOutput, *, last: int = 10) -> list[dict[str, Any]]:
@@ -128,7 +120,7 @@ def sweep_table(out: SweepOutput, *, last: int = 10) -> list[dict[str, Any]]:
                     "point": point,
                     "seed": seed,
                     **values,
-                    "final_return": _final(curve, last),
+                    "final_return": float(final_return(curve, last)),
                     "auc": auc,
                 }
             )

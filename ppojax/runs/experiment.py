@@ -2,8 +2,8 @@
 
 Progress reaches the host from inside the compiled loop: every few updates a
 ``jax.debug.callback`` hands the update number and the mean episode return to the progress
-bar; with the compilation cache on (``ppojax.runtime.cache``), which does not store programs with host
-callbacks, the updates run in chunks of one report interval instead. Checkpoints need the
+bar; with the compilation cache on (``ppojax.runtime.cache``), which does not store programs
+with host callbacks, the updates run in chunks of one report interval instead. Checkpoints need the
 state on the host, so with ``checkpoint_every`` the updates run in chunks of one compiled
 program: a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by
 ``lax.cond``, so every chunk, the last partial one included, reuses the same executable, and
@@ -32,34 +32,29 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
 
-from ppojax.runtime import cache
-
-from ppojax.runs import checkpoints
-
-from ppojax.runs import folder
-
-from ppojax.runtime import sharding
-from ppojax.runtime.compiling import compiler_options
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
-from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report, latest_finite
+from ppojax.ppo.summary import final_return, grid_points, latest_finite, point_label
+from ppojax.ppo.train import eval_due, init_state, make_agent, train_step
+from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
+from ppojax.ppo.update import make_optimizer
+from ppojax.runs import checkpoints, folder
+from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report
 from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
     Experiment,
     RunMismatchError,
     check_record,
-    grid_points,
     read_experiment,
     run_record,
     run_settings,
     run_table,
 )
-from ppojax.ppo.train import eval_due, init_state, make_agent, train_step
-from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
-from ppojax.ppo.update import make_optimizer
+from ppojax.runtime import cache, sharding
+from ppojax.runtime.compiling import compiler_options
 
 
-def run_config(experiment: Experiment) -> tuple[PPOConfig, int | None]:
+def batched_config(experiment: Experiment) -> tuple[PPOConfig, int | None]:
     """The config to vmap over runs and its ``in_axes``: the plain config (None) without a
     grid, else one whose leaves are arrays [runs] holding each run's value (axis 0)."""
     if not experiment.grid:
@@ -79,7 +74,7 @@ def run_keys(experiment: Experiment) -> jax.Array:
 
 def init_program(experiment: Experiment) -> tuple[Any, tuple[PPOConfig, jax.Array]]:
     """The jitted function that makes every run's fresh TrainState, and its arguments."""
-    config, axes = run_config(experiment)
+    config, axes = batched_config(experiment)
     init = sharding.jit_over_runs(jax.vmap(init_state, in_axes=(axes, 0)), experiment.num_runs)
     return init, (config, run_keys(experiment))
 
@@ -178,7 +173,7 @@ def chunk_runner(
     experiment: Experiment, length: int, report: Reporter | None = None, report_every: int = 1
 ) -> Callable[..., Any]:
     """``runner(config, state, first, count)`` over all runs: jit(run_chunk) for ``length``."""
-    _, axes = run_config(experiment)
+    _, axes = batched_config(experiment)
     return sharding.jit_over_runs(
         functools.partial(
             run_chunk,
@@ -358,7 +353,7 @@ def continue_experiment(
     """Train from update ``start`` (``state`` batched over runs; None: fresh states, made
     while the chunk runner compiles) to the end; ``history`` holds the metrics [runs, start]
     of the updates before."""
-    config, _ = run_config(experiment)
+    config, _ = batched_config(experiment)
     num_updates = experiment.config.num_updates
     length = chunk_length(num_updates, options.checkpoint_every)
     runs = run_table(experiment)
@@ -423,17 +418,12 @@ def check_env(config: PPOConfig) -> None:
     make_agent(config)
 
 
-def point_label(point: dict[str, float]) -> str:
-    """A grid point as ``name=value, ...``."""
-    return ", ".join(f"{name}={value:g}" for name, value in point.items())
-
-
 def final_return_table(result: RunResult, metric: str = "episode_return") -> list[dict[str, Any]]:
     """Per grid point (one row without a grid): its values, each seed's final return (mean of
     its last 10 updates; for ``metric="eval_return"`` its last evaluation), and their mean and
     standard deviation over seeds."""
     values = result.metrics[metric]
-    finals = latest_finite(values) if metric == "eval_return" else folder.final_returns(values)
+    finals = latest_finite(values) if metric == "eval_return" else final_return(values)
     seeds = result.experiment.seeds
     rows = []
     for index, point in enumerate(grid_points(result.experiment.grid)):

@@ -456,8 +456,3 @@ def versions() -> dict[str, str]:
     found["backend"] = jax.default_backend()
     found["devices"] = ", ".join(str(device) for device in jax.devices())
     return found
-
-
-def final_returns(returns: np.ndarray, window: int = 10) -> np.ndarray:
-    """Each run's mean episode return over its last ``window`` updates: [runs, U] -> [runs]."""
-    return rolling_mean(returns, window)[:, -1]

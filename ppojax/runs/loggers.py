@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from ppojax.runs import folder
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
+from ppojax.ppo.summary import final_return, latest_finite, point_label
+from ppojax.runs import folder
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -117,7 +118,7 @@ def import_wandb() -> Any:
     return wandb
 
 
-def run_config(config: PPOConfig, run: dict[str, Any], group: str) -> dict[str, Any]:
+def wandb_config(config: PPOConfig, run: dict[str, Any], group: str) -> dict[str, Any]:
     """A W&B run's config: every PPOConfig field (the run's grid values in place of the base
     config's), plus ``run``, ``seed``, ``grid_point`` (the grid values, {} without a grid)
     and ``experiment`` (the group)."""
@@ -130,10 +131,6 @@ def run_config(config: PPOConfig, run: dict[str, Any], group: str) -> dict[str, 
         "grid_point": point,
         "experiment": group,
     }
-
-
-def point_label(point: dict[str, Any]) -> str:
-    return ",".join(f"{name}={value:g}" for name, value in point.items())
 
 
 class WandbLog:
@@ -156,7 +153,7 @@ class WandbLog:
         wandb_dir = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
         self.runs = []
         for index, run in enumerate(runs):
-            settings = run_config(config, run, group)
+            settings = wandb_config(config, run, group)
             run_id = None if options.run_ids is None else options.run_ids[index]
             label = point_label(settings["grid_point"])
             self.runs.append(
@@ -211,11 +208,9 @@ def run_summary(metrics: dict[str, np.ndarray], run: int, diverged: bool) -> dic
     """``final_return`` (mean episode return of the last 10 updates), ``final_eval_return``
     (the last evaluation's return; only with evaluation) and ``diverged``."""
     summary: dict[str, Any] = {
-        "final_return": float(folder.final_returns(metrics["episode_return"][run : run + 1])[0]),
+        "final_return": float(final_return(metrics["episode_return"][run])),
         "diverged": bool(diverged),
     }
     if "eval_return" in metrics:
-        evaluations = metrics["eval_return"][run]
-        finite = evaluations[np.isfinite(evaluations)]
-        summary["final_eval_return"] = float(finite[-1]) if finite.size else float("nan")
+        summary["final_eval_return"] = float(latest_finite(metrics["eval_return"][run]))
     return summary

@@ -12,15 +12,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.runs import checkpoints
-from ppojax.ppo.config import PPOConfig
 from ppojax.envs import PPOEnv, make_env
-from ppojax.ppo.evaluation import Act, EvalCarry, eval_start, eval_step, max_episode_steps, run_episodes
-from ppojax.runs.experiment import read_experiment, run_table, state_template
 from ppojax.networks import initial_hidden, observation_template
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.evaluation import (
+    Act,
+    EvalCarry,
+    eval_start,
+    eval_step,
+    max_episode_steps,
+    run_episodes,
+)
 from ppojax.ppo.rollout import Agent, policy_step
 from ppojax.ppo.train import make_agent
 from ppojax.ppo.types import TrainState
+from ppojax.runs import checkpoints
+from ppojax.runs.experiment import read_experiment, run_table, state_template
 
 # The env ids gymnax.visualize.Visualizer draws (gymnax 1.x).
 RENDERABLE_ENVS = (

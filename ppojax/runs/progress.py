@@ -18,13 +18,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.runs import checkpoints
-
-from ppojax.runs import folder
 from ppojax.checks import check_bool, check_positive_int, show
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
+from ppojax.ppo.summary import latest_finite
 from ppojax.ppo.types import TrainState
+from ppojax.runs import checkpoints, folder
 from ppojax.runs.loggers import WandbLog, WandbOptions
 
 
@@ -104,14 +103,6 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def latest_finite(returns: np.ndarray) -> np.ndarray:
-    """Each run's last finite value along the update axis ([runs, U] -> [runs]); NaN if none."""
-    finite = np.isfinite(returns)
-    last = returns.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)
-    values = returns[np.arange(returns.shape[0]), last]
-    return np.where(finite.any(axis=1), values, np.nan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +236,9 @@ class ChunkHandler:
         if self.run_dir is not None:
             header = folder.metrics_header(self.columns, list(metrics))
             folder.append_metrics(
-                self.run_dir / folder.METRICS_FILE, header, folder.metric_rows(self.columns, first, metrics)
+                self.run_dir / folder.METRICS_FILE,
+                header,
+                folder.metric_rows(self.columns, first, metrics),
             )
         if self.tensorboard is not None:
             self.tensorboard.write(first, metrics, config.batch_size)

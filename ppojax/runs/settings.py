@@ -9,21 +9,19 @@ them with (``run_record``, ``check_record``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ppojax.runs import checkpoints
-
-from ppojax.runs import folder
 from ppojax.checks import ConfigError, check_positive_int, is_int, show
-from ppojax.ppo.config import PPOConfig
 from ppojax.envs.registry import env_id_known, env_modules, import_env_modules
-from ppojax.runs.progress import RunOptions
-from ppojax.ppo.sweeps import grid_points as sweep_grid_points
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.summary import grid_points
+from ppojax.ppo.sweeps import check_grid as check_sweep_grid
+from ppojax.runs import checkpoints, folder
 from ppojax.runs.loggers import options_from_settings, wandb_settings
+from ppojax.runs.progress import RunOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,13 +69,7 @@ def check_seed(owner: str, name: str, seed: Any) -> None:
 
 def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]]) -> None:
     """Raise ``ValueError`` naming the problem for a grid that cannot be swept with vmap."""
-    sweep_grid_points(config, grid)
-
-
-def grid_points(grid: dict[str, Sequence[float]]) -> list[dict[str, float]]:
-    """The cartesian product of the grid as a list of {field: value}; [{}] for no grid."""
-    names = list(grid)
-    return [dict(zip(names, values, strict=True)) for values in itertools.product(*grid.values())]
+    check_sweep_grid(config, grid)
 
 
 def run_table(experiment: Experiment) -> list[dict[str, Any]]:
