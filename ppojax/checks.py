@@ -4,12 +4,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from typing import Any
 
 import jax
 import numpy as np
+
+
+def static(default: Any) -> Any:
+    """A dataclass field that fixes the compiled program (shapes or structure): part of the
+    pytree's structure, not a leaf, so ``vmap`` cannot sweep it and a new value recompiles.
+    The metadata key is flax.struct's, so flax and plain dataclasses read it alike."""
+    return dataclasses.field(default=default, metadata={"pytree_node": False})
+
+
+def is_static(field: dataclasses.Field) -> bool:
+    return not field.metadata.get("pytree_node", True)
+
+
+def register_config(cls: type) -> type:
+    """Register a frozen dataclass as a pytree: ``static`` fields in its structure, every other
+    field a leaf (so ``jax.vmap`` sweeps it without recompiling)."""
+    fields = dataclasses.fields(cls)
+    return jax.tree_util.register_dataclass(
+        cls,
+        data_fields=[f.name for f in fields if not is_static(f)],
+        meta_fields=[f.name for f in fields if is_static(f)],
+    )
 
 
 def _plain_kwarg(value: Any) -> Any:

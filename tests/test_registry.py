@@ -121,7 +121,7 @@ def test_registering_checks_the_id_and_the_factory():
         ppojax.make_env("Broken-v0")
     ppojax.register_env("Corr-v0", corridor)
     with pytest.raises(ppojax.ConfigError, match="Corr-v0 has no parameter 'width'"):
-        ppojax.PPOConfig(env_id="Corr-v0", env_kwargs={"width": 2})
+        ppojax.make_env("Corr-v0", width=2)
     # A factory argument and an env-params field are both taken.
     config = ppojax.PPOConfig(env_id="Corr-v0", env_kwargs={"length": 2, "max_steps_in_episode": 7})
     params = ppojax.make_env(config.env_id, **config.env_kwargs).env_params

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 from typing import Any
 
 import numpy as np
-from flax import struct
 
 from ppojax.checks import (
     ConfigError,
@@ -23,10 +21,11 @@ from ppojax.checks import (
     check_positive_int,
     check_range,
     is_int,
+    register_config,
     show,
+    static,
 )
 from ppojax.envs.registry import check_env_id as check_registry_id
-from ppojax.envs.registry import check_env_kwargs as check_env_builds
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
 POLICY_OBJECTIVES = ("clip", "penalty", "clip_penalty")
@@ -34,11 +33,8 @@ ENCODERS = ("mlp", "cnn")
 RECURRENT_CORES = ("gru", "lstm")
 
 
-def static(default: Any) -> Any:
-    return struct.field(pytree_node=False, default=default)
-
-
-@struct.dataclass
+@register_config
+@dataclasses.dataclass(frozen=True)
 class PPOConfig:
     """Hyperparameters of one PPO run.
 
@@ -134,9 +130,19 @@ class PPOConfig:
     env_kwargs: EnvKwargs = static(EnvKwargs())
     reset_pool: int | None = static(None)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> PPOConfig:
+        # An unknown keyword names its closest fields (a bare TypeError would not).
+        check_field_names(kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         normalize_static_fields(self)
         validate(self)
+
+    def replace(self, **changes: Any) -> PPOConfig:
+        """A copy with ``changes`` applied, validated again."""
+        check_field_names(changes)
+        return dataclasses.replace(self, **changes)
 
     @property
     def batch_size(self) -> int:
@@ -160,38 +166,7 @@ class PPOConfig:
     def preset(cls, env_id: str, **overrides: Any) -> PPOConfig:
         """The tuned configuration for ``env_id`` (see ``PRESETS``), with overrides."""
         preset = PRESETS.get(env_id, {}) if isinstance(env_id, str) else {}
-        settings = {**preset, "env_id": env_id, **overrides}
-        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise UnknownFieldError(unknown[0])
-        return cls(**settings)
-
-
-def _replace(self: PPOConfig, **changes: Any) -> PPOConfig:
-    """A copy with ``changes`` applied, validated again; unknown names get close matches."""
-    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-    if unknown:
-        raise UnknownFieldError(unknown[0])
-    return dataclasses.replace(self, **changes)
-
-
-def _check_names(init: Any) -> Any:
-    """The dataclass ``__init__``, raising ``UnknownFieldError`` with close matches for a
-    keyword that is no field (instead of a bare TypeError)."""
-
-    @functools.wraps(init)
-    def checked_init(self: PPOConfig, *args: Any, **kwargs: Any) -> None:
-        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(PPOConfig)})
-        if unknown:
-            raise UnknownFieldError(unknown[0])
-        init(self, *args, **kwargs)
-
-    return checked_init
-
-
-# flax.struct.dataclass installs its own ``replace``; this one also names unknown fields.
-PPOConfig.replace = _replace  # type: ignore[method-assign]
-PPOConfig.__init__ = _check_names(PPOConfig.__init__)  # type: ignore[method-assign]
+        return cls(**{**preset, "env_id": env_id, **overrides})
 
 
 # The MinAtar games: 64 envs x 128 steps, 4 epochs of 8 minibatches, lr 5e-4, ReLU 256-256 MLPs
@@ -373,6 +348,13 @@ class UnknownFieldError(ConfigError, TypeError):
         super().__init__(name, unknown_field_message(name))
 
 
+def check_field_names(settings: dict[str, Any]) -> None:
+    """Raise ``UnknownFieldError`` for the first name in ``settings`` that is no field."""
+    unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(PPOConfig)})
+    if unknown:
+        raise UnknownFieldError(unknown[0])
+
+
 def unknown_field_message(name: str) -> str:
     names = [f.name for f in dataclasses.fields(PPOConfig)]
     close = difflib.get_close_matches(str(name), names, n=3)
@@ -499,8 +481,6 @@ def validate(config: PPOConfig) -> None:
     check_reset_pool(config)
     check_env_id(config.env_id)
     check_env_kwargs(config.env_kwargs)
-    if config.env_kwargs:
-        check_env_builds(config.env_id, config.env_kwargs)
 
 
 def check_reset_pool(config: PPOConfig) -> None:

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from flax import struct
 
-from ppojax.checks import ConfigError, check_bool, check_choice, check_positive_int, check_range
+from ppojax.checks import (
+    ConfigError,
+    check_bool,
+    check_choice,
+    check_positive_int,
+    check_range,
+    static,
+)
 
 ALGORITHMS = ("ppo", "grpo", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -22,10 +28,6 @@ KL_PLACES = ("reward", "loss")
 # "grpo" is the per-sequence mean (GRPO's 1/|o_i|), "dapo" the per-token mean over the batch
 # (DAPO), "dr_grpo" the sum over tokens / (rows * response_len) (Dr. GRPO's constant).
 LOSS_AGGREGATIONS = ("token", "sequence", "grpo", "dapo", "dr_grpo")
-
-
-def static(default: Any) -> Any:
-    return struct.field(pytree_node=False, default=default)
 
 
 @struct.dataclass

@@ -13,13 +13,12 @@ with n tokens before its first EOS (all of them without one) against the target 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ppojax.checks import ConfigError, check_positive_int
+from ppojax.checks import ConfigError, check_positive_int, static
 from ppojax.rlhf.model import LanguageModel, transformer
 from ppojax.rlhf.sft import train_sft
 
@@ -27,10 +26,6 @@ PAD = 0
 BOS = 1
 EOS = 2
 FIRST_DIGIT = 3
-
-
-def static(default: Any) -> Any:
-    return struct.field(pytree_node=False, default=default)
 
 
 def sample_prompts(

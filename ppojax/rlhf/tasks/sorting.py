@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from ppojax.checks import check_positive_int
+from ppojax.checks import check_positive_int, static
 from ppojax.ppo import losses
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
 from ppojax.rlhf.sampling import sample_cached
 from ppojax.rlhf.sft import make_adam
-from ppojax.rlhf.tasks.digits import PAD, DigitTask, scorer, sft_start, static, targets
+from ppojax.rlhf.tasks.digits import PAD, DigitTask, scorer, sft_start, targets
 
 SORTING = DigitTask(
     num_digits=13, min_digits=4, max_digits=7, response_len=10, d_model=64, num_heads=4,
