@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from ppojax.cli.values import parse_bool
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
@@ -52,14 +53,6 @@ SMALL = dict(
     sft_steps=4,
     sft_batch_size=8,
 )
-
-
-def parse_bool(text: str) -> bool:
-    """true/false, 1/0 or yes/no, any case."""
-    lowered = text.lower()
-    if lowered not in ("true", "false", "1", "0", "yes", "no"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return lowered in ("true", "1", "yes")
 
 
 def field_type(field: dataclasses.Field) -> Any:

@@ -23,6 +23,17 @@ from ppojax.rlhf.sampling import (
 )
 
 
+class Roles(NamedTuple):
+    """The models one RLHF step runs, by role: the policy ``(params, tokens, mask) -> logits
+    [B, L, V]``, the critic ``(params, tokens, mask) -> values [B, L]`` (None without one) and
+    the policy's fast sampler (None: every token recomputes the whole sequence). Their params
+    live in the state."""
+
+    policy: PolicyApply
+    critic: Callable[[Any, jax.Array, jax.Array], jax.Array] | None
+    kv_cache: KVCacheHook | None
+
+
 class Rollout(NamedTuple):
     """The update's batch [N, ...] and what the step logs about it."""
 
@@ -100,7 +111,7 @@ def advantages_and_returns(
 
 def collect(
     config: RLHFConfig,
-    models: tuple[PolicyApply, Any, KVCacheHook | None],
+    roles: Roles,
     reward_fns: tuple[Callable[..., jax.Array], ...],
     full_policy: Callable[[dict], Any],
     state: Any,
@@ -111,7 +122,7 @@ def collect(
     """Each prompt [B, P] repeated group_size times (rows of one prompt adjacent), answered,
     scored and turned into an ``RLHFBatch`` of N = B * group_size rows. The old log-probs come
     from the same full forward pass the loss uses, so the first ratio is 1."""
-    policy_apply, critic_apply, kv_cache = models
+    policy_apply, critic_apply, kv_cache = roles.policy, roles.critic, roles.kv_cache
     prompts = jnp.repeat(prompts, config.group_size, axis=0)
     prompt_mask = jnp.repeat(prompt_mask.astype(bool), config.group_size, axis=0)
     policy = full_policy(state.params)

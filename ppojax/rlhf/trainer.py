@@ -29,7 +29,7 @@ from ppojax.rlhf import lora
 from ppojax.rlhf.advantages import update_kl_coef
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.objective import LossParts, RLHFBatch, rlhf_loss
-from ppojax.rlhf.rollout import collect, rollout_metrics
+from ppojax.rlhf.rollout import Roles, collect, rollout_metrics
 from ppojax.rlhf.sampling import KVCacheHook, PolicyApply
 
 RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -143,20 +143,20 @@ def make_trainer(
             step=jnp.int32(0),
         )
 
-    models = (policy_apply, critic_apply if config.needs_critic else None, kv_cache)
+    roles = Roles(policy_apply, critic_apply if config.needs_critic else None, kv_cache)
 
     def step(
         state: RLHFState, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array
     ) -> tuple[RLHFState, dict[str, jax.Array]]:
         """One RLHF iteration on left-padded prompts [B, P] with mask [B, P]."""
-        return train_step(config, models, fns, optimizer, state, prompts, prompt_mask, key)
+        return train_step(config, roles, fns, optimizer, state, prompts, prompt_mask, key)
 
     return Trainer(init, step, reward_names(fns), config)
 
 
 def train_step(
     config: RLHFConfig,
-    models: tuple[PolicyApply, CriticApply | None, KVCacheHook | None],
+    roles: Roles,
     reward_fns: tuple[RewardFn, ...],
     optimizer: optax.GradientTransformation,
     state: RLHFState,
@@ -165,11 +165,11 @@ def train_step(
     key: jax.Array,
 ) -> tuple[RLHFState, dict[str, jax.Array]]:
     """One RLHF iteration on left-padded prompts [B, P] with mask [B, P]; see the module."""
-    policy_apply, critic_apply, _ = models
+    policy_apply, critic_apply = roles.policy, roles.critic
     sample_key, update_key = jax.random.split(key)
     full_policy = policy_params_fn(config, state.reference)
     rollout = collect(
-        config, models, reward_fns, full_policy, state, prompts, prompt_mask, sample_key
+        config, roles, reward_fns, full_policy, state, prompts, prompt_mask, sample_key
     )
     warm = state.step >= config.critic_warmup_steps
     parts = LossParts(
