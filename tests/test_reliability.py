@@ -21,6 +21,7 @@ from ppojax.cli.commands import main
 from ppojax.envs import PPOEnv
 from ppojax.ppo.config import PPOConfig
 from ppojax.runs.experiment import Experiment, RunOptions, run_experiment
+from ppojax.runtime import compiling
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 MARKER = "<!-- bad-inputs: tests/test_reliability.py runs every row -->"
@@ -120,6 +121,18 @@ def folder_digest(folder: Path) -> dict[str, str]:
     }
 
 
+def plan_cpus_as_a_fresh_process(monkeypatch) -> None:
+    """The command line's CPU planning as in a fresh ``ppojax`` process on a 2-core CPU
+    machine (JAX not started yet: planning runs before most checks), asking for nothing."""
+    monkeypatch.setattr(compiling, "backends_started", lambda: False)
+    monkeypatch.setattr(compiling, "limit_cpu_threads", lambda threads: False)
+    monkeypatch.setattr(compiling, "use_cpu_devices", lambda devices: False)
+    monkeypatch.setattr(compiling, "cpu_cores", lambda: 2)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+
+
 @pytest.mark.parametrize(
     "code, error, file, how, content",
     ROWS,
@@ -137,6 +150,7 @@ def test_bad_input_gets_the_error_in_the_table(
         damage(file, how, content)
     before = folder_digest(Path(RUN_DIR)) if uses_run else None
     if code.startswith("ppojax "):
+        plan_cpus_as_a_fresh_process(monkeypatch)
         with pytest.raises(SystemExit) as exit_info:
             main(shlex.split(code)[1:])
         assert exit_info.value.code == 2

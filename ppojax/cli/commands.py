@@ -382,11 +382,12 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     from ppojax.runs import folder
     from ppojax.runs.experiment import Experiment, check_env, run_experiment
 
+    if args.resume is None:
+        check_seed_flags(args)  # before use_cpu_settings, which splits the runs over devices
     use_cpu_settings(args, grid)
     if args.resume is not None:
         result = resume(args)
     else:
-        check_seed_flags(args)
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)
         folder.check_out_dir(args.out)
