@@ -3,6 +3,7 @@ word for word, so the table and the code cannot drift apart."""
 
 import hashlib
 import json
+import logging
 import re
 import shlex
 import shutil
@@ -163,3 +164,19 @@ def test_bad_input_gets_the_error_in_the_table(
             eval(code, namespace())
         got = f"{type(raised.value).__name__}: {raised.value}"
     assert got == error
+
+
+def test_resume_and_eval_of_a_healthy_run_show_no_orbax_or_absl_warning(
+    finished_run, tmp_path, monkeypatch, caplog, capfd
+):
+    shutil.copytree(finished_run, tmp_path / RUN_DIR)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", RUN_DIR, "--no-progress"]) == 0
+    assert main(["eval", RUN_DIR, "--episodes", "1"]) == 0
+    logged = [
+        f"{record.name}: {record.getMessage()}"
+        for record in caplog.records
+        if record.levelno >= logging.WARNING and record.name.startswith(("absl", "orbax"))
+    ]
+    err = capfd.readouterr().err
+    assert logged == [] and "absl" not in err and "WARNING" not in err, (logged, err)
