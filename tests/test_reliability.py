@@ -1,6 +1,7 @@
 """Every row of the bad-input table in docs/reliability.md, run and compared with its error
 word for word, so the table and the code cannot drift apart."""
 
+import functools
 import hashlib
 import json
 import logging
@@ -21,6 +22,7 @@ import ppojax
 from ppojax.cli.commands import main
 from ppojax.envs import PPOEnv
 from ppojax.ppo.config import PPOConfig
+from ppojax.rlhf import RLHFConfig, make_trainer
 from ppojax.runs.experiment import Experiment, RunOptions, run_experiment
 from ppojax.runtime import compiling
 
@@ -61,8 +63,29 @@ class ActionSpaceEnv:
         return self.base.observation_space(params)
 
 
+def tiny_lm(params, tokens, mask):
+    """Logits [B, L, 4] of one learned vector, the same at every position."""
+    return jnp.broadcast_to(params["logits"], (*tokens.shape, 4))
+
+
+def scalar_reward(prompts, prompt_mask, responses, response_mask):
+    return jnp.float32(1.0)  # one number for the whole batch instead of one per response
+
+
+@functools.cache
+def rlhf_setup() -> tuple[RLHFConfig, tuple]:
+    """A GRPO config and the arguments of one step: 1 prompt x 2 samples of 3 tokens."""
+    config = RLHFConfig(algorithm="grpo", group_size=2, response_len=3, num_minibatches=1)
+    state = make_trainer(config, tiny_lm, scalar_reward).init(
+        {"logits": jnp.zeros(4)}, jax.random.key(0)
+    )
+    prompts = jnp.array([[3, 3]], jnp.int32)
+    return config, (state, prompts, jnp.ones_like(prompts, bool), jax.random.key(1))
+
+
 def namespace() -> dict:
     tuple_env = ActionSpaceEnv(spaces.Tuple([spaces.Discrete(2), spaces.Discrete(3)]))
+    rlhf_config, rlhf_step_args = rlhf_setup()
     return {
         "ppojax": ppojax,
         "jax": jax,
@@ -75,6 +98,11 @@ def namespace() -> dict:
         "tuple_action_env": tuple_env,
         "int_box_env": ActionSpaceEnv(spaces.Box(0, 5, (2,), jnp.int32)),
         "params": tuple_env.params,
+        "make_trainer": make_trainer,
+        "rlhf_config": rlhf_config,
+        "tiny_lm": tiny_lm,
+        "scalar_reward": scalar_reward,
+        "rlhf_step_args": rlhf_step_args,
     }
 
 
