@@ -1,14 +1,17 @@
 """Every row of the bad-input table in docs/reliability.md, run and compared with its error
 word for word, so the table and the code cannot drift apart."""
 
+import errno
 import functools
 import hashlib
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
 import socket
+import tempfile
 import urllib.error
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import pytest
 from gymnax.environments import spaces
 
 import ppojax
-from ppojax.cli.commands import main
+from ppojax.cli.commands import check_writable, main
 from ppojax.envs import PPOEnv
 from ppojax.ppo.config import PPOConfig
 from ppojax.rlhf import RLHFConfig, make_trainer
@@ -30,7 +33,8 @@ TABLE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 MARKER = "<!-- bad-inputs: tests/test_reliability.py runs every row -->"
 INPUT = re.compile(
     r"^`(?P<code>[^`]+)`"
-    r"(?: with (?P<file>\S+) (?P<how>holding|updated by|deleted)(?: `(?P<content>[^`]*)`)?)?$"
+    r"(?: with (?P<file>\S+) (?P<how>holding|updated by|deleted|made read-only)"
+    r"(?: `(?P<content>[^`]*)`)?)?$"
 )
 RUN_DIR = "run"  # the rows' finished run folder (see finished_run)
 
@@ -131,10 +135,13 @@ def offline_mnist(directory="/tmp/mnist"):
 
 
 def damage(file: str, how: str, content: str | None) -> None:
-    """Write, update (merge a JSON object into) or delete ``file``; ``\\n`` ends a line."""
+    """Write, update (merge a JSON object into), delete or make read-only ``file``; ``\\n``
+    ends a line."""
     path = Path(file)
     if how == "deleted":
         path.unlink()
+    elif how == "made read-only":
+        path.chmod(0o555)
     elif how == "updated by":
         path.write_text(json.dumps({**json.loads(path.read_text()), **json.loads(content)}))
     else:
@@ -162,6 +169,19 @@ def plan_cpus_as_a_fresh_process(monkeypatch) -> None:
     monkeypatch.delenv("XLA_FLAGS", raising=False)
 
 
+def refuse_files_in(folder: Path, monkeypatch) -> None:
+    """Make ``tempfile.mkstemp`` in ``folder`` fail as the OS does in a folder without write
+    permission; for root, whom permissions do not stop."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).resolve() == folder.resolve():
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
 @pytest.mark.parametrize(
     "code, error, file, how, content",
     ROWS,
@@ -177,6 +197,10 @@ def test_bad_input_gets_the_error_in_the_table(
         shutil.copytree(request.getfixturevalue("finished_run"), RUN_DIR)
     if file is not None:
         damage(file, how, content)
+    if how == "made read-only":
+        request.addfinalizer(functools.partial(Path(file).resolve().chmod, 0o755))
+        if os.geteuid() == 0:
+            refuse_files_in(Path(file), monkeypatch)
     before = folder_digest(Path(RUN_DIR)) if uses_run else None
     if code.startswith("ppojax "):
         plan_cpus_as_a_fresh_process(monkeypatch)
@@ -208,3 +232,35 @@ def test_resume_and_eval_of_a_healthy_run_show_no_orbax_or_absl_warning(
     ]
     err = capfd.readouterr().err
     assert logged == [] and "absl" not in err and "WARNING" not in err, (logged, err)
+
+
+def test_the_write_check_names_the_folder_it_cannot_write(finished_run, tmp_path, monkeypatch):
+    run = tmp_path / RUN_DIR
+    shutil.copytree(finished_run, run)
+    check_writable(run)
+    assert sorted(path.name for path in run.iterdir()) == sorted(
+        path.name for path in finished_run.iterdir()
+    )  # the probe files are gone
+    refuse_files_in(run / "checkpoints", monkeypatch)
+    with pytest.raises(ValueError) as raised:
+        check_writable(run)
+    assert str(raised.value) == (
+        f"--resume {run}: cannot write to the run folder ({run}/checkpoints: Permission "
+        f"denied); make it writable (chmod -R u+w {run}) or copy it to a folder you can write to"
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0,
+    reason="root writes into read-only folders; the test above and the table's read-only row "
+    "give the refusal the file system gives others",
+)
+def test_the_write_check_asks_the_file_system(finished_run, tmp_path):
+    run = tmp_path / RUN_DIR
+    shutil.copytree(finished_run, run)
+    (run / "checkpoints").chmod(0o555)
+    try:
+        with pytest.raises(ValueError, match="checkpoints: Permission denied"):
+            check_writable(run)
+    finally:
+        (run / "checkpoints").chmod(0o755)

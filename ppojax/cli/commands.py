@@ -12,7 +12,9 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
+import os
 import sys
+import tempfile
 import typing
 import warnings
 from collections.abc import Callable, Sequence
@@ -305,7 +307,29 @@ def resume(args: argparse.Namespace) -> RunResult:
             f"--resume continues a run with its saved config and seeds; drop {', '.join(given)}"
         )
     _, saved = read_experiment(args.resume)
+    check_writable(args.resume)
     return resume_experiment(args.resume, run_options(args, saved))
+
+
+def check_writable(run_dir: Path) -> None:
+    """A ``ValueError`` naming the folder unless files can be made in ``run_dir`` and the
+    folders in it that a resume writes: a probe file is made and removed in each (the file
+    system's own answer, which read-only mounts and ACLs give too)."""
+    from ppojax.runs.folder import CHECKPOINT_DIR, TENSORBOARD_DIR
+
+    for folder in (run_dir, run_dir / CHECKPOINT_DIR, run_dir / TENSORBOARD_DIR):
+        if not folder.is_dir():
+            continue
+        try:
+            handle, probe = tempfile.mkstemp(prefix=".ppojax-write-probe-", dir=folder)
+        except OSError as error:
+            raise ValueError(
+                f"--resume {run_dir}: cannot write to the run folder ({folder}: "
+                f"{error.strerror}); make it writable (chmod -R u+w {run_dir}) or copy it to a "
+                "folder you can write to"
+            ) from None
+        os.close(handle)
+        os.unlink(probe)
 
 
 def use_cpu_settings(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:
