@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import socket
+import sys
 import tempfile
 import urllib.error
 from pathlib import Path
@@ -23,7 +24,8 @@ from gymnax.environments import spaces
 
 import ppojax
 from ppojax.cli.commands import check_writable, main
-from ppojax.envs import PPOEnv
+from ppojax.envs import PPOEnv, registry
+from ppojax.envs.env import StepAPIWarning
 from ppojax.ppo.config import PPOConfig
 from ppojax.rlhf import RLHFConfig, make_trainer
 from ppojax.runs.experiment import Experiment, RunOptions, run_experiment
@@ -67,6 +69,33 @@ class ActionSpaceEnv:
         return self.base.observation_space(params)
 
 
+class FourValueEnv:
+    """CartPole whose step returns four values: neither gymnax 1.0's six nor its older five."""
+
+    def __init__(self) -> None:
+        self.base, self.params = gymnax.make("CartPole-v1")
+
+    def reset(self, key, params):
+        return self.base.reset(key, params)
+
+    def step(self, key, state, action, params):
+        return self.base.step(key, state, action, params)[:4]
+
+    def action_space(self, params):
+        return self.base.action_space(params)
+
+    def observation_space(self, params):
+        return self.base.observation_space(params)
+
+
+class OldStepEnv(FourValueEnv):
+    """CartPole as gymnax before 1.0 stepped it: five values, one done for both endings."""
+
+    def step(self, key, state, action, params):
+        obs, state, reward, terminated, truncated, _ = self.base.step(key, state, action, params)
+        return obs, state, reward, terminated | truncated, {}
+
+
 def tiny_lm(params, tokens, mask):
     """Logits [B, L, 4] of one learned vector, the same at every position."""
     return jnp.broadcast_to(params["logits"], (*tokens.shape, 4))
@@ -102,6 +131,7 @@ def namespace() -> dict:
         "tuple_action_env": tuple_env,
         "int_box_env": ActionSpaceEnv(spaces.Box(0, 5, (2,), jnp.int32)),
         "params": tuple_env.params,
+        "four_value_env": FourValueEnv(),
         "make_trainer": make_trainer,
         "rlhf_config": rlhf_config,
         "tiny_lm": tiny_lm,
@@ -216,6 +246,54 @@ def test_bad_input_gets_the_error_in_the_table(
             eval(code, namespace())
         got = f"{type(raised.value).__name__}: {raised.value}"
     assert got == error
+
+
+TINY = ["--total-timesteps", "32", "--num-envs", "2", "--num-steps", "8", "--hidden-sizes", "8"]
+TINY += ["--update-epochs", "1", "--num-minibatches", "2", "--no-progress"]
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    """Env ids registered and sys.path entries added in a test are gone after it."""
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def test_a_step_of_gymnax_before_1_0_is_adapted_with_a_warning(own_registry):
+    ppojax.register_env("OldStep-v0", lambda: (OldStepEnv(), OldStepEnv().params))
+    with pytest.warns(StepAPIWarning, match="OldStep-v0: step.* returns gymnax's older five"):
+        env = ppojax.make_env("OldStep-v0")
+    _, state = env.reset(jax.random.key(0))
+    for length in range(1, 50):  # always pushing left, the pole falls within a few steps
+        result, state = env.step(jax.random.key(length), state, jnp.int32(0))
+        if result.terminated:
+            break
+    assert not result.truncated and int(result.episode_length) == length < 50
+
+
+def test_the_command_line_trains_an_env_of_the_older_step_and_says_so(
+    own_registry, tmp_path, monkeypatch, capsys
+):
+    ppojax.register_env("OldStep-v0", lambda: (OldStepEnv(), OldStepEnv().params))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "OldStep-v0", *TINY]) == 0
+    warning = "ppojax: warning: OldStep-v0: step(key, state, action, params) returns gymnax's"
+    assert warning in capsys.readouterr().err
+
+
+def test_an_env_whose_step_returns_other_values_fails_before_any_run_folder(
+    own_registry, tmp_path, monkeypatch, capsys
+):
+    ppojax.register_env("FourValue-v0", lambda: (FourValueEnv(), FourValueEnv().params))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "FourValue-v0", *TINY])
+    assert exit_info.value.code == 2 and not Path("runs").exists()
+    assert capsys.readouterr().err.startswith(
+        "ppojax train: error: FourValue-v0: step(key, state, action, params) returned 4 "
+        "values; ppojax needs gymnax >= 1.0's six (obs, state, reward, terminated, truncated, "
+        "info)"
+    )
 
 
 def test_resume_and_eval_of_a_healthy_run_show_no_orbax_or_absl_warning(

@@ -512,11 +512,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def show_warning(
     fallback: Callable[..., None], message: Any, category: type[Warning], *args: Any
 ) -> None:
-    """ppojax's own warnings (a checkpoint passed over) as one plain line on stderr; others
-    as Python shows them."""
+    """ppojax's own warnings (a checkpoint passed over, an env's step adapted) as one plain
+    line on stderr; others as Python shows them."""
+    from ppojax.envs.env import StepAPIWarning
     from ppojax.runs.checkpoints import CheckpointWarning
 
-    if issubclass(category, CheckpointWarning):
+    if issubclass(category, (CheckpointWarning, StepAPIWarning)):
         sys.stderr.write(f"ppojax: warning: {message}\n")
     else:
         fallback(message, category, *args)

@@ -74,7 +74,9 @@ def register_env(env_id: str, factory: EnvFactory) -> None:
     API (``reset(key, params) -> (obs, state)``, ``step(key, state, action, params) -> (obs,
     state, reward, terminated, truncated, info)`` with ``info["final_observation"]``,
     ``action_space(params)``, ``observation_space(params)``), a ``gymnax`` ``Environment``
-    subclass or duck-typed. Registering an id again replaces its factory; a registered id
+    subclass or duck-typed. A ``step`` of gymnax's older API, five values ``(obs, state,
+    reward, done, info)``, is adapted with a warning (``ppojax.envs.env.StepAPIWarning``): each
+    done is taken as terminated. Registering an id again replaces its factory; a registered id
     shadows a gymnax id of the same name.
     """
     if not isinstance(env_id, str) or not env_id.strip():
