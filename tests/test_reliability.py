@@ -342,3 +342,64 @@ def test_the_write_check_asks_the_file_system(finished_run, tmp_path):
             check_writable(run)
     finally:
         (run / "checkpoints").chmod(0o755)
+
+
+CARTPOLE_MODULE = """
+import gymnax
+
+import ppojax
+{imports}
+
+def cartpole():
+    return gymnax.make("CartPole-v1")
+
+
+ppojax.register_env({env_id}, cartpole)
+"""
+
+
+def test_a_run_finds_its_env_module_from_any_working_folder(
+    own_registry, tmp_path, monkeypatch, capsys
+):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    module = lib / "edge_cartpole.py"
+    module.write_text(CARTPOLE_MODULE.format(imports="", env_id="'EdgeCartPole-v0'"))
+    monkeypatch.chdir(lib)
+    argv = ["train", "EdgeCartPole-v0", "--env-module", "edge_cartpole", "--checkpoint-every", "1"]
+    try:
+        assert main([*argv, *TINY, "--out", str(tmp_path / "runs")]) == 0
+        (run_dir,) = (tmp_path / "runs").iterdir()
+        settings = json.loads((run_dir / "run.json").read_text())
+        assert settings["env_modules"] == [str(module.resolve())]
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        resume = ["train", "--resume", str(run_dir), "--no-progress"]
+        for command in (["eval", str(run_dir), "--episodes", "1"], resume):
+            # as in a fresh process: neither the id, the module nor its folder is known
+            registry._FACTORIES.pop("EdgeCartPole-v0")
+            sys.modules.pop("edge_cartpole")
+            sys.path[:] = [entry for entry in sys.path if entry != str(lib.resolve())]
+            assert main(command) == 0
+    finally:
+        sys.modules.pop("edge_cartpole", None)
+    assert "EdgeCartPole-v0, run 0: mean return" in capsys.readouterr().out
+
+
+def test_env_module_takes_the_path_of_a_py_file_in_its_package(
+    own_registry, tmp_path, monkeypatch, capsys
+):
+    package = tmp_path / "edge_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ids.py").write_text("ENV_ID = 'EdgePackageCartPole-v0'\n")
+    module = package / "envs.py"
+    module.write_text(CARTPOLE_MODULE.format(imports="from .ids import ENV_ID", env_id="ENV_ID"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert main(["envs", "--env-module", "edge_package/envs.py"]) == 0
+        assert "  EdgePackageCartPole-v0\n" in capsys.readouterr().out
+        assert registry.env_modules("EdgePackageCartPole-v0") == (str(module.resolve()),)
+    finally:
+        for name in ("edge_package", "edge_package.ids", "edge_package.envs"):
+            sys.modules.pop(name, None)

@@ -139,8 +139,9 @@ def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE (e.g. mypackage.envs) first, which registers envs with "
-        "ppojax.register_env; repeatable; the run folder remembers it",
+        help="import MODULE (a module name such as mypackage.envs, or the path of a .py file) "
+        "first, which registers envs with ppojax.register_env; repeatable; the run folder "
+        "remembers where it is, so eval and --resume find it from any folder",
     )
 
 
