@@ -205,16 +205,17 @@ def test_cli_trains_an_env_module_and_eval_and_load_find_it_from_the_run_folder(
 ):
     folder, run_dir = corridor_run
     settings = json.loads((run_dir / "run.json").read_text())
-    assert settings["env_modules"] == ["corridor_envs"]
+    assert settings["env_modules"] == [str((folder / "corridor_envs.py").resolve())]
     assert json.loads((run_dir / "config.json").read_text())["env_kwargs"] == {"length": 3}
-    # ppojax eval gets no --env-module: the run folder names the module.
-    result = run_cli(["eval", str(run_dir), "--episodes", "3"], folder)
+    # ppojax eval gets no --env-module, from a folder without it: the run folder names the
+    # module's file.
+    result = run_cli(["eval", str(run_dir), "--episodes", "3"], run_dir)
     assert result.returncode == 0, result.stderr
     assert "Corridor-v0, run 0: mean return" in result.stdout
     # ppojax.load in a process where the id is not registered yet imports the module.
     monkeypatch.delitem(registry._FACTORIES, "Corridor-v0", raising=False)
     monkeypatch.delitem(sys.modules, "corridor_envs", raising=False)
-    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import adds the module's folder
     config, act = ppojax.load(run_dir)
     assert config.env_id == "Corridor-v0" and config.env_kwargs == {"length": 3}
     action = act(np.eye(8, dtype=np.float32)[:2], deterministic=True)

@@ -12,7 +12,9 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
+import os
 import sys
+import tempfile
 import typing
 import warnings
 from collections.abc import Callable, Sequence
@@ -137,8 +139,9 @@ def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE (e.g. mypackage.envs) first, which registers envs with "
-        "ppojax.register_env; repeatable; the run folder remembers it",
+        help="import MODULE (a module name such as mypackage.envs, or the path of a .py file) "
+        "first, which registers envs with ppojax.register_env; repeatable; the run folder "
+        "remembers where it is, so eval and --resume find it from any folder",
     )
 
 
@@ -305,7 +308,29 @@ def resume(args: argparse.Namespace) -> RunResult:
             f"--resume continues a run with its saved config and seeds; drop {', '.join(given)}"
         )
     _, saved = read_experiment(args.resume)
+    check_writable(args.resume)
     return resume_experiment(args.resume, run_options(args, saved))
+
+
+def check_writable(run_dir: Path) -> None:
+    """A ``ValueError`` naming the folder unless files can be made in ``run_dir`` and the
+    folders in it that a resume writes: a probe file is made and removed in each (the file
+    system's own answer, which read-only mounts and ACLs give too)."""
+    from ppojax.runs.folder import CHECKPOINT_DIR, TENSORBOARD_DIR
+
+    for folder in (run_dir, run_dir / CHECKPOINT_DIR, run_dir / TENSORBOARD_DIR):
+        if not folder.is_dir():
+            continue
+        try:
+            handle, probe = tempfile.mkstemp(prefix=".ppojax-write-probe-", dir=folder)
+        except OSError as error:
+            raise ValueError(
+                f"--resume {run_dir}: cannot write to the run folder ({folder}: "
+                f"{error.strerror}); make it writable (chmod -R u+w {run_dir}) or copy it to a "
+                "folder you can write to"
+            ) from None
+        os.close(handle)
+        os.unlink(probe)
 
 
 def use_cpu_settings(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:
@@ -382,11 +407,12 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     from ppojax.runs import folder
     from ppojax.runs.experiment import Experiment, check_env, run_experiment
 
+    if args.resume is None:
+        check_seed_flags(args)  # before use_cpu_settings, which splits the runs over devices
     use_cpu_settings(args, grid)
     if args.resume is not None:
         result = resume(args)
     else:
-        check_seed_flags(args)
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)
         folder.check_out_dir(args.out)
@@ -487,11 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def show_warning(
     fallback: Callable[..., None], message: Any, category: type[Warning], *args: Any
 ) -> None:
-    """ppojax's own warnings (a checkpoint passed over) as one plain line on stderr; others
-    as Python shows them."""
+    """ppojax's own warnings (a checkpoint passed over, an env's step adapted) as one plain
+    line on stderr; others as Python shows them."""
+    from ppojax.envs.env import StepAPIWarning
     from ppojax.runs.checkpoints import CheckpointWarning
 
-    if issubclass(category, CheckpointWarning):
+    if issubclass(category, (CheckpointWarning, StepAPIWarning)):
         sys.stderr.write(f"ppojax: warning: {message}\n")
     else:
         fallback(message, category, *args)

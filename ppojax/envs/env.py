@@ -14,6 +14,7 @@ can still run after ``import ppojax``.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -22,6 +23,14 @@ import numpy as np
 from flax import struct
 
 from ppojax.envs.registry import build_env, gymnax_envs, registered_envs
+
+
+class StepAPIWarning(UserWarning):
+    """An env's ``step`` returns gymnax's older five values, which ``PPOEnv`` adapts."""
+
+
+STEP_VALUES = "(obs, state, reward, terminated, truncated, info)"
+OLD_STEP_VALUES = "(obs, state, reward, done, info)"
 
 
 class EnvSpec(NamedTuple):
@@ -159,6 +168,7 @@ class PPOEnv:
         spec = _space_spec(name, env.observation_space(env_params), env.action_space(env_params))
         self.spec = spec._replace(masked=callable(getattr(env, "action_mask", None)))
         self._action_shape = tuple(env.action_space(env_params).shape)
+        self.old_step_api = _old_step_api(name, self)
         if self.spec.masked:
             _check_mask_shape(name, self)
 
@@ -190,10 +200,15 @@ class PPOEnv:
     def step(
         self, key: jax.Array, state: EpisodeState, action: jax.Array
     ) -> tuple[StepResult, EpisodeState]:
-        """One step with gymnax's auto-reset: a fresh reset is drawn from ``key``."""
-        obs, env_state, reward, terminated, truncated, info = self.env.step(
-            key, state.env_state, self._env_action(action), self.env_params
-        )
+        """One step with gymnax's auto-reset: a fresh reset is drawn from ``key``. An env of
+        gymnax's older API (``old_step_api``) has its one ``done`` taken as terminated; its
+        observation after a done is the next episode's, which no value is bootstrapped from."""
+        stepped = self.env.step(key, state.env_state, self._env_action(action), self.env_params)
+        if self.old_step_api:
+            obs, env_state, reward, done, _ = stepped
+            truncated = jnp.zeros_like(done, jnp.bool_)
+            stepped = (obs, env_state, reward, done, truncated, {"final_observation": obs})
+        obs, env_state, reward, terminated, truncated, info = stepped
         return self._result(state, obs, env_state, reward, terminated, truncated, info)
 
     def step_from(
@@ -271,6 +286,48 @@ class PPOEnv:
         """The observation (any pytree of arrays) as float32, shapes kept; a scalar becomes
         [1], so that every observation leaf has at least one axis."""
         return jax.tree.map(lambda leaf: jnp.atleast_1d(jnp.asarray(leaf, jnp.float32)), obs)
+
+
+def _old_step_api(name: str, env: PPOEnv) -> bool:
+    """Whether ``env.env.step`` returns gymnax's older five values (one ``done``), with a
+    ``StepAPIWarning`` saying how they are adapted; False for gymnax 1.0's six; a
+    ``ValueError`` naming the env for anything else. Found by tracing one step (no
+    computation), so that a wrong step fails where the env is built."""
+    from gymnax.environments.environment import Environment
+
+    if getattr(type(env.env), "step", None) is Environment.step:
+        return False  # gymnax's own step, around the env's step_env
+    if not (callable(getattr(env.env, "reset", None)) and callable(getattr(env.env, "step", None))):
+        return False  # an env taken for its spaces alone (register_env requires both)
+    dtype = jnp.int32 if env.spec.discrete else jnp.float32
+
+    def one_step(key: jax.Array) -> Any:
+        _, state = env.env.reset(key, env.env_params)
+        action = jnp.zeros(env._action_shape, dtype)
+        return env.env.step(key, state, action, env.env_params)
+
+    stepped = jax.eval_shape(one_step, jax.random.key(0))
+    count = len(stepped) if isinstance(stepped, tuple) else None
+    if count == 6:
+        return False
+    if count == 5:
+        warnings.warn(
+            f"{name}: step(key, state, action, params) returns gymnax's older five values "
+            f"{OLD_STEP_VALUES}; ppojax adapts them to gymnax >= 1.0's six {STEP_VALUES}, "
+            "taking every done as terminated, so an episode cut off by a time limit is not "
+            "bootstrapped. Return the six, the last observation of an episode in "
+            "info['final_observation'], to have it bootstrapped.",
+            StepAPIWarning,
+            stacklevel=3,
+        )
+        return True
+    got = f"{count} values" if count is not None else f"a {type(stepped).__name__}"
+    raise ValueError(
+        f"{name}: step(key, state, action, params) returned {got}; ppojax needs gymnax >= "
+        f"1.0's six {STEP_VALUES}, the last observation of an episode in "
+        f"info['final_observation'] (or gymnax's older five {OLD_STEP_VALUES}). Wrap the "
+        "env so that its step returns them."
+    )
 
 
 def _check_mask_shape(name: str, env: PPOEnv) -> None:

@@ -19,10 +19,14 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import os
 import re
+import site
 import sys
+import sysconfig
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -74,7 +78,9 @@ def register_env(env_id: str, factory: EnvFactory) -> None:
     API (``reset(key, params) -> (obs, state)``, ``step(key, state, action, params) -> (obs,
     state, reward, terminated, truncated, info)`` with ``info["final_observation"]``,
     ``action_space(params)``, ``observation_space(params)``), a ``gymnax`` ``Environment``
-    subclass or duck-typed. Registering an id again replaces its factory; a registered id
+    subclass or duck-typed. A ``step`` of gymnax's older API, five values ``(obs, state,
+    reward, done, info)``, is adapted with a warning (``ppojax.envs.env.StepAPIWarning``): each
+    done is taken as terminated. Registering an id again replaces its factory; a registered id
     shadows a gymnax id of the same name.
     """
     if not isinstance(env_id, str) or not env_id.strip():
@@ -252,19 +258,82 @@ def check_env_kwargs(env_id: str, env_kwargs: EnvKwargs) -> None:
 
 
 def import_env_modules(modules: list[str] | tuple[str, ...], source: str) -> None:
-    """Import each module (``mypackage.envs``) so that it registers its envs; the current
-    folder is searched first, as ``python -m`` does. ``source`` names where the module names
+    """Import each module so that it registers its envs: a module name (``mypackage.envs``;
+    the current folder is searched first, as ``python -m`` does) or the path of its .py file
+    (``envs/corridor.py``, see ``import_module_file``). ``source`` names where the modules
     came from, for the error."""
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")
     for module in modules:
+        if is_module_path(module):
+            import_module_file(module, source)
+            continue
         try:
             importlib.import_module(module)
         except ImportError as error:
             raise ValueError(
                 f"{source}: cannot import env module {module!r} ({error}); run from the folder "
-                "that holds it or add that folder to PYTHONPATH"
+                "that holds it, add that folder to PYTHONPATH or give the path of its .py file"
             ) from None
+
+
+def is_module_path(module: str) -> bool:
+    """Whether an env module is given as a file path (``corridor.py``, ``envs/corridor``)
+    rather than a module name (``mypackage.envs``)."""
+    return module.endswith(".py") or "/" in module or os.sep in module
+
+
+def module_file_name(path: Path) -> tuple[str, Path]:
+    """The module name of the .py file ``path`` and the folder it is imported from: the file
+    alone, or inside the packages (folders with an ``__init__.py``) around it, so that its
+    relative imports work (``pkg/envs.py`` -> ``pkg.envs`` from the folder holding ``pkg``)."""
+    parts = [] if path.stem == "__init__" else [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts), folder
+
+
+def import_module_file(module: str, source: str) -> None:
+    """Import the .py file ``module`` (a path) under its module name (``module_file_name``),
+    its folder added to the end of ``sys.path``; a ``ValueError`` naming ``source`` when it is
+    no .py file, does not import, or its name is taken by another module."""
+    path = Path(module).expanduser().resolve()
+    problem = "is not a .py file" if path.exists() else "does not exist"
+    if path.suffix != ".py" or not path.is_file():
+        raise ValueError(
+            f"{source}: env module {module} {problem}; give the path of a .py file or a "
+            "module name such as mypackage.envs"
+        )
+    name, folder = module_file_name(path)
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    try:
+        imported = importlib.import_module(name)
+    except ImportError as error:
+        raise ValueError(f"{source}: cannot import env module {module} ({error})") from None
+    found = getattr(imported, "__file__", None)
+    if found is None or Path(found).resolve() != path:
+        raise ValueError(
+            f"{source}: env module {module}: its name {name!r} is taken by another module "
+            f"({found or 'built in'}); rename the file"
+        )
+
+
+def module_reference(module: str) -> str:
+    """How a run folder records an env module (a name or a path, imported already) so that
+    it is found again from any working directory: the absolute path of its .py file, or its
+    name for a module installed with Python (in site-packages), which is found by name."""
+    if is_module_path(module):
+        return str(Path(module).expanduser().resolve())
+    found = getattr(sys.modules.get(module), "__file__", None)
+    if found is None or not found.endswith(".py"):
+        return module
+    path = Path(found).resolve()
+    installed = {Path(folder).resolve() for folder in site.getsitepackages()}
+    installed |= {Path(sysconfig.get_paths()[kind]).resolve() for kind in ("purelib", "stdlib")}
+    return module if installed & set(path.parents) else str(path)
 
 
 def env_id_known(env_id: Any) -> bool:
@@ -277,13 +346,14 @@ def env_id_known(env_id: Any) -> bool:
 
 
 def env_modules(env_id: str, given: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The modules a run folder records to find ``env_id`` again: ``given`` (``--env-module``)
-    and, for a registered id, the module its factory comes from (unless ``__main__``)."""
+    """The modules a run folder records to find ``env_id`` again (``module_reference``):
+    ``given`` (``--env-module``) and, for a registered id, the module its factory comes from
+    (unless ``__main__``)."""
     factory = _FACTORIES.get(env_id)
     plain = inspect.isfunction(factory) or inspect.isclass(factory)
     module = getattr(factory, "__module__", None) if plain else None
-    found = (module,) if module and module != "__main__" and module not in given else ()
-    return tuple(given) + found
+    found = (module,) if module and module != "__main__" else ()
+    return tuple(dict.fromkeys(module_reference(name) for name in (*given, *found)))
 
 
 def _parameters(factory: EnvFactory) -> tuple[set[str], bool]:

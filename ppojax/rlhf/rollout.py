@@ -75,11 +75,27 @@ def score(
     """Unweighted rewards [F, N], the weighted score minus the missing-EOS penalty [N], and
     which responses emitted EOS [N]."""
     prompts, prompt_mask, responses, mask = batch
-    rewards = jnp.stack([jnp.asarray(fn(*batch), jnp.float32) for fn in reward_fns])
+    rewards = jnp.stack([reward_column(fn, batch) for fn in reward_fns])
     weights = config.reward_weights or (1.0,) * len(reward_fns)
     emitted_eos = ((responses == config.eos_id) & mask).any(axis=1)
     penalty = jnp.where(emitted_eos, 0.0, config.missing_eos_penalty)
     return rewards, jnp.asarray(weights, jnp.float32) @ rewards - penalty, emitted_eos
+
+
+def reward_column(
+    fn: Callable[..., jax.Array], batch: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+) -> jax.Array:
+    """``fn``'s rewards [N] as float32; a ``ValueError`` naming ``fn`` at trace time for any
+    other shape (a scalar would be broadcast to every response)."""
+    rewards = jnp.asarray(fn(*batch), jnp.float32)
+    rows = batch[2].shape[0]
+    if rewards.shape != (rows,):
+        name = getattr(fn, "__name__", repr(fn))
+        raise ValueError(
+            f"reward function {name} returned an array of shape {rewards.shape}; it must "
+            f"return one reward per response, shape [B] = ({rows},)"
+        )
+    return rewards
 
 
 def advantages_and_returns(

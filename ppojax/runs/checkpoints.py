@@ -220,11 +220,16 @@ def check_shapes(step_dir: Path, abstract: Any) -> None:
     whose metadata does not read back is left to orbax's restore to judge."""
     import orbax.checkpoint as ocp
 
+    # The item's own handler: a Checkpointer would look for step metadata in the item folder,
+    # where the manager does not write it, and log that it is missing on every healthy read.
+    handler = ocp.PyTreeCheckpointHandler()
     try:
-        metadata = ocp.StandardCheckpointer().metadata(Path(step_dir).resolve() / "default")
-        saved = {leaf.name: tuple(leaf.shape) for leaf in jax.tree.leaves(metadata.item_metadata)}
+        metadata = handler.metadata(Path(step_dir).resolve() / "default")
+        saved = {leaf.name: tuple(leaf.shape) for leaf in jax.tree.leaves(metadata)}
     except Exception:  # orbax, tensorstore and JSON errors alike
         return
+    finally:
+        handler.close()
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
         name = _leaf_name(path)
         if name in saved and saved[name] != tuple(leaf.shape):

@@ -135,7 +135,7 @@ def env_modules_of(path: Path, settings: dict[str, Any]) -> tuple[str, ...]:
     """run.json's ``env_modules`` (absent in run folders from before it existed: none)."""
     modules = settings.get("env_modules", [])
     if not isinstance(modules, list) or not all(isinstance(name, str) for name in modules):
-        raise ValueError(f"{path}: field 'env_modules' must be a list of module names")
+        raise ValueError(f"{path}: field 'env_modules' must be a list of module names or paths")
     return tuple(modules)
 
 
