@@ -20,6 +20,7 @@ import ppojax
 from ppojax.cli.commands import build_config, build_parser, divergence_status, main
 from ppojax.cli.report import print_divergence, reset_pool_line
 from ppojax.cli.values import annotation_parser
+from ppojax.ppo.summary import final_return
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.experiment import Experiment, RunResult, read_experiment, run_table, state_template
 
@@ -84,6 +85,18 @@ def test_train_prints_the_learning_curve_and_final_return(trained):
     assert "env steps/s" in result.stdout and "mean return" in result.stdout
     assert "per seed:" in result.stdout and "over seeds" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_the_report_shows_the_episode_length_beside_the_return(trained):
+    """Where the reward is 1 at a goal whatever the time taken, only the length shows
+    learning: the curve has a length column and the final lengths are listed per seed."""
+    run_dir, result = trained
+    assert "mean length" in result.stdout
+    lines = result.stdout.splitlines()
+    at = lines.index("final episode length (mean of the last 10 updates):")
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
+    expected = final_return(metrics["episode_length"])
+    assert lines[at + 1].split(":")[1].split()[:2] == [f"{value:.1f}" for value in expected]
 
 
 def test_train_writes_every_file_of_the_run_folder(trained):
@@ -328,6 +341,19 @@ def test_bad_flag_in_a_subprocess_exits_non_zero_without_traceback():
     assert result.returncode == 2
     assert "PPOConfig.num_minibatches" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(trained, tmp_path, capsys):
+    """A finished run is not trained again: one line says so, the exit code is 0, and every
+    file keeps its bytes (summary.json's timings included)."""
+    run_dir, _ = trained
+    copy = tmp_path / "finished"
+    shutil.copytree(run_dir, copy)
+    before = {path: path.read_bytes() for path in copy.rglob("*") if path.is_file()}
+    assert main(["train", "--resume", str(copy), "--no-progress"]) == 0
+    assert f"{copy} is finished (6 of 6 updates); nothing to do" in capsys.readouterr().out
+    after = {path: path.read_bytes() for path in copy.rglob("*") if path.is_file()}
+    assert after == before
 
 
 def test_resume_refuses_config_flags(trained, capsys):

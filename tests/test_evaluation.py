@@ -176,11 +176,13 @@ def test_bad_evaluation_settings_name_the_field(tiny_config, changes, field, mes
 def test_progress_bar_shows_the_latest_evaluation_return():
     bar = ProgressBar(num_updates=4, start=0, steps_per_update=10, description="x")
     bar.open()
-    bar.report(np.int32(1), np.array([20.0, 22.0]), np.array([np.nan, np.nan]))
+    nan = np.array([np.nan, np.nan])
+    bar.report(np.int32(1), {"episode_return": np.array([20.0, 22.0]), "eval_return": nan})
     assert bar.bar.postfix == "return 21.0"
-    bar.report(np.int32(2), np.array([24.0, 26.0]), np.array([100.0, 200.0]))
-    bar.chunk_done(3, np.array([[30.0], [np.nan]]), np.array([[np.nan], [np.nan]]))
-    assert bar.bar.postfix == "return 30.0, eval 150.0"
+    bar.report(np.int32(2), {"episode_return": np.array([24.0, 26.0]), "eval_return": [100, 200]})
+    chunk = {"episode_return": np.array([[30.0], [np.nan]]), "eval_return": nan[:, None]}
+    bar.chunk_done(3, {**chunk, "episode_length": np.array([[12.0], [14.0]])})
+    assert bar.bar.postfix == "return 30.0, eval 150.0, length 13.0"
     bar.close()
 
 

@@ -12,7 +12,7 @@ from ppojax.rlhf import RLHFConfig, make_trainer, run_steps, sample_cached, samp
 from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import transformer
 from ppojax.rlhf.objective import LossParts, rlhf_loss
-from ppojax.rlhf.rollout import collect
+from ppojax.rlhf.rollout import Roles, collect
 from ppojax.rlhf.trainer import policy_params_fn
 
 VOCAB, PAD, EOS, GOOD = 6, 0, 1, 4
@@ -130,7 +130,7 @@ def widen(prompts: jax.Array, mask: jax.Array, extra: int):
 def test_left_padding_to_two_widths_changes_nothing():
     config = config_for("ppo", kl_in="loss", kl_estimator="k3")
     trainer = trainer_for(config)
-    models = (policy_apply, critic_apply, None)
+    roles = Roles(policy_apply, critic_apply, None)
     prompts, mask = prompt_batch(jax.random.key(3), 4)
 
     def rollout_and_loss(prompts, mask):
@@ -138,7 +138,7 @@ def test_left_padding_to_two_widths_changes_nothing():
         state = state.replace(params={"policy": init_params(5)})  # policy != reference
         full = policy_params_fn(config, state.reference)
         key = jax.random.key(4)
-        rollout = collect(config, models, (good_tokens,), full, state, prompts, mask, key)
+        rollout = collect(config, roles, (good_tokens,), full, state, prompts, mask, key)
         parts = LossParts(policy_apply, critic_apply, full, state.kl_coef, jnp.float32(1.0))
         loss, metrics = rlhf_loss(config, parts, state.params, rollout.batch)
         return rollout.batch, loss, metrics
@@ -262,9 +262,9 @@ def test_kl_coef_and_kl_in_change_the_advantages_or_the_loss():
         state = trainer.init(init_params(0), jax.random.key(0))
         state = state.replace(params={"policy": init_params(5)}, kl_coef=jnp.float32(beta))
         full = policy_params_fn(config, state.reference)
-        models = (policy_apply, critic_apply, None)
+        roles = Roles(policy_apply, critic_apply, None)
         key = jax.random.key(13)
-        batch = collect(config, models, (good_tokens,), full, state, prompts, mask, key).batch
+        batch = collect(config, roles, (good_tokens,), full, state, prompts, mask, key).batch
         parts = LossParts(policy_apply, critic_apply, full, state.kl_coef, jnp.float32(1.0))
         return batch, rlhf_loss(config, parts, state.params, batch)[0]
 

@@ -297,8 +297,9 @@ def wandb_options(args: argparse.Namespace, saved: Any = None) -> Any:
     return dataclasses.replace(saved, **given) if saved is not None else WandbOptions(**given)
 
 
-def resume(args: argparse.Namespace) -> RunResult:
-    """Continue ``args.resume``; the run's own config and seeds, so no config flags."""
+def resume(args: argparse.Namespace) -> RunResult | None:
+    """Continue ``args.resume``; the run's own config and seeds, so no config flags. None for
+    a run that is already finished (it is left as it is)."""
     from ppojax.runs.experiment import read_experiment, resume_experiment
 
     given = [f"--{name.replace('_', '-')}" for name in config_overrides(args)]
@@ -307,9 +308,30 @@ def resume(args: argparse.Namespace) -> RunResult:
         raise ValueError(
             f"--resume continues a run with its saved config and seeds; drop {', '.join(given)}"
         )
-    _, saved = read_experiment(args.resume)
+    experiment, saved = read_experiment(args.resume)
+    if run_is_finished(args.resume, experiment.config.num_updates):
+        updates = experiment.config.num_updates
+        print(f"{args.resume} is finished ({updates} of {updates} updates); nothing to do")
+        return None
     check_writable(args.resume)
     return resume_experiment(args.resume, run_options(args, saved))
+
+
+def run_is_finished(run_dir: Path, num_updates: int) -> bool:
+    """Whether ``run_dir`` holds its final checkpoint, intact, and the summary written after
+    it: a resume would recompile everything to train nothing, and rewrite the summary's
+    timings. A damaged final checkpoint or summary is left to the resume to repair."""
+    from ppojax.runs import checkpoints, folder
+
+    steps = [step for step, _ in checkpoints.checkpoint_records(run_dir)]
+    if max(steps, default=0) < num_updates:
+        return False
+    try:
+        checkpoints.verify_checkpoint(run_dir / folder.CHECKPOINT_DIR / str(max(steps)))
+        folder.read_json_object(run_dir / folder.SUMMARY_FILE, "run summary")
+    except (checkpoints.CheckpointError, ValueError, OSError):
+        return False
+    return True
 
 
 def check_writable(run_dir: Path) -> None:
@@ -412,6 +434,8 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
     use_cpu_settings(args, grid)
     if args.resume is not None:
         result = resume(args)
+        if result is None:
+            return 0
     else:
         experiment = Experiment(build_config(args), args.seeds, args.seed, grid)
         options = run_options(args)

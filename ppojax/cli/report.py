@@ -24,7 +24,8 @@ def print_report(result: RunResult) -> None:
         f"compile {result.compile_seconds:.1f} s, run {result.run_seconds:.1f} s, "
         f"{rate:,.0f} env steps/s{cache_note()}"
     )
-    print_learning_curve(result.metrics["episode_return"], config.batch_size)
+    metrics = result.metrics
+    print_learning_curve(metrics["episode_return"], config.batch_size, metrics["episode_length"])
     print_final_returns(result)
     print_final_eval_returns(result)
     line = reset_pool_line(config.reset_pool, result.metrics)
@@ -48,16 +49,22 @@ def cache_note() -> str:
     )
 
 
-def print_learning_curve(returns: np.ndarray, batch_size: int) -> None:
-    """Mean over runs of the 10-update rolling mean return at ten points; returns [runs, U]."""
+def print_learning_curve(returns: np.ndarray, batch_size: int, lengths: np.ndarray) -> None:
+    """Mean over runs of the 10-update rolling mean return and episode length at ten points;
+    returns and lengths [runs, U]. The length shows learning where the return cannot (a goal
+    reward of 1 whatever the time taken)."""
     from ppojax.runs.folder import rolling_mean
 
-    smooth = rolling_mean(returns)
-    print(f"{'env steps':>12}  {'mean return':>12}")
+    smooth_returns, smooth_lengths = rolling_mean(returns), rolling_mean(lengths)
+    print(f"{'env steps':>12}  {'mean return':>12}  {'mean length':>12}")
     for update in np.unique(np.linspace(0, returns.shape[1] - 1, 10).astype(int)):
-        column = smooth[:, update]
-        mean = np.nanmean(column) if np.isfinite(column).any() else float("nan")
-        print(f"{(update + 1) * batch_size:>12,}  {mean:>12.1f}")
+        means = [mean_of(smooth[:, update]) for smooth in (smooth_returns, smooth_lengths)]
+        print(f"{(update + 1) * batch_size:>12,}  {means[0]:>12.1f}  {means[1]:>12.1f}")
+
+
+def mean_of(values: np.ndarray) -> float:
+    """The mean of the finite values, NaN when there is none."""
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
 def reset_pool_line(reset_pool: int | None, metrics: dict[str, np.ndarray]) -> str | None:
@@ -81,6 +88,8 @@ def print_final_returns(result: RunResult) -> None:
 
     print("final return (mean of the last 10 updates):")
     print_return_rows(final_return_table(result))
+    print("final episode length (mean of the last 10 updates):")
+    print_return_rows(final_return_table(result, "episode_length"))
 
 
 def print_final_eval_returns(result: RunResult) -> None:

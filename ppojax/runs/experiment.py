@@ -39,7 +39,7 @@ from ppojax.ppo.train import eval_due, init_state, make_agent, train_step
 from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.ppo.update import make_optimizer
 from ppojax.runs import checkpoints, folder
-from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report
+from ppojax.runs.progress import BAR_METRICS, ChunkHandler, RunOptions, divergence_report
 from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
     Experiment,
@@ -130,8 +130,8 @@ def run_chunk(
     """Up to ``length`` updates (static) of every run from ``state`` [runs] (after ``first``
     updates), of which the first ``count`` run. ``config`` is batched along ``config_axes``.
     After every update whose number is a multiple of ``report_every``,
-    ``report(update number, episode_return [runs])`` runs on the host; with evaluation, also
-    after every evaluation, as ``report(update number, episode_return, eval_return)``.
+    ``report(update number, {metric: [runs]})`` runs on the host with the progress bar's
+    metrics (``BAR_METRICS``); with evaluation also after every evaluation.
 
     The scan is outside the vmap over runs so that a report is one callback, not one per run.
     Metrics are [runs, length]; entries past ``count`` are zeros to be dropped.
@@ -159,10 +159,8 @@ def run_chunk(
         if report is not None:
             due = update % report_every == 0
             due = (index < count) & (due if evaluates is None else due | evaluates)
-            values = [
-                metrics[name] for name in ("episode_return", "eval_return") if name in metrics
-            ]
-            jax.lax.cond(due, lambda: jax.debug.callback(report, update, *values), lambda: None)
+            values = {name: metrics[name] for name in BAR_METRICS if name in metrics}
+            jax.lax.cond(due, lambda: jax.debug.callback(report, update, values), lambda: None)
         return carry, metrics
 
     state, metrics = jax.lax.scan(body, state, jnp.arange(length))
@@ -249,7 +247,7 @@ def _deliver(
 @dataclasses.dataclass
 class RunResult:
     """A finished experiment: final states [runs] and metrics [runs, updates] of the whole run
-    (earlier sessions' included after a resume); timings and env steps of this session.
+    (those before a resume included); timings and env steps of the updates this call trained.
     ``compile_seconds`` runs until the first update can start: on a fresh run it includes the
     init program, which compiles and runs while the chunk runner compiles."""
 
@@ -390,10 +388,10 @@ def continue_experiment(
         # unfinished state as the final one.
         handler.close()
         raise
-    session = handler.finish(state)
+    trained = handler.finish(state)
     metrics = {
         name: np.concatenate([history[name], values], 1) if name in history else values
-        for name, values in session.items()
+        for name, values in trained.items()
     } or history
     result = RunResult(
         experiment=experiment,
@@ -472,7 +470,7 @@ def write_report(result: RunResult) -> None:
         "final_eval_return": final_return_table(result, "eval_return") if evaluated else None,
         "compile_seconds": round(result.compile_seconds, 3),
         "run_seconds": round(result.run_seconds, 3),
-        "env_steps_this_session": result.env_steps,
+        "env_steps_this_call": result.env_steps,
         "env_steps_per_second": round(result.env_steps / max(result.run_seconds, 1e-9)),
         "resumed_from_update": result.resumed_from,
         "divergence": result.divergence,

@@ -26,6 +26,10 @@ from ppojax.ppo.types import TrainState
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loggers import WandbLog, WandbOptions
 
+# What the bar shows, as {metric: label}: the return, and the episode length beside it, since
+# on some tasks (a goal reward of 1 whatever the time taken) only the length shows learning.
+BAR_METRICS = {"episode_return": "return", "episode_length": "length", "eval_return": "eval"}
+
 
 class ProgressBar:
     """A tqdm bar over env steps (all runs together) with steps/s, the latest mean return and
@@ -57,26 +61,21 @@ class ProgressBar:
             mininterval=0.5,
         )
 
-    def report(
-        self, update: jax.Array, episode_returns: jax.Array, eval_returns: Any = None
-    ) -> None:
-        """Every run's mean episode return [runs] at ``update`` (NaN where none ended), and
-        its evaluation return [runs] (NaN without an evaluation at this update)."""
+    def report(self, update: jax.Array, values: dict[str, jax.Array]) -> None:
+        """The metrics of ``BAR_METRICS`` at ``update``, each [runs] (NaN where no episode
+        ended, or no evaluation ran, at this update)."""
         with self.lock:
-            self.show_return("return", np.asarray(episode_returns))
-            if eval_returns is not None:
-                self.show_return("eval", np.asarray(eval_returns))
+            for name, label in BAR_METRICS.items():
+                if name in values:
+                    self.show_return(label, np.asarray(values[name]))
             self.advance(int(update))
 
-    def chunk_done(
-        self, update: int, returns: np.ndarray, eval_returns: np.ndarray | None = None
-    ) -> None:
-        """A chunk ended at ``update``; ``returns`` [runs, updates] are its episode returns,
-        ``eval_returns`` [runs, updates] its evaluation returns."""
+    def chunk_done(self, update: int, metrics: dict[str, np.ndarray]) -> None:
+        """A chunk ended at ``update``; ``metrics`` [runs, updates] are its metrics."""
         with self.lock:
-            self.show_return("return", latest_finite(returns))
-            if eval_returns is not None:
-                self.show_return("eval", latest_finite(eval_returns))
+            for name, label in BAR_METRICS.items():
+                if name in metrics:
+                    self.show_return(label, latest_finite(metrics[name]))
             self.advance(update)
 
     def show_return(self, label: str, values: np.ndarray) -> None:
@@ -248,9 +247,7 @@ class ChunkHandler:
         if self.checkpoints is not None and every and (first + count) % every == 0:
             self.save(first + count, state)
         if self.bar is not None:
-            self.bar.chunk_done(
-                first + count, metrics["episode_return"], metrics.get("eval_return")
-            )
+            self.bar.chunk_done(first + count, metrics)
         self.note_divergence(first, metrics)
 
     def note_divergence(self, first: int, metrics: dict[str, np.ndarray]) -> None:
@@ -276,7 +273,7 @@ class ChunkHandler:
         self.saved_step = step
 
     def finish(self, state: TrainState) -> dict[str, np.ndarray]:
-        """Save the final state and close; this session's metrics [runs, U]."""
+        """Save the final state and close; the metrics [runs, U] of the updates trained here."""
         final = self.config.num_updates
         if self.checkpoints is not None and self.saved_step != final:
             self.save(final, state)
