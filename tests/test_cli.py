@@ -83,6 +83,7 @@ def test_train_prints_the_learning_curve_and_final_return(trained):
     _, result = trained
     assert "2 run(s) = 2 seed(s) x 1 grid point(s), 6 updates x 8 steps" in result.stdout
     assert "env steps/s" in result.stdout and "mean return" in result.stdout
+    assert "settings: the CartPole-v1 preset (ppojax.PRESETS)" in result.stdout
     assert "per seed:" in result.stdout and "over seeds" in result.stdout
     assert "Traceback" not in result.stderr
 

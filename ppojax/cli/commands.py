@@ -442,6 +442,11 @@ def run_train(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> i
         folder.check_out_dir(args.out)
         check_env(experiment.config)  # an env that cannot be built leaves no empty folder
         run_dir = folder.new_run_dir(args.out, experiment.config.env_id)
+        if experiment.config.env_id in PRESETS:
+            print(
+                f"settings: the {experiment.config.env_id} preset (ppojax.PRESETS), with the "
+                "flags and --config given on top"
+            )
         print(f"run folder: {run_dir}", flush=True)
         result = run_experiment(experiment, run_dir, options)
     print_report(result)
