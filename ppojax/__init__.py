@@ -4,6 +4,7 @@ from ppojax.envs import list_envs, make_env, register_env
 from ppojax.ppo.config import PRESETS, ConfigError, PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
 from ppojax.ppo.gae import compute_gae
+from ppojax.ppo.pbt import PBTOutput, pbt
 from ppojax.ppo.sweeps import SweepOutput, best_point, sweep, sweep_table
 from ppojax.ppo.train import init_state, run_updates, train
 from ppojax.ppo.types import METRIC_NAMES, TrainOutput, TrainState, Transition
@@ -17,6 +18,7 @@ __all__ = [
     "EVAL_METRIC_NAMES",
     "METRIC_NAMES",
     "ConfigError",
+    "PBTOutput",
     "PPOConfig",
     "PRESETS",
     "SweepOutput",
@@ -32,6 +34,7 @@ __all__ = [
     "list_envs",
     "load",
     "make_env",
+    "pbt",
     "register_env",
     "run_updates",
     "sweep",

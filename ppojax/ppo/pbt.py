@@ -1,0 +1,243 @@
+"""Population-based training inside one compiled program.
+
+``pbt(config, key, population, interval, search)`` trains ``population`` members side by side
+(``vmap`` of ``run_updates``). After every ``interval`` updates, still inside the compiled
+``lax.scan``, the members are ranked by their mean episode return over that interval; the
+bottom ``fraction`` copy the whole training state (params, optimizer state, normalizer
+statistics, env state; each keeps its own PRNG key) of a member drawn from the top
+``fraction`` (exploit), then perturb the copied hyperparameters by x0.8 or x1.25, or draw
+them afresh within their bounds (explore). The hyperparameters become schedules, and every
+member's values and the lineage (whom each member copied, at every interval) come back as
+arrays.
+
+Only traced ``PPOConfig`` fields can be searched: they are pytree leaves, so one program
+trains every value. Typical searches: learning_rate, ent_coef, clip_eps, gae_lambda, gamma,
+vf_coef, max_grad_norm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ppojax.ppo.config import PPOConfig, unknown_field_message
+from ppojax.ppo.sweeps import sweepable_fields
+from ppojax.ppo.train import init_state, run_updates
+from ppojax.ppo.types import Metrics, TrainState
+
+EXPLORE = ("perturb", "resample")
+PERTURB_FACTORS = (0.8, 1.25)
+
+
+class Bound(NamedTuple):
+    """A searched field's range [low, high], drawn uniformly in log space when ``log``."""
+
+    low: float
+    high: float
+    log: bool
+
+
+class PBTOutput(NamedTuple):
+    """``state`` [P] and ``metrics`` [P, num_updates] as ``train`` gives them per member;
+    ``hyperparams`` {field: [P, G]}, each member's values during each of the G intervals;
+    ``lineage`` [P, G], the member whose state each member holds after interval g (itself
+    when it was not replaced); ``scores`` [P, G], the mean episode return each member was
+    ranked by."""
+
+    state: TrainState
+    metrics: Metrics
+    hyperparams: dict[str, jax.Array]
+    lineage: jax.Array
+    scores: jax.Array
+
+
+def parse_search(config: PPOConfig, search: Mapping[str, Any]) -> dict[str, Bound]:
+    """``{field: (low, high[, "log" | "linear"])}`` checked: a ``ValueError`` naming the field
+    for an unknown or static field, a range that is empty, or log bounds that are not > 0."""
+    if not search:
+        raise ValueError("pbt needs a search: {field: (low, high, 'log' or 'linear')}")
+    names = {name for name in PPOConfig.__dataclass_fields__}
+    bounds = {}
+    for name, spec in search.items():
+        if name not in names:
+            raise ValueError(unknown_field_message(name))
+        if name not in sweepable_fields():
+            raise ValueError(
+                f"pbt search {name}: PPOConfig.{name} fixes the program's shapes or structure, "
+                f"so the population cannot vary it; search one of {', '.join(sweepable_fields())}"
+            )
+        low, high, *scale = tuple(spec)
+        scale = scale[0] if scale else "linear"
+        if scale not in ("log", "linear"):
+            raise ValueError(f"pbt search {name}: scale must be 'log' or 'linear', got {scale!r}")
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"pbt search {name}: need finite low < high, got ({low}, {high})")
+        if scale == "log" and low <= 0:
+            raise ValueError(f"pbt search {name}: log bounds must be > 0, got low={low}")
+        config.replace(**{name: float(low)}).replace(**{name: float(high)})  # valid values
+        bounds[name] = Bound(float(low), float(high), scale == "log")
+    return bounds
+
+
+def draw(key: jax.Array, bound: Bound, shape: tuple[int, ...]) -> jax.Array:
+    """Values [shape] uniform in [low, high], or log-uniform for a log bound."""
+    if bound.log:
+        low, high = math.log(bound.low), math.log(bound.high)
+        return jnp.exp(jax.random.uniform(key, shape, minval=low, maxval=high))
+    return jax.random.uniform(key, shape, minval=bound.low, maxval=bound.high)
+
+
+def num_replaced(population: int, fraction: float) -> int:
+    """How many members the exploit step replaces: ``fraction`` of the population, at least
+    one, at most half (the bottom and top groups must not overlap)."""
+    return min(max(1, int(population * fraction)), population // 2)
+
+
+def exploit_sources(key: jax.Array, scores: jax.Array, replaced: int) -> jax.Array:
+    """Truncation selection: [P] the member each member copies, itself unless it is among
+    the ``replaced`` lowest ``scores`` [P], then a member drawn from the ``replaced`` highest.
+    A NaN score (no episode ended in the interval) ranks lowest."""
+    population = scores.shape[0]
+    order = jnp.argsort(jnp.where(jnp.isnan(scores), -jnp.inf, scores))
+    bottom, top = order[:replaced], order[population - replaced :]
+    chosen = top[jax.random.randint(key, (replaced,), 0, replaced)]
+    return jnp.arange(population).at[bottom].set(chosen)
+
+
+def explore(
+    key: jax.Array,
+    values: jax.Array,
+    replaced: jax.Array,
+    bound: Bound,
+    mode: str,
+) -> jax.Array:
+    """New values [P] of one field: the replaced members' copied values [P] perturbed by x0.8
+    or x1.25 (``mode="perturb"``) and clipped to the bound, or drawn afresh ("resample");
+    the other members keep theirs."""
+    if mode == "resample":
+        new = draw(key, bound, values.shape)
+    else:
+        factors = jnp.asarray(PERTURB_FACTORS, values.dtype)
+        new = values * factors[jax.random.randint(key, values.shape, 0, len(factors))]
+    return jnp.where(replaced, jnp.clip(new, bound.low, bound.high), values)
+
+
+def exploit_and_explore(
+    key: jax.Array,
+    scores: jax.Array,
+    states: TrainState,
+    hyperparams: dict[str, jax.Array],
+    bounds: dict[str, Bound],
+    fraction: float,
+    mode: str,
+) -> tuple[TrainState, dict[str, jax.Array], jax.Array]:
+    """One PBT step over the population [P]: the states and hyperparameters after it, and
+    the member each member copied [P]."""
+    select_key, *explore_keys = jax.random.split(key, 1 + len(bounds))
+    sources = exploit_sources(select_key, scores, num_replaced(scores.shape[0], fraction))
+    copied = jax.tree.map(lambda leaf: leaf[sources], states)
+    copied = copied.replace(key=states.key)  # each member keeps its own randomness
+    replaced = sources != jnp.arange(scores.shape[0])
+    new = {
+        name: explore(k, hyperparams[name][sources], replaced, bounds[name], mode)
+        for k, name in zip(explore_keys, bounds, strict=True)
+    }
+    return copied, new, sources
+
+
+def population_configs(config: PPOConfig, hyperparams: dict[str, jax.Array]) -> PPOConfig:
+    """``config`` with every traced leaf an array [P]: the searched fields' member values,
+    the others repeated."""
+    population = next(iter(hyperparams.values())).shape[0]
+    base = jax.tree.map(lambda leaf: jnp.full((population,), leaf, jnp.float32), config)
+    return base.replace(**hyperparams)
+
+
+def interval_scores(metrics: Metrics) -> jax.Array:
+    """Each member's mean episode return over the interval's updates [P, interval] -> [P]
+    (NaN updates, where no episode ended, left out; NaN if none ended)."""
+    returns = metrics["episode_return"]
+    finite = jnp.isfinite(returns)
+    total = jnp.sum(jnp.where(finite, returns, 0.0), axis=-1)
+    count = jnp.sum(finite, axis=-1)
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+
+
+def pbt(
+    config: PPOConfig,
+    key: jax.Array,
+    population: int,
+    interval: int,
+    search: Mapping[str, Any],
+    fraction: float = 0.25,
+    explore_mode: str = "perturb",
+) -> PBTOutput:
+    """Train a population with population-based training; see the module docstring. Pure:
+    jit it with the integers and the search fixed, e.g.
+    ``jax.jit(functools.partial(pbt, population=8, interval=10, search=search))(config, key)``.
+    ``config.num_updates`` must be a multiple of ``interval``."""
+    if explore_mode not in EXPLORE:
+        raise ValueError(f"pbt explore_mode must be one of {EXPLORE}, got {explore_mode!r}")
+    if population < 2 or interval < 1:
+        raise ValueError(
+            f"pbt needs population >= 2 and interval >= 1, got {population}, {interval}"
+        )
+    if not 0.0 < fraction <= 0.5:
+        raise ValueError(f"pbt fraction must be in (0, 0.5], got {fraction}")
+    if config.num_updates % interval:
+        raise ValueError(
+            f"pbt interval={interval} must divide the run's {config.num_updates} updates "
+            "(total_timesteps // (num_envs * num_steps))"
+        )
+    bounds = parse_search(config, search)
+    init_key, draw_key, loop_key = jax.random.split(key, 3)
+    draw_keys = jax.random.split(draw_key, len(bounds))
+    hyperparams = {
+        name: draw(k, bound, (population,))
+        for k, (name, bound) in zip(draw_keys, bounds.items(), strict=True)
+    }
+    states = jax.vmap(init_state)(
+        population_configs(config, hyperparams), jax.random.split(init_key, population)
+    )
+    train_interval = jax.vmap(lambda c, s: run_updates(c, s, interval))
+
+    generations = config.num_updates // interval
+
+    def generation(carry, inputs):
+        states, hyperparams = carry
+        step_key, index = inputs
+        states, metrics = train_interval(population_configs(config, hyperparams), states)
+        scores = interval_scores(metrics)
+        new_states, new_hyperparams, sources = exploit_and_explore(
+            step_key, scores, states, hyperparams, bounds, fraction, explore_mode
+        )
+        # After the last interval nobody is replaced: the run ends with each member's own state.
+        last = index == generations - 1
+        new_states = jax.tree.map(lambda a, b: jnp.where(last, a, b), states, new_states)
+        new_hyperparams = jax.tree.map(
+            lambda a, b: jnp.where(last, a, b), hyperparams, new_hyperparams
+        )
+        sources = jnp.where(last, jnp.arange(population), sources)
+        return (new_states, new_hyperparams), (metrics, hyperparams, sources, scores)
+
+    inputs = (jax.random.split(loop_key, generations), jnp.arange(generations))
+    (states, _), (metrics, used, lineage, scores) = jax.lax.scan(
+        generation, (states, hyperparams), inputs
+    )
+    metrics = jax.tree.map(
+        lambda leaf: jnp.moveaxis(leaf, 0, 1).reshape(
+            (population, generations * interval, *leaf.shape[3:])
+        ),
+        metrics,
+    )
+    return PBTOutput(
+        state=states,
+        metrics=metrics,
+        hyperparams={name: values.T for name, values in used.items()},
+        lineage=lineage.T,
+        scores=scores.T,
+    )
