@@ -14,6 +14,7 @@ from ppojax.rlhf.advantages import (
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
+from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.objective import RLHFBatch, aggregate
 from ppojax.rlhf.reward import bradley_terry_loss, reward_model
 from ppojax.rlhf.sampling import (
@@ -38,6 +39,8 @@ __all__ = [
     "TransformerLM",
     "aggregate",
     "bradley_terry_loss",
+    "from_pretrained",
+    "generate",
     "group_advantages",
     "kl_estimate",
     "leave_one_out_advantages",
@@ -46,6 +49,7 @@ __all__ = [
     "response_stats",
     "reward_model",
     "run_steps",
+    "save_pretrained",
     "sample_cached",
     "sample_full",
     "sft_loss",

@@ -1,0 +1,289 @@
+"""One Flax decoder for Llama, Mistral, Qwen2, Qwen3 and GPT-2, with a KV cache.
+
+The parameter tree mirrors Hugging Face's names (``layers_0/self_attn/q_proj/kernel`` for
+``model.layers.0.self_attn.q_proj.weight``), so LoRA targets read as PEFT's (``q_proj``,
+``v_proj``, GPT-2's ``c_attn``). Left padding goes through the mask: padded keys are never
+attended to and positions count real tokens only (position = cumsum(mask) - 1), so a prompt
+padded to any width gives the same logits at its real tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from ppojax.rlhf.models.config import DecoderConfig
+
+# A large finite number instead of -inf keeps softmax free of NaN while giving masked keys a
+# weight of exactly 0.
+MASKED_SCORE = -1e30
+
+
+class KVCache(NamedTuple):
+    """Keys and values [num_layers, B, L, KVH, Dh], which positions hold real tokens [B, L]
+    and how many real tokens were fed so far [B] (the next token's position id)."""
+
+    keys: jax.Array
+    values: jax.Array
+    mask: jax.Array
+    count: jax.Array
+
+
+def empty_cache(config: DecoderConfig, batch_size: int, length: int, dtype: Any) -> KVCache:
+    """An all-zero cache of ``length`` positions."""
+    shape = (config.num_layers, batch_size, length, config.num_kv_heads, config.head_dim)
+    zeros = jnp.zeros(shape, dtype)
+    return KVCache(
+        zeros, zeros, jnp.zeros((batch_size, length), bool), jnp.zeros(batch_size, jnp.int32)
+    )
+
+
+def inverse_frequencies(config: DecoderConfig) -> jax.Array:
+    """RoPE's [Dh / 2] angular frequencies, with linear or Llama 3 scaling."""
+    rope = config.rope_parameters
+    dim = config.head_dim
+    inv_freq = 1.0 / (rope["rope_theta"] ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    if rope["rope_type"] == "linear":
+        return inv_freq / rope["factor"]
+    if rope["rope_type"] != "llama3":
+        return inv_freq
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_len = rope["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    # Long wavelengths are slowed down by ``factor``, short ones kept, those between blended.
+    scaled = jnp.where(wavelength > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= old_len / high) & (wavelength <= old_len / low)
+    return jnp.where(medium, blended, scaled)
+
+
+def rotate(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """RoPE of x [B, S, H, Dh] at positions [B, S], in Hugging Face's half-split layout."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq
+    cos = jnp.cos(angles)[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(angles)[:, :, None, :].astype(x.dtype)
+    first, second = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * scale, the statistics in float32 (as Hugging Face computes them)."""
+
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        wide = x.astype(jnp.float32)
+        normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + self.eps)
+        return scale * normed.astype(x.dtype)
+
+
+def norm(config: DecoderConfig, name: str, dtype: Any) -> nn.Module:
+    """The family's normalization layer."""
+    if config.norm == "layer":
+        return nn.LayerNorm(config.norm_eps, dtype=dtype, param_dtype=dtype, name=name)
+    return RMSNorm(config.norm_eps, dtype, name=name)
+
+
+def dense(features: int, bias: bool, name: str, dtype: Any) -> nn.Dense:
+    """A Dense layer computing and storing in ``dtype``."""
+    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name)
+
+
+def activation(config: DecoderConfig, x: jax.Array) -> jax.Array:
+    """The MLP's nonlinearity: SiLU, exact GELU or its tanh approximation (GPT-2's gelu_new)."""
+    if config.activation == "silu":
+        return nn.silu(x)
+    return nn.gelu(x, approximate=config.activation != "gelu")
+
+
+def attend(
+    config: DecoderConfig,
+    queries: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    key_mask: jax.Array,
+    start: Any,
+) -> jax.Array:
+    """Grouped-query causal attention of queries [B, S, H, Dh] (at ``start``) over the cache's
+    keys and values [B, L, KVH, Dh] -> [B, S, H * Dh]."""
+    batch_size, chunk, heads, head_dim = queries.shape
+    groups = heads // config.num_kv_heads
+    grouped = queries.reshape(batch_size, chunk, config.num_kv_heads, groups, head_dim)
+    scores = jnp.einsum("bskgd,blkd->bkgsl", grouped, keys).astype(jnp.float32)
+    query_index = (start + jnp.arange(chunk))[:, None]
+    key_index = jnp.arange(keys.shape[1])[None, :]
+    # Each query sees its own key too, so a padded query has a finite, unused output.
+    visible = ((key_index <= query_index) & key_mask[:, None, None, None, :]) | (
+        key_index == query_index
+    )
+    scores = jnp.where(visible, scores / math.sqrt(head_dim), MASKED_SCORE)
+    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    attended = jnp.einsum("bkgsl,blkd->bskgd", weights, values)
+    return attended.reshape(batch_size, chunk, heads * head_dim)
+
+
+class Attention(nn.Module):
+    """Self-attention of x [B, S, D] at ``start``, writing its keys and values into the cache."""
+
+    config: DecoderConfig
+    dtype: Any
+
+    def project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Queries [B, S, H, Dh], keys and values [B, S, KVH, Dh]."""
+        config, dtype = self.config, self.dtype
+        batch_size, chunk, _ = x.shape
+        q_width = config.num_heads * config.head_dim
+        kv_width = config.num_kv_heads * config.head_dim
+        if config.model_type == "gpt2":
+            qkv = dense(q_width + 2 * kv_width, True, "c_attn", dtype)(x)
+            q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], axis=-1)
+        else:
+            q = dense(q_width, config.qkv_bias, "q_proj", dtype)(x)
+            k = dense(kv_width, config.qkv_bias, "k_proj", dtype)(x)
+            v = dense(kv_width, config.qkv_bias, "v_proj", dtype)(x)
+        q = q.reshape(batch_size, chunk, config.num_heads, config.head_dim)
+        k = k.reshape(batch_size, chunk, config.num_kv_heads, config.head_dim)
+        v = v.reshape(batch_size, chunk, config.num_kv_heads, config.head_dim)
+        if config.qk_norm:
+            q = RMSNorm(config.norm_eps, dtype, name="q_norm")(q)
+            k = RMSNorm(config.norm_eps, dtype, name="k_norm")(k)
+        return q, k, v
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        keys: jax.Array,
+        values: jax.Array,
+        key_mask: jax.Array,
+        start: Any,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        config = self.config
+        q, k, v = self.project(x)
+        if config.positions == "rope":
+            inv_freq = inverse_frequencies(config)
+            q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
+        keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, start, 0, 0))
+        values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, start, 0, 0))
+        attended = attend(config, q, keys, values, key_mask, start)
+        name = "c_proj" if config.model_type == "gpt2" else "o_proj"
+        return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
+
+
+class MLP(nn.Module):
+    """SwiGLU (Llama, Qwen) or a GELU MLP (GPT-2) of x [B, S, D]."""
+
+    config: DecoderConfig
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        config, dtype = self.config, self.dtype
+        width, bias = config.intermediate_size, config.mlp_bias
+        if config.model_type == "gpt2":
+            hidden = activation(config, dense(width, bias, "c_fc", dtype)(x))
+            return dense(x.shape[-1], bias, "c_proj", dtype)(hidden)
+        gate = activation(config, dense(width, bias, "gate_proj", dtype)(x))
+        hidden = gate * dense(width, bias, "up_proj", dtype)(x)
+        return dense(x.shape[-1], bias, "down_proj", dtype)(hidden)
+
+
+class Layer(nn.Module):
+    """Pre-norm block: x + attn(norm x), then x + mlp(norm x)."""
+
+    config: DecoderConfig
+    dtype: Any
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        keys: jax.Array,
+        values: jax.Array,
+        key_mask: jax.Array,
+        start: Any,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        config, dtype = self.config, self.dtype
+        gpt2 = config.model_type == "gpt2"
+        normed = norm(config, "ln_1" if gpt2 else "input_layernorm", dtype)(x)
+        name = "attn" if gpt2 else "self_attn"
+        attended, keys, values = Attention(config, dtype, name=name)(
+            normed, positions, keys, values, key_mask, start
+        )
+        x = x + attended
+        normed = norm(config, "ln_2" if gpt2 else "post_attention_layernorm", dtype)(x)
+        return x + MLP(config, dtype, name="mlp")(normed), keys, values
+
+
+class Decoder(nn.Module):
+    """tokens [B, S], mask [B, S] -> logits [B, S, V] (or the final hidden states [B, S, D]
+    with ``logits=False``) and the updated cache.
+
+    Without a cache the call is a full forward pass; with one, the chunk is written at
+    ``start`` and attends over every real cached position up to its own."""
+
+    config: DecoderConfig
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: jax.Array,
+        mask: jax.Array,
+        cache: KVCache | None = None,
+        start: Any = 0,
+        logits: bool = True,
+    ) -> tuple[jax.Array, KVCache]:
+        config, dtype = self.config, self.dtype
+        batch_size, chunk = tokens.shape
+        mask = mask.astype(bool)
+        if cache is None:
+            cache = empty_cache(config, batch_size, chunk, dtype)
+        check_window(config, cache.mask.shape[1])
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, start))
+        positions = jnp.maximum(cache.count[:, None] + jnp.cumsum(mask, axis=1) - 1, 0)
+        gpt2 = config.model_type == "gpt2"
+        embed = nn.Embed(
+            config.vocab_size, config.hidden_size, dtype, dtype, name="wte" if gpt2 else "embed"
+        )
+        x = embed(tokens)
+        if config.positions == "learned":
+            table = nn.Embed(config.max_positions, config.hidden_size, dtype, dtype, name="wpe")
+            x = x + table(jnp.minimum(positions, config.max_positions - 1))
+        new_keys, new_values = [], []
+        for index in range(config.num_layers):
+            x, keys, values = Layer(config, dtype, name=f"layers_{index}")(
+                x, positions, cache.keys[index], cache.values[index], key_mask, start
+            )
+            new_keys.append(keys)
+            new_values.append(values)
+        x = norm(config, "ln_f" if gpt2 else "norm", dtype)(x)
+        cache = KVCache(
+            jnp.stack(new_keys), jnp.stack(new_values), key_mask, cache.count + mask.sum(axis=1)
+        )
+        if not logits:
+            return x, cache
+        if config.tie_embeddings:
+            return embed.attend(x), cache
+        return dense(config.vocab_size, False, "lm_head", dtype)(x), cache
+
+
+def check_window(config: DecoderConfig, length: int) -> None:
+    """ValueError when a sequence is longer than the model's sliding attention window, which
+    the decoder does not apply."""
+    if config.sliding_window is not None and length > config.sliding_window:
+        raise ValueError(
+            f"sequences of {length} tokens exceed the config's sliding_window "
+            f"({config.sliding_window}), which ppojax's decoder does not apply; use sequences "
+            "of at most sliding_window tokens."
+        )

@@ -1,0 +1,135 @@
+"""``from_pretrained`` and ``save_pretrained``: a Hugging Face folder as a policy in
+``make_trainer``'s contract, and back.
+
+    lm = from_pretrained("path/to/Qwen2.5-0.5B-Instruct")
+    trainer = make_trainer(config, lm.policy_apply, rewards, kv_cache=lm.kv_cache)
+    save_pretrained(lm, params, "out/")
+
+The critic is a value head on the decoder's final hidden states, ``params["params"]
+["value_head"]``, which ``init_value_head`` adds (at 0, so V starts at 0) and the policy
+ignores. Saving writes the decoder's tensors only, in Hugging Face's names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ppojax.rlhf import lora
+from ppojax.rlhf.models.config import DecoderConfig, read_config
+from ppojax.rlhf.models.decoder import Decoder, KVCache, empty_cache
+from ppojax.rlhf.models.tokenizer import Tokenizer
+from ppojax.rlhf.models.weights import SINGLE, load_params, save_params
+from ppojax.rlhf.sampling import KVCacheHook
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+VALUE_HEAD = "value_head"
+
+
+class PretrainedLM(NamedTuple):
+    """A loaded checkpoint: its params, the pieces ``make_trainer`` takes, its tokenizer."""
+
+    module: Decoder
+    params: dict
+    policy_apply: Any
+    critic_apply: Any
+    kv_cache: KVCacheHook
+    tokenizer: Tokenizer
+    config: DecoderConfig
+
+    def init_value_head(self, params: dict) -> dict:
+        """``params`` with a zero value head [D] -> 1 beside the decoder (V starts at 0)."""
+        hidden, dtype = self.config.hidden_size, self.module.dtype
+        head = {"kernel": jnp.zeros((hidden, 1), dtype), "bias": jnp.zeros((1,), dtype)}
+        return {"params": {**params["params"], VALUE_HEAD: head}}
+
+
+def resolve_dtype(dtype: Any) -> Any:
+    """None (float32), a name in DTYPES or a jnp dtype; ValueError naming the choices."""
+    if dtype is None:
+        return jnp.float32
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}.")
+        return DTYPES[dtype]
+    return dtype
+
+
+def decoder_params(params: dict) -> dict:
+    """The decoder's params, without the value head."""
+    inner = {name: leaf for name, leaf in params["params"].items() if name != VALUE_HEAD}
+    return {"params": inner}
+
+
+def contract(module: Decoder) -> tuple[Any, Any, KVCacheHook]:
+    """``policy_apply``, ``critic_apply`` and the ``KVCacheHook`` of ``module``."""
+
+    def policy_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        return module.apply(decoder_params(params), tokens, mask)[0]
+
+    def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        hidden, _ = module.apply(decoder_params(params), tokens, mask, logits=False)
+        head = params["params"][VALUE_HEAD]
+        return (hidden @ head["kernel"] + head["bias"])[..., 0].astype(jnp.float32)
+
+    def prefill(
+        params: dict, prompts: jax.Array, prompt_mask: jax.Array, total_len: int
+    ) -> tuple[jax.Array, KVCache]:
+        cache = empty_cache(module.config, prompts.shape[0], total_len, module.dtype)
+        logits, cache = module.apply(decoder_params(params), prompts, prompt_mask, cache, 0)
+        return logits[:, -1], cache
+
+    def decode(
+        params: dict, cache: KVCache, tokens: jax.Array, index: Any
+    ) -> tuple[jax.Array, KVCache]:
+        mask = jnp.ones((tokens.shape[0], 1), bool)
+        logits, cache = module.apply(decoder_params(params), tokens[:, None], mask, cache, index)
+        return logits[:, 0], cache
+
+    return policy_apply, critic_apply, KVCacheHook(prefill, decode)
+
+
+def from_pretrained(path: str | Path, *, dtype: Any = None) -> PretrainedLM:
+    """The checkpoint in the local folder ``path`` (config.json, *.safetensors,
+    tokenizer.json): params in ``dtype`` (None: float32; "bfloat16" for bfloat16 params and
+    compute), ``policy_apply``, ``critic_apply``, ``kv_cache``, ``tokenizer``, ``config``."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{folder} is not a folder; give a local Hugging Face model folder."
+        )
+    dtype = resolve_dtype(dtype)
+    config = read_config(folder)
+    module = Decoder(config, dtype)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    shapes = jax.eval_shape(module.init, jax.random.key(0), tokens, jnp.ones((1, 1), bool))
+    params = load_params(folder, config, shapes, dtype)
+    tokenizer = Tokenizer(folder, config.eos_ids)
+    policy_apply, critic_apply, hook = contract(module)
+    return PretrainedLM(module, params, policy_apply, critic_apply, hook, tokenizer, config)
+
+
+def save_pretrained(
+    lm: PretrainedLM,
+    params: dict,
+    folder: str | Path,
+    adapters: dict | None = None,
+    lora_scale: float = 1.0,
+) -> Path:
+    """Write ``params`` as a Hugging Face folder: config.json, model.safetensors and the
+    tokenizer's files. With LoRA ``adapters`` (``RLHFState.params["policy"]``, params being
+    the base) they are merged first, W + lora_scale A @ B (lora_scale = alpha / rank)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    if adapters is not None:
+        params = lora.merge(params, adapters, lora_scale)
+    save_params(decoder_params(params)["params"], lm.config, out / SINGLE)
+    raw = lm.config.to_json()
+    raw["torch_dtype"] = raw["dtype"] = jnp.dtype(lm.module.dtype).name
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    lm.tokenizer.save(out)
+    return out
