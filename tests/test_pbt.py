@@ -119,3 +119,32 @@ def test_a_population_trains_in_one_program_with_records_of_every_interval():
 def test_the_run_must_divide_into_intervals():
     with pytest.raises(ValueError, match="interval=4 must divide the run's 6 updates"):
         ppojax.pbt(TINY, jax.random.key(0), population=4, interval=4, search=SEARCH)
+
+
+def test_the_pbt_command_writes_the_run_folder_and_names_the_best_member(tmp_path, capsys):
+    from ppojax.cli.commands import main
+    from ppojax.ppo.summary import final_return
+    from ppojax.runs import folder
+
+    flags = ["--total-timesteps", "384", "--num-envs", "4", "--num-steps", "16"]
+    flags += ["--update-epochs", "1", "--num-minibatches", "2", "--hidden-sizes", "8"]
+    search = ["--search", "learning_rate=1e-4:3e-3:log", "ent_coef=0:0.05"]
+    argv = ["pbt", "CartPole-v1", "--population", "4", "--interval", "2", *search, *flags]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    names = {path.name for path in run_dir.iterdir()}
+    assert {"config.json", "pbt.json", "metrics.csv", "pbt.csv", "pbt.png", "summary.json"} <= names
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
+    finals = final_return(metrics["episode_return"])
+    summary = folder.read_json(run_dir / folder.SUMMARY_FILE)
+    assert summary["best_member"] == int(np.nanargmax(finals))
+    np.testing.assert_allclose(summary["best_final_return"], np.nanmax(finals), rtol=1e-6)
+    rows = (run_dir / "pbt.csv").read_text().splitlines()
+    assert rows[0] == "member,interval,ent_coef,learning_rate,score,copied_from"
+    assert len(rows) == 1 + 4 * 3  # 6 updates in intervals of 2
+    assert f"best member {summary['best_member']}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pbt", "--interval", "2", "--search", "num_envs=2:8", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "fixes the program's shapes" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [run_dir]  # the refused search left no folder
