@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import math
@@ -156,3 +157,13 @@ def check_range(
         below = number <= low if open_low else number < low
         if not math.isfinite(number) or below or number > high:
             raise ConfigError(name, f"{owner}.{name} must be {wanted}, got {value!r}.")
+
+
+def parse_bool(text: str) -> bool:
+    """A bool flag's text: 1/true/yes/on or 0/false/no/off, any case."""
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")

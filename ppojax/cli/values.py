@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from ppojax.checks import EnvKwargs
+from ppojax.checks import EnvKwargs, parse_bool
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,15 +37,6 @@ def close_flags(parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
         if word.startswith("--") and close:
             return f". Did you mean {close[0]}?"
     return ""
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def parse_int(text: str) -> int:

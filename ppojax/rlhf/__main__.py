@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from ppojax.cli.values import parse_bool
+from ppojax.checks import parse_bool
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
