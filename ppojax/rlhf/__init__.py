@@ -12,6 +12,14 @@ from ppojax.rlhf.advantages import (
     update_kl_coef,
 )
 from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.data import (
+    PromptData,
+    draw_batch,
+    hf_split,
+    load_prompts,
+    read_jsonl,
+    split_held_out,
+)
 from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
@@ -26,11 +34,20 @@ from ppojax.rlhf.sampling import (
     sample_full,
 )
 from ppojax.rlhf.sft import sft_loss, train_sft
+from ppojax.rlhf.text_rewards import (
+    call_text_reward,
+    exact_match,
+    extract_answer,
+    length_penalty,
+    regex_reward,
+    text_reward,
+)
 from ppojax.rlhf.trainer import RLHFState, Trainer, make_trainer, run_steps
 
 __all__ = [
     "KVCacheHook",
     "LanguageModel",
+    "PromptData",
     "RLHFBatch",
     "RLHFConfig",
     "RLHFState",
@@ -39,20 +56,31 @@ __all__ = [
     "TransformerLM",
     "aggregate",
     "bradley_terry_loss",
+    "call_text_reward",
+    "draw_batch",
+    "exact_match",
+    "extract_answer",
     "from_pretrained",
     "generate",
     "group_advantages",
+    "hf_split",
     "kl_estimate",
     "leave_one_out_advantages",
+    "length_penalty",
+    "load_prompts",
     "make_trainer",
+    "read_jsonl",
+    "regex_reward",
     "response_mask",
     "response_stats",
     "reward_model",
     "run_steps",
-    "save_pretrained",
     "sample_cached",
     "sample_full",
+    "save_pretrained",
     "sft_loss",
+    "split_held_out",
+    "text_reward",
     "token_advantages",
     "token_rewards",
     "train_sft",
