@@ -7,9 +7,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from ppojax.rlhf import RLHFConfig, from_pretrained, make_trainer
+from ppojax.rlhf import RLHFConfig, completions, from_pretrained, make_trainer, preference
 from ppojax.rlhf import data as text_data
 from ppojax.rlhf import text_rewards as tr
 
@@ -266,3 +267,179 @@ def test_text_rewards_train_with_weights_in_make_trainer(lm):
     match, penalty = metrics["rewards/exact_match/mean"], metrics["rewards/length_penalty/mean"]
     assert penalty <= 0.0
     np.testing.assert_allclose(metrics["objective/scores"], match + 0.5 * penalty, atol=1e-6)
+
+
+# Preference pairs: DPO and reward models
+
+PAIRS = [
+    {"prompt": "What is 12+7?", "chosen": "19", "rejected": "18"},
+    {"prompt": "What is 3+4?", "chosen": "7", "rejected": "I do not know"},
+    {"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
+    {"prompt": "What is 5+1?", "chosen": "6", "rejected": "61"},
+]
+
+
+@pytest.fixture(scope="module")
+def pairs(lm):
+    return preference.load_pairs(PAIRS, lm.tokenizer)
+
+
+def test_pairs_encode_prompt_left_and_responses_right_with_eos(lm, pairs):
+    tok = lm.tokenizer
+    assert pairs.prompts.shape[0] == 4 and pairs.chosen.shape == pairs.rejected.shape
+    ids = answer_text(lm, "I do not know") + [tok.eos_id]
+    np.testing.assert_array_equal(pairs.rejected[1, : len(ids)], ids)
+    assert pairs.rejected_mask[1].sum() == len(ids) and pairs.rejected_mask[1, 0]
+    assert (pairs.rejected[1, len(ids) :] == tok.pad_id).all()
+    np.testing.assert_array_equal(
+        pairs.prompts[0][pairs.prompt_mask[0]], tok.encode(PAIRS[0]["prompt"])
+    )
+
+
+def test_identical_chosen_and_rejected_names_the_line(lm, tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [PAIRS[0], "", {**PAIRS[1], "rejected": "7"}])
+    with pytest.raises(ValueError, match=r"pairs.jsonl, line 3: 'chosen' and 'rejected' are"):
+        preference.load_pairs(path, lm.tokenizer)
+
+
+def numpy_dpo(chosen, rejected, ref_chosen, ref_rejected, beta, loss_type):
+    h = (chosen - ref_chosen) - (rejected - ref_rejected)
+    if loss_type == "sigmoid":
+        return np.mean(np.log1p(np.exp(-beta * h)))
+    return np.mean((h - 1 / (2 * beta)) ** 2)
+
+
+LOGPS = (
+    np.array([-3.0, -5.5, -1.25]),
+    np.array([-4.0, -5.0, -2.5]),
+    np.array([-3.5, -5.25, -2.0]),
+    np.array([-3.75, -5.75, -2.0]),
+)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_loss_matches_numpy_and_reports_margins(loss_type):
+    loss, metrics = preference.dpo_loss(*map(jnp.asarray, LOGPS), 0.5, loss_type)
+    # float32 against float64 on losses of order 1: relative 1e-6
+    np.testing.assert_allclose(loss, numpy_dpo(*LOGPS, 0.5, loss_type), rtol=1e-6)
+    chosen = 0.5 * (LOGPS[0] - LOGPS[2])
+    rejected = 0.5 * (LOGPS[1] - LOGPS[3])
+    np.testing.assert_allclose(metrics["rewards/margins"], (chosen - rejected).mean(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["rewards/chosen"], chosen.mean(), rtol=1e-6)
+    assert metrics["rewards/accuracies"] == pytest.approx(2 / 3)
+
+
+def test_ipo_differs_and_vmap_over_beta_equals_separate_calls():
+    arrays = tuple(map(jnp.asarray, LOGPS))
+    sigmoid = preference.dpo_loss(*arrays, 0.5)[0]
+    assert abs(float(sigmoid - preference.dpo_loss(*arrays, 0.5, "ipo")[0])) > 0.1
+    betas = jnp.array([0.1, 0.5, 2.0])
+    swept = jax.vmap(lambda b: preference.dpo_loss(*arrays, b, "ipo"))(betas)
+    for i, beta in enumerate([0.1, 0.5, 2.0]):
+        alone = preference.dpo_loss(*arrays, beta, "ipo")
+        np.testing.assert_allclose(swept[0][i], alone[0], rtol=1e-6)
+        np.testing.assert_allclose(
+            swept[1]["rewards/margins"][i], alone[1]["rewards/margins"], rtol=1e-6
+        )
+
+
+def test_one_dpo_step_on_a_checkpoint_lowers_the_loss(lm, pairs):
+    optimizer = optax.adam(1e-3)
+    step = jax.jit(preference.make_dpo_step(lm.policy_apply, optimizer))
+    params, opt_state = lm.params, optimizer.init(lm.params)
+    new_params, _, before = step(params, opt_state, pairs, lm.params, 0.5)
+    # at the reference every implicit reward is 0: the loss is log 2
+    np.testing.assert_allclose(before["loss"], np.log(2.0), rtol=1e-5)
+    _, _, after = step(new_params, opt_state, pairs, lm.params, 0.5)
+    assert after["loss"] < before["loss"] - 1e-3
+    assert after["rewards/margins"] > 0.0
+
+
+def test_dpo_step_vmaps_over_beta(lm, pairs):
+    optimizer = optax.sgd(1e-2)
+    step = preference.make_dpo_step(lm.policy_apply, optimizer, loss_type="ipo")
+    opt_state = optimizer.init(lm.params)
+    betas = jnp.array([0.1, 1.0])
+    swept = jax.jit(jax.vmap(lambda b: step(lm.params, opt_state, pairs, lm.params, b)))(betas)
+    for i, beta in enumerate([0.1, 1.0]):
+        params, _, metrics = jax.jit(step)(lm.params, opt_state, pairs, lm.params, beta)
+        # the same float32 program under vmap and alone; the loss is of order 1 to 25
+        np.testing.assert_allclose(swept[2]["loss"][i], metrics["loss"], rtol=1e-5)
+        leaf = jax.tree.leaves(swept[0])[0][i]
+        np.testing.assert_allclose(leaf, jax.tree.leaves(params)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_reward_model_steps_lower_the_loss_and_accuracy_reads_the_scores(lm, pairs):
+    optimizer = optax.adam(3e-3)
+    step = jax.jit(preference.make_reward_model_step(lm.critic_apply, optimizer))
+    params = lm.init_value_head(lm.params)
+    opt_state = optimizer.init(params)
+    params, opt_state, first = step(params, opt_state, pairs)
+    np.testing.assert_allclose(first["loss"], np.log(2.0), rtol=1e-6)  # the head starts at 0
+    for _ in range(4):
+        params, opt_state, metrics = step(params, opt_state, pairs)
+    assert metrics["loss"] < first["loss"]
+    chosen, rejected = preference.pair_scores(lm.critic_apply, params, pairs)
+    accuracy = preference.pair_accuracy(lm.critic_apply, params, pairs)
+    assert accuracy == np.mean(np.asarray(chosen) > np.asarray(rejected))
+
+
+def test_draw_batch_takes_the_same_rows_of_every_pair_array(pairs):
+    batch, rows = jax.jit(text_data.draw_batch, static_argnums=2)(pairs, jax.random.key(0), 2)
+    for got, full in zip(batch, pairs, strict=True):
+        np.testing.assert_array_equal(got, full[rows])
+
+
+# SFT on prompt/completion pairs
+
+COMPLETIONS = [
+    {"prompt": "What is 12+7?", "completion": "19"},
+    {"prompt": "What is 3+4?", "completion": "7"},
+    {"prompt": "What is 20+22?", "completion": "42, since 20+22=42"},
+]
+
+
+def log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def test_sft_loss_is_on_completion_tokens_only(lm):
+    data = completions.load_completions(COMPLETIONS, lm.tokenizer)
+    prompt_len = data.prompts.shape[1]
+    tokens = jnp.concatenate([data.prompts, data.targets], axis=1)
+    mask = jnp.concatenate([data.prompt_mask, data.target_mask], axis=1)
+    logp = log_softmax(np.asarray(lm.policy_apply(lm.params, tokens, mask), np.float64))
+    picked = []
+    for row in range(3):
+        for t in np.flatnonzero(data.target_mask[row]):
+            picked.append(logp[row, prompt_len - 1 + t, int(data.targets[row, t])])
+    eos = lm.tokenizer.eos_id
+    assert [int(data.targets[r][data.target_mask[r]][-1]) for r in range(3)] == [eos] * 3
+    optimizer = optax.adam(3e-3)
+    step = jax.jit(completions.make_sft_step(lm.policy_apply, optimizer))
+    params, opt_state, first = step(lm.params, optimizer.init(lm.params), data)
+    # float32 log-softmax over 288 logits against float64: the mean of ~5.7 nats within 1e-5
+    np.testing.assert_allclose(first["loss"], -np.mean(picked), rtol=1e-5)
+    for _ in range(3):
+        params, opt_state, metrics = step(params, opt_state, data)
+    assert metrics["loss"] < first["loss"] - 0.1
+
+
+def test_example_length_limits_cut_drop_or_name_the_row(lm):
+    long_answer = len(answer_text(lm, COMPLETIONS[2]["completion"])) + 1
+    with pytest.warns(UserWarning, match="1 examples truncated and 0 dropped"):
+        data = completions.load_completions(COMPLETIONS, lm.tokenizer, max_response_len=4)
+    assert data.targets.shape[1] == 4 and long_answer > 4
+    np.testing.assert_array_equal(
+        data.targets[2], answer_text(lm, COMPLETIONS[2]["completion"])[:4]
+    )
+    with pytest.warns(UserWarning, match="0 examples truncated and 1 dropped"):
+        data = completions.load_completions(
+            COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="drop"
+        )
+    assert data.targets.shape == (2, 4)
+    with pytest.raises(ValueError, match="row 3: .* over max_len=None / max_response_len=4"):
+        completions.load_completions(
+            COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="error"
+        )

@@ -11,6 +11,7 @@ from ppojax.rlhf.advantages import (
     token_rewards,
     update_kl_coef,
 )
+from ppojax.rlhf.completions import CompletionData, load_completions, make_sft_step
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.data import (
     PromptData,
@@ -24,6 +25,15 @@ from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.objective import RLHFBatch, aggregate
+from ppojax.rlhf.preference import (
+    PairData,
+    dpo_loss,
+    load_pairs,
+    make_dpo_step,
+    make_reward_model_step,
+    pair_accuracy,
+    pair_log_probs,
+)
 from ppojax.rlhf.reward import bradley_terry_loss, reward_model
 from ppojax.rlhf.sampling import (
     KVCacheHook,
@@ -45,8 +55,10 @@ from ppojax.rlhf.text_rewards import (
 from ppojax.rlhf.trainer import RLHFState, Trainer, make_trainer, run_steps
 
 __all__ = [
+    "CompletionData",
     "KVCacheHook",
     "LanguageModel",
+    "PairData",
     "PromptData",
     "RLHFBatch",
     "RLHFConfig",
@@ -57,6 +69,7 @@ __all__ = [
     "aggregate",
     "bradley_terry_loss",
     "call_text_reward",
+    "dpo_loss",
     "draw_batch",
     "exact_match",
     "extract_answer",
@@ -67,8 +80,15 @@ __all__ = [
     "kl_estimate",
     "leave_one_out_advantages",
     "length_penalty",
+    "load_completions",
+    "load_pairs",
     "load_prompts",
+    "make_dpo_step",
+    "make_reward_model_step",
+    "make_sft_step",
     "make_trainer",
+    "pair_accuracy",
+    "pair_log_probs",
     "read_jsonl",
     "regex_reward",
     "response_mask",

@@ -30,10 +30,11 @@ from ppojax.ppo.update import permutation
 OVERFLOW = ("truncate", "drop", "error")
 
 
-def read_jsonl(path: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
-    """The objects of a JSON-lines file, one per non-blank line; each must hold every name of
-    ``fields`` as a string. ``ValueError`` naming the file and line for bad JSON, a line that
-    is not an object, a missing or non-string field, and for a file without rows."""
+def read_jsonl_lines(path: str | Path, fields: Sequence[str]) -> list[tuple[str, dict]]:
+    """("<path>, line <n>", object) for each non-blank line of a JSON-lines file; each object
+    must hold every name of ``fields`` as a string. ``ValueError`` naming the file and line
+    for bad JSON, a line that is not an object, a missing or non-string field, and for a
+    file without rows."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; give a JSON-lines file.")
@@ -48,10 +49,15 @@ def read_jsonl(path: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
         if not isinstance(row, dict):
             raise ValueError(f"{path}, line {number}: expected a JSON object, got {line!r}.")
         check_fields(row, fields, f"{path}, line {number}")
-        rows.append(row)
+        rows.append((f"{path}, line {number}", row))
     if not rows:
         raise ValueError(f"{path} is empty: it needs one JSON object per line.")
     return rows
+
+
+def read_jsonl(path: str | Path, fields: Sequence[str]) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file, checked as ``read_jsonl_lines`` checks them."""
+    return [row for _, row in read_jsonl_lines(path, fields)]
 
 
 def check_fields(row: Mapping[str, Any], fields: Sequence[str], where: str) -> None:
@@ -65,21 +71,24 @@ def check_fields(row: Mapping[str, Any], fields: Sequence[str], where: str) -> N
             )
 
 
-def source_rows(source: Any, field: str) -> list[dict[str, Any]]:
-    """Rows of a JSONL path, a list of strings (field only), a list of dicts or a
-    ``datasets`` split (any iterable of dicts with ``column_names``)."""
+def labelled_rows(source: Any, fields: Sequence[str]) -> list[tuple[str, dict]]:
+    """(where, row) for each row of a JSONL path, a list of strings (one field only), a list
+    of dicts or a ``datasets`` split (any iterable of dicts); each row holds ``fields`` as
+    strings. ``where`` names the line or row for error messages."""
     if isinstance(source, (str, Path)):
-        return read_jsonl(source, (field,))
+        return read_jsonl_lines(source, fields)
     rows = list(source)
     if not rows:
-        raise ValueError("no prompts: the list or split is empty.")
-    if all(isinstance(row, str) for row in rows):
-        return [{field: row} for row in rows]
+        raise ValueError("no rows: the list or split is empty.")
+    if len(fields) == 1 and all(isinstance(row, str) for row in rows):
+        return [(f"row {index + 1}", {fields[0]: row}) for index, row in enumerate(rows)]
+    labelled = []
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise ValueError(f"row {index}: expected a string or a dict, got {row!r}.")
-        check_fields(row, (field,), f"row {index}")
-    return [dict(row) for row in rows]
+            raise ValueError(f"row {index + 1}: expected a dict, got {row!r}.")
+        check_fields(row, fields, f"row {index + 1}")
+        labelled.append((f"row {index + 1}", dict(row)))
+    return labelled
 
 
 def hf_split(path: str, split: str, **kwargs: Any) -> Any:
@@ -220,12 +229,13 @@ def load_prompts(
     kept for text rewards (None: every field of the first row). ``chat``: each prompt as a
     user message through the tokenizer's chat template. Prompts over ``max_len`` tokens are
     truncated on the left, dropped or rejected (``overflow``); a warning gives the count."""
-    rows = source_rows(source, field)
+    labelled = labelled_rows(source, (field,))
+    rows = [row for _, row in labelled]
     names = [name for name in rows[0] if name != field] if columns is None else list(columns)
-    for index, row in enumerate(rows):
+    for where, row in labelled:
         missing = [name for name in names if name not in row]
         if missing:
-            raise ValueError(f"prompt row {index + 1}: no field {missing[0]!r} for columns.")
+            raise ValueError(f"{where}: no field {missing[0]!r} (a column of the prompts).")
     fitted = fit([encode_text(tokenizer, row[field], chat) for row in rows], max_len, overflow)
     if fitted.truncated or fitted.dropped:
         warnings.warn(
@@ -290,3 +300,87 @@ def draw_batch(data: Any, key: jax.Array, batch_size: int) -> tuple[Any, jax.Arr
     rows = permutation(key, count)[:batch_size]
     arrays = (data.tokens, data.mask) if isinstance(data, PromptData) else data
     return jax.tree.map(lambda leaf: leaf[rows], arrays), rows
+
+
+class Examples(NamedTuple):
+    """Prompts with one or more responses each (SFT completions, preference pairs):
+    ``prompts`` [N, P] left-padded, ``prompt_mask`` [N, P], per response field (tokens
+    [N, R] right-padded with pad_id, mask [N, R]: True on the text and its EOS), one R for
+    all fields."""
+
+    prompts: np.ndarray
+    prompt_mask: np.ndarray
+    responses: tuple[tuple[np.ndarray, np.ndarray], ...]
+    truncated: int
+    dropped: int
+
+
+def fit_example(
+    prompt: list[int], responses: list[list[int]], limits: tuple, where: str, overflow: str
+) -> tuple[list[int], list[list[int]], bool] | None:
+    """One example within (max_len, max_response_len): (prompt, responses, whether they were
+    cut: the prompt on the left, responses on the right), None (dropped) or an error naming
+    ``where``."""
+    max_len, max_response_len = limits
+    long_prompt = max_len is not None and len(prompt) > max_len
+    long_response = max_response_len is not None and max(map(len, responses)) > max_response_len
+    if not (long_prompt or long_response):
+        return prompt, responses, False
+    if overflow == "error":
+        raise ValueError(
+            f"{where}: {len(prompt)} prompt and {max(map(len, responses))} response tokens, "
+            f"over max_len={max_len} / max_response_len={max_response_len}; raise them or "
+            "pass overflow='truncate' or 'drop'."
+        )
+    if overflow == "drop":
+        return None
+    prompt = prompt[len(prompt) - max_len :] if long_prompt else prompt
+    return prompt, [r[:max_response_len] if long_response else r for r in responses], True
+
+
+def encode_examples(
+    labelled: list[tuple[str, dict]],
+    tokenizer: Any,
+    prompt_field: str,
+    response_fields: Sequence[str],
+    *,
+    chat: bool = False,
+    max_len: int | None = None,
+    max_response_len: int | None = None,
+    overflow: str = "truncate",
+) -> Examples:
+    """Token arrays of (where, row) examples: the prompt as ``load_prompts`` encodes it, each
+    response as its text's ids (no special tokens added) then the tokenizer's EOS. Examples
+    over the limits are cut, dropped or rejected (``overflow``); a warning gives the count."""
+    if overflow not in OVERFLOW:
+        raise ValueError(f"overflow={overflow!r} must be one of {OVERFLOW}.")
+    limits, eos = (max_len, max_response_len), tokenizer.eos_id
+    prompts, responses, truncated = [], [], 0
+    for where, row in labelled:
+        prompt = encode_text(tokenizer, row[prompt_field], chat)
+        answers = [encode_plain(tokenizer, row[name]) + [eos] for name in response_fields]
+        fitted = fit_example(prompt, answers, limits, where, overflow)
+        if fitted is not None:
+            prompts.append(fitted[0])
+            responses.append(fitted[1])
+            truncated += fitted[2]
+    if not prompts:
+        raise ValueError("every example is over the length limits and was dropped.")
+    dropped = len(labelled) - len(prompts)
+    if truncated or dropped:
+        warnings.warn(
+            f"{truncated} examples truncated and {dropped} dropped at max_len={max_len}, "
+            f"max_response_len={max_response_len} tokens.",
+            stacklevel=2,
+        )
+    width = max_len or max(map(len, prompts))
+    pad = tokenizer.pad_id
+    # one width for every response field, so chosen and rejected stack into one batch
+    length = max_response_len or max(len(r) for answers in responses for r in answers)
+    columns = []
+    for index in range(len(response_fields)):
+        ids = [answers[index] for answers in responses]
+        mask = right_pad([[1] * len(r) for r in ids], length, 0).astype(bool)
+        columns.append((right_pad(ids, length, pad), mask))
+    prompt_mask = left_pad([[1] * len(p) for p in prompts], width, 0).astype(bool)
+    return Examples(left_pad(prompts, width, pad), prompt_mask, tuple(columns), truncated, dropped)
