@@ -443,3 +443,9 @@ def test_example_length_limits_cut_drop_or_name_the_row(lm):
         completions.load_completions(
             COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="error"
         )
+
+
+def test_a_row_without_a_column_names_the_line(lm, tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [ADDITION[0], {"question": "What is 1+1?"}])
+    with pytest.raises(ValueError, match=r"p.jsonl, line 2: no field 'answer'"):
+        text_data.load_prompts(path, lm.tokenizer, field="question")
