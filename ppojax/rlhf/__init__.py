@@ -11,11 +11,29 @@ from ppojax.rlhf.advantages import (
     token_rewards,
     update_kl_coef,
 )
+from ppojax.rlhf.completions import CompletionData, load_completions, make_sft_step
 from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.data import (
+    PromptData,
+    draw_batch,
+    hf_split,
+    load_prompts,
+    read_jsonl,
+    split_held_out,
+)
 from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.objective import RLHFBatch, aggregate
+from ppojax.rlhf.preference import (
+    PairData,
+    dpo_loss,
+    load_pairs,
+    make_dpo_step,
+    make_reward_model_step,
+    pair_accuracy,
+    pair_log_probs,
+)
 from ppojax.rlhf.reward import bradley_terry_loss, reward_model
 from ppojax.rlhf.sampling import (
     KVCacheHook,
@@ -26,11 +44,22 @@ from ppojax.rlhf.sampling import (
     sample_full,
 )
 from ppojax.rlhf.sft import sft_loss, train_sft
+from ppojax.rlhf.text_rewards import (
+    call_text_reward,
+    exact_match,
+    extract_answer,
+    length_penalty,
+    regex_reward,
+    text_reward,
+)
 from ppojax.rlhf.trainer import RLHFState, Trainer, make_trainer, run_steps
 
 __all__ = [
+    "CompletionData",
     "KVCacheHook",
     "LanguageModel",
+    "PairData",
+    "PromptData",
     "RLHFBatch",
     "RLHFConfig",
     "RLHFState",
@@ -39,20 +68,39 @@ __all__ = [
     "TransformerLM",
     "aggregate",
     "bradley_terry_loss",
+    "call_text_reward",
+    "dpo_loss",
+    "draw_batch",
+    "exact_match",
+    "extract_answer",
     "from_pretrained",
     "generate",
     "group_advantages",
+    "hf_split",
     "kl_estimate",
     "leave_one_out_advantages",
+    "length_penalty",
+    "load_completions",
+    "load_pairs",
+    "load_prompts",
+    "make_dpo_step",
+    "make_reward_model_step",
+    "make_sft_step",
     "make_trainer",
+    "pair_accuracy",
+    "pair_log_probs",
+    "read_jsonl",
+    "regex_reward",
     "response_mask",
     "response_stats",
     "reward_model",
     "run_steps",
-    "save_pretrained",
     "sample_cached",
     "sample_full",
+    "save_pretrained",
     "sft_loss",
+    "split_held_out",
+    "text_reward",
     "token_advantages",
     "token_rewards",
     "train_sft",
