@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.ppo.config import PPOConfig, unknown_field_message
-from ppojax.ppo.sweeps import sweepable_fields
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.sweeps import check_traced_field
 from ppojax.ppo.train import init_state, run_updates
 from ppojax.ppo.types import Metrics, TrainState
 
@@ -60,16 +60,9 @@ def parse_search(config: PPOConfig, search: Mapping[str, Any]) -> dict[str, Boun
     for an unknown or static field, a range that is empty, or log bounds that are not > 0."""
     if not search:
         raise ValueError("pbt needs a search: {field: (low, high, 'log' or 'linear')}")
-    names = {name for name in PPOConfig.__dataclass_fields__}
     bounds = {}
     for name, spec in search.items():
-        if name not in names:
-            raise ValueError(unknown_field_message(name))
-        if name not in sweepable_fields():
-            raise ValueError(
-                f"pbt search {name}: PPOConfig.{name} fixes the program's shapes or structure, "
-                f"so the population cannot vary it; search one of {', '.join(sweepable_fields())}"
-            )
+        check_traced_field(name, "varied over a population (pbt search)")
         low, high, *scale = tuple(spec)
         scale = scale[0] if scale else "linear"
         if scale not in ("log", "linear"):

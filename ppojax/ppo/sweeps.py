@@ -37,18 +37,23 @@ def sweepable_fields() -> list[str]:
     return [f.name for f in dataclasses.fields(PPOConfig) if f.metadata.get("pytree_node", True)]
 
 
+def check_traced_field(name: str, refusal: str) -> None:
+    """Raise ``ValueError`` unless ``name`` is a traced PPOConfig field, which one vmapped
+    program can vary; ``refusal`` says what a static field cannot be."""
+    if name not in {f.name for f in dataclasses.fields(PPOConfig)}:
+        raise ValueError(unknown_field_message(name))
+    if name not in sweepable_fields():
+        raise ValueError(
+            f"PPOConfig.{name} fixes the program's shapes or structure and cannot be {refusal}. "
+            f"Sweepable: {', '.join(sweepable_fields())}."
+        )
+
+
 def check_grid(config: PPOConfig, grid: dict[str, Sequence[float]], zipped: bool = False) -> None:
     """Raise ``ValueError`` naming the problem for a grid that one vmapped program cannot
     sweep: an unknown or static field, an empty list, a None, or a point ``config`` refuses."""
-    names = {f.name for f in dataclasses.fields(PPOConfig)}
     for name, values in grid.items():
-        if name not in names:
-            raise ValueError(unknown_field_message(name))
-        if name not in sweepable_fields():
-            raise ValueError(
-                f"PPOConfig.{name} fixes the program's shapes or structure and cannot be swept "
-                f"with vmap; sweep it with a loop. Sweepable: {', '.join(sweepable_fields())}."
-            )
+        check_traced_field(name, "swept with vmap; sweep it with a loop")
         if len(values) == 0 or any(value is None for value in values):
             raise ValueError(f"sweep grid {name}: give one or more numbers (None cannot be swept)")
     for point in grid_points(grid, zipped):
