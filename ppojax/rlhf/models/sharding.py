@@ -6,15 +6,15 @@ The mesh has two named axes, ``"data"`` (DATA) and ``"fsdp"`` (FSDP):
   reference, a critic, Adam's two moments) with at least ``min_size`` elements is split over
   "fsdp" along its largest axis that the fsdp size divides (the first such axis on a tie) and
   replicated over "data"; smaller leaves (norm scales, biases, a value head, Adam's count,
-  beta, the step) are replicated on every device. A large leaf that no axis of which the fsdp
-  size divides is an error naming it, its shape and the mesh;
-- a batch (prompts and their mask, and every row-shaped array of the step) is split along its
-  leading axis over both axes, ("data", "fsdp"): each device works on its own rows while XLA
-  gathers each parameter where a layer uses it (ZeRO-3). "data" across hosts and "fsdp" within
-  a host keeps the gathers on the fast links.
+  beta, the step) are replicated on every device. A large leaf none of whose axes the fsdp
+  size divides is an error naming it, its shape and the axis;
+- a batch (prompts and their mask) is split along its rows over both axes, ("data", "fsdp"),
+  and XLA's partitioner carries that layout to the rows the step derives from them: each
+  device works on its own rows while XLA gathers each parameter where a layer uses it
+  (ZeRO-3). "data" across hosts and "fsdp" within a host keeps the gathers on fast links.
 
     mesh = make_mesh(fsdp=4)                      # 1 x 4 over jax.devices()
-    lm = from_pretrained(folder, mesh=mesh)       # params read straight into their shards
+    lm = from_pretrained(folder, mesh=mesh)       # each device receives only its shards
     trainer = shard_trainer(make_trainer(config, lm.policy_apply, rewards,
                                          kv_cache=lm.kv_cache), mesh)
     state = trainer.init(lm.params, key)          # reference and Adam created sharded
