@@ -18,10 +18,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from ppojax.rlhf import lora
 from ppojax.rlhf.models.config import DecoderConfig, read_config
 from ppojax.rlhf.models.decoder import Decoder, KVCache, empty_cache
+from ppojax.rlhf.models.sharding import shard_state
 from ppojax.rlhf.models.tokenizer import Tokenizer
 from ppojax.rlhf.models.weights import SINGLE, load_params, save_params
 from ppojax.rlhf.sampling import KVCacheHook
@@ -93,10 +95,14 @@ def contract(module: Decoder) -> tuple[Any, Any, KVCacheHook]:
     return policy_apply, critic_apply, KVCacheHook(prefill, decode)
 
 
-def from_pretrained(path: str | Path, *, dtype: Any = None) -> PretrainedLM:
+def from_pretrained(
+    path: str | Path, *, dtype: Any = None, mesh: Mesh | None = None
+) -> PretrainedLM:
     """The checkpoint in the local folder ``path`` (config.json, *.safetensors,
     tokenizer.json): params in ``dtype`` (None: float32; "bfloat16" for bfloat16 params and
-    compute), ``policy_apply``, ``critic_apply``, ``kv_cache``, ``tokenizer``, ``config``."""
+    compute), ``policy_apply``, ``critic_apply``, ``kv_cache``, ``tokenizer``, ``config``.
+    With a ("data", "fsdp") ``mesh`` each device receives only its shards of the params
+    (``ppojax.rlhf.models.sharding``)."""
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -108,6 +114,8 @@ def from_pretrained(path: str | Path, *, dtype: Any = None) -> PretrainedLM:
     tokens = jnp.zeros((1, 1), jnp.int32)
     shapes = jax.eval_shape(module.init, jax.random.key(0), tokens, jnp.ones((1, 1), bool))
     params = load_params(folder, config, shapes, dtype)
+    if mesh is not None:
+        params = shard_state(params, mesh)
     tokenizer = Tokenizer(folder, config.eos_ids)
     policy_apply, critic_apply, hook = contract(module)
     return PretrainedLM(module, params, policy_apply, critic_apply, hook, tokenizer, config)
