@@ -115,6 +115,18 @@ def test_a_one_thread_pool_trains_the_same_bits_and_gives_every_thread_its_cores
         np.testing.assert_array_equal(theirs[f"arr_{index}"], leaf)
 
 
+def test_backends_started_asks_without_starting_them_or_changing_the_config():
+    code = (
+        "import jax, ppojax\n"
+        "from ppojax.runtime.compiling import backends_started\n"
+        "print(backends_started(), backends_started(), jax.config.jax_num_cpu_devices)\n"
+        "jax.devices()\n"
+        "print(backends_started(), jax.config.jax_num_cpu_devices)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.split() == ["False", "False", "-1", "True", "-1"], result.stderr
+
+
 def test_limit_cpu_threads_refuses_bad_counts_and_a_started_backend():
     for bad in (0, -1, True, 1.0, "1"):
         with pytest.raises(ValueError, match="positive int"):

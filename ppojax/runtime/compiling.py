@@ -73,10 +73,16 @@ def compiler_options(backend: str | None = None) -> dict[str, Any] | None:
 
 
 def backends_started() -> bool:
-    """Whether JAX has created its backends (clients) in this process."""
-    from jax._src import xla_bridge  # no public way to ask without starting them
-
-    return xla_bridge.backends_are_initialized()
+    """Whether JAX has created its backends (clients) in this process, asked without starting
+    them: once they exist, JAX's config refuses another ``jax_num_cpu_devices`` (RuntimeError);
+    before, the other count is set and at once set back."""
+    current = jax.config.jax_num_cpu_devices
+    try:
+        jax.config.update("jax_num_cpu_devices", 2 if current == 1 else 1)
+    except RuntimeError:
+        return True
+    jax.config.update("jax_num_cpu_devices", current)
+    return False
 
 
 def check_count(name: str, value: Any) -> None:
