@@ -82,12 +82,13 @@ class MLP(nn.Module):
 
 
 class PatchConv(nn.Module):
-    """A VALID convolution (cross-correlation, as ``nn.Conv``, same ``kernel`` [k, k, C, F] and
-    ``bias`` [F] parameters) computed as one matrix product: the k x k patches of the input
-    are laid side by side, [B, H', W', k * k * C], and multiplied by the kernel reshaped to
-    [k * k * C, F]. XLA's CPU convolution, forward and especially backward, ran a MinAtar
-    update 14x slower than this (benchmarks/README.md, "Encoders"); a product of these small
-    shapes runs on the fast matmul path, on CPU and on GPU alike."""
+    """A VALID convolution, ``nn.Conv``'s math and parameters (``kernel`` [k, k, C, F], ``bias``
+    [F]), as one matrix product: the k x k patches of the input side by side, [B, H', W',
+    k * k * C], times the kernel as [k * k * C, F].
+
+    Why: with XLA's CPU convolution (its backward pass above all) the MinAtar CNN preset trained
+    8.4x slower (benchmarks/README.md, "Encoders"); tests/test_networks.py checks outputs and
+    gradients against ``nn.Conv``."""
 
     features: int
     kernel_size: int
