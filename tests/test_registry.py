@@ -233,24 +233,3 @@ def test_a_missing_env_module_or_id_is_a_one_line_error(capsys):
     error = cli_error(["train", "Nowhere-v0", "--env-module", "no_such_envs"], capsys)
     assert "cannot import env module 'no_such_envs'" in error
     assert "--env-module" in cli_error(["train", "Nowhere-v0"], capsys)
-
-
-def test_gymnax_comes_without_its_render_only_imports_which_still_work_when_used():
-    # gymnax's env modules import seaborn and pyplot at the top, for rendering alone: ppojax
-    # defers them to their first use. A fresh process, as this one has imported them.
-    script = textwrap.dedent(
-        """
-        import sys
-        from ppojax.envs.registry import gymnax_envs
-        assert "CartPole-v1" in gymnax_envs()
-        print("seaborn.palettes" in sys.modules, type(sys.modules["matplotlib.pyplot"]).__name__)
-        import seaborn
-        from matplotlib import pyplot
-        print(len(seaborn.color_palette("cubehelix", 3)), callable(pyplot.figure))
-        print("seaborn.palettes" in sys.modules)
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
-    )
-    assert result.stdout.split() == ["False", "DeferredModule", "3", "True", "True"]

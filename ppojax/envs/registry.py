@@ -24,7 +24,6 @@ import re
 import site
 import sys
 import sysconfig
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -105,51 +104,8 @@ def registered_envs() -> list[str]:
     return sorted(_FACTORIES)
 
 
-# Imported at the top of gymnax's env modules (Pong, Rooms) for rendering alone.
-RENDER_ONLY_IMPORTS = ("seaborn", "matplotlib.pyplot")
-
-
-class DeferredModule(types.ModuleType):
-    """A stand-in in ``sys.modules`` for a module not yet run: the first attribute it lacks
-    imports the real module (which replaces it in ``sys.modules``), and from then on every
-    attribute read goes to the real module, so names bound to the stand-in see it live.
-    (``importlib.util.LazyLoader`` cannot do this on Python 3.11: ``import`` itself reads
-    ``__spec__``, and that runs the module.)"""
-
-    def __getattr__(self, attr: str) -> Any:
-        module = self.__dict__.get("_real_module")
-        if module is None:
-            name = self.__name__
-            if sys.modules.get(name) is self:
-                del sys.modules[name]
-            module = importlib.import_module(name)
-            self._real_module = module
-        return getattr(module, attr)
-
-
-def defer_import(name: str) -> None:
-    """Put a ``DeferredModule`` for ``name`` in ``sys.modules``: ``import name`` then costs
-    nothing until the module is used. Nothing when it is imported already or not installed."""
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None:
-        return
-    stand_in = DeferredModule(name)
-    stand_in.__spec__ = spec
-    sys.modules[name] = stand_in
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, stand_in)
-
-
 def import_gymnax() -> Any:
-    """``gymnax``, with the modules its env modules import for rendering only
-    (``RENDER_ONLY_IMPORTS``) deferred to their first use: seaborn alone took 1.8 s of
-    gymnax's 3.1 s import (benchmarks/README.md, "What a user waits for"). Suite adapters
-    import gymnax's spaces, so they come through here too."""
-    for name in RENDER_ONLY_IMPORTS:
-        defer_import(name)
+    """``gymnax``, imported on first use: its import starts JAX's backend."""
     import gymnax
 
     return gymnax
