@@ -87,8 +87,8 @@ class PatchConv(nn.Module):
     k * k * C], times the kernel as [k * k * C, F].
 
     Why: with XLA's CPU convolution (its backward pass above all) the MinAtar CNN preset trained
-    8.4x slower (benchmarks/README.md, "Encoders"); tests/test_networks.py checks outputs and
-    gradients against ``nn.Conv``."""
+    8.4x slower (benchmarks/README.md at 54d94c6, "Encoders"); tests/test_networks.py checks
+    outputs and gradients against ``nn.Conv``."""
 
     features: int
     kernel_size: int

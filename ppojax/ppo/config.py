@@ -171,7 +171,7 @@ class PPOConfig:
 
 # The MinAtar games: 64 envs x 128 steps, 4 epochs of 8 minibatches, lr 5e-4, ReLU 256-256 MLPs
 # on the flattened 10x10xC frame, 10M steps: the budget gymnax's published PPO baselines were
-# trained with (benchmarks/encoders.py trains it, and the same with encoder="cnn").
+# trained with (benchmarks/encoders.py at 54d94c6 trains it, and the same with encoder="cnn").
 # eval_every here and below: about ten in-loop evaluations per run at the preset's budget
 # (10 deterministic episodes each, the last after the final update), so the final policy's
 # evaluation return, what gymnax-blines publishes, is in the metrics. An evaluation plays
@@ -276,9 +276,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         f"{game}-MinAtar": MINATAR_PRESET
         for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders")
     },
-    # The adapter suites' settings that benchmarks/envs.py trains (Snake there on a 6x6 board,
-    # env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100}, NAVIX's room with a 20-step
-    # limit, {"max_steps": 20}); the envs stay as they are.
+    # The adapter suites' settings that benchmarks/envs.py at 54d94c6 trains (Snake there on a 6x6
+    # board, env_kwargs={"num_rows": 6, "num_cols": 6, "time_limit": 100}, NAVIX's room with a
+    # 20-step limit, {"max_steps": 20}); the envs stay as they are.
     "jumanji/Snake-v1": {**SUITE_PRESET, "total_timesteps": 600_000},
     "xminigrid/MiniGrid-Empty-5x5": {**SUITE_PRESET, "total_timesteps": 200_000},
     "navix/Navix-Empty-5x5-v0": {**SUITE_PRESET, "total_timesteps": 200_000},
@@ -305,7 +305,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Playground's own settings scaled down (a long horizon, gamma 0.995, normalized rewards,
     # an entropy bonus of 0.01). lr 5e-4: at 1e-3 the two seeds of a sweep rose to 998 and
     # 876, then fell to ~230; without the entropy bonus a seed can stall near 450
-    # (benchmarks/README.md, "One env per adapter suite").
+    # (benchmarks/README.md at 54d94c6, "One env per adapter suite").
     "playground/CartpoleBalance": {
         "num_envs": 64,
         "num_steps": 32,

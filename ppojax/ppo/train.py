@@ -144,7 +144,8 @@ def update_step(
     """One rollout, GAE, and ``update_epochs`` epochs of minibatch updates."""
     key, rollout_key, update_key = jax.random.split(state.key, 3)
     start = rollout_start(state, rollout_key)
-    # The named scopes label the compiled ops by phase for profiles (benchmarks/phases.py).
+    # The named scopes label the compiled ops by phase for profiles (benchmarks/phases.py at
+    # 54d94c6).
     with jax.named_scope("rollout"):
         carry, transitions = collect_rollout(agent, config, state.params, start)
     with jax.named_scope("gae"):

@@ -4,8 +4,8 @@ On CPU at small batch sizes (the classic 4-env config) a training step is bound 
 launches, not arithmetic: XLA runs one kernel per leaf for an optimizer's update, a ``where``
 or a scan's stacked output, each ~1.5 us whatever its size. Packing the leaves of a pytree into
 one array per dtype turns a dozen such kernels into one or two; the update epochs pack the
-optimizer's moments, the gradients and the per-step metrics this way (benchmarks/README.md,
-"Kernel launches").
+optimizer's moments, the gradients and the per-step metrics this way (benchmarks/README.md at
+54d94c6, "Kernel launches").
 
 ``pack(tree, batch_ndim)`` keeps each leaf's first ``batch_ndim`` axes and flattens the rest
 into the last axis; the leaves of one dtype are concatenated there, in tree order. ``unpack``

@@ -4,8 +4,8 @@ With JAX's default counter-based threefry (``jax_threefry_partitionable``), elem
 draw is a function of the key and i alone, so a draw of shape (a, b) equals the draw of shape
 (a * b,) reshaped: the values are bit for bit the same. XLA's CPU compiler, though, takes
 seconds for a threefry whose last axis is short (a [128, 4] split or a [128, 4, 2] Gumbel
-draw, more under ``vmap``) and a fraction of a second for one long axis (benchmarks/README.md,
-"Compile time"). Every multi-axis draw in ppojax goes through here.
+draw, more under ``vmap``) and a fraction of a second for one long axis (benchmarks/README.md at
+54d94c6, "Compile time"). Every multi-axis draw in ppojax goes through here.
 """
 
 from __future__ import annotations
