@@ -64,3 +64,19 @@ def test_the_stamp_changes_with_any_code_cell():
     assert execute.code_hash(notebook) == execute.code_hash(
         {"cells": [{"cell_type": "code", "source": "x = 1\ny = 2"}]}
     )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_cell_stores_a_progress_bar_refresh_per_output(name):
+    """A training cell keeps a line or two, not one output per refresh of a progress bar
+    (which GitHub shows as dozens of blocks above the plots)."""
+    notebook = json.loads((NOTEBOOKS / name).read_text())
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    assert max(len(cell["outputs"]) for cell in code) <= 4
+    streams = [
+        output
+        for cell in code
+        for output in cell["outputs"]
+        if output["output_type"] == "stream" and output["name"] == "stderr"
+    ]
+    assert not any("/s]" in "".join(output["text"]) for output in streams)
