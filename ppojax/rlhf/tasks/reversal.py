@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax
 
-from ppojax.rlhf.tasks.digits import DigitTask, scorer, sft_start
+from ppojax.rlhf.tasks.digits import DigitTask, scorer, sft_start, targets
 
 
 def reversed_digits(digits: jax.Array) -> jax.Array:
@@ -18,6 +18,11 @@ def reversed_digits(digits: jax.Array) -> jax.Array:
 
 checker = scorer(reversed_digits)
 checker.__name__ = "checker"
+
+
+def reversal_targets(task: DigitTask, prompts: jax.Array, prompt_mask: jax.Array):
+    """The ideal responses [B, response_len] and their mask."""
+    return targets(reversed_digits, prompts, prompt_mask, task.response_len)
 
 
 def reversal_sft(task: DigitTask, key: jax.Array) -> tuple[dict, jax.Array]:

@@ -23,7 +23,7 @@ from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
 from ppojax.rlhf.sampling import sample_cached
 from ppojax.rlhf.sft import make_adam
-from ppojax.rlhf.tasks.digits import PAD, DigitTask, scorer, sft_start
+from ppojax.rlhf.tasks.digits import PAD, DigitTask, scorer, sft_start, targets
 
 SORTING = DigitTask(
     num_digits=13, min_digits=4, max_digits=7, response_len=10, d_model=64, num_heads=4,
@@ -40,6 +40,11 @@ def sorted_digits(digits: jax.Array) -> jax.Array:
 
 gold = scorer(sorted_digits)
 gold.__name__ = "gold"
+
+
+def sorting_targets(task: DigitTask, prompts: jax.Array, prompt_mask: jax.Array):
+    """The ideal responses [B, response_len] and their mask."""
+    return targets(sorted_digits, prompts, prompt_mask, task.response_len)
 
 
 def sorting_sft(task: DigitTask, key: jax.Array) -> tuple[dict, jax.Array]:
