@@ -33,7 +33,7 @@ from ppojax.cli.values import (
 from ppojax.ppo.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
-    from ppojax.runs import RunOptions, RunResult
+    from ppojax.runs import Experiment, RunOptions, RunResult
 
 DEFAULT_OUT = "runs"
 
@@ -398,23 +398,28 @@ def resume(args: argparse.Namespace) -> RunResult | None:
             f"--resume continues a run with its saved config and seeds; drop {', '.join(given)}"
         )
     experiment, saved = read_experiment(args.resume)
-    if run_is_finished(args.resume, experiment.config.num_updates):
+    check_writable(args.resume)
+    if run_is_finished(args.resume, experiment):
         updates = experiment.config.num_updates
         print(f"{args.resume} is finished ({updates} of {updates} updates); nothing to do")
         return None
-    check_writable(args.resume)
     return resume_experiment(args.resume, run_options(args, saved))
 
 
-def run_is_finished(run_dir: Path, num_updates: int) -> bool:
-    """Whether ``run_dir`` holds its final checkpoint, intact, and the summary written after
-    it: a resume would recompile everything to train nothing, and rewrite the summary's
-    timings. A damaged final checkpoint or summary is left to the resume to repair."""
+def run_is_finished(run_dir: Path, experiment: Experiment) -> bool:
+    """Whether ``run_dir`` holds its final checkpoint, intact, every metrics row and the
+    summary written after them: a resume would recompile everything to train nothing, and
+    rewrite the summary's timings. Files that no longer match the run raise as a resume
+    would; a damaged final checkpoint or summary is left to the resume to repair."""
     from ppojax.runs import checkpoints, folder
+    from ppojax.runs.settings import check_record
 
+    num_updates = experiment.config.num_updates
+    check_record(run_dir, experiment)
     steps = [step for step, _ in checkpoints.checkpoint_records(run_dir)]
     if max(steps, default=0) < num_updates:
         return False
+    folder.metrics_until(run_dir / folder.METRICS_FILE, num_updates, experiment.num_runs)
     try:
         checkpoints.verify_checkpoint(run_dir / folder.CHECKPOINT_DIR / str(max(steps)))
         folder.read_json_object(run_dir / folder.SUMMARY_FILE, "run summary")
