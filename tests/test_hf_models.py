@@ -106,6 +106,22 @@ def test_encodings_and_chat_text_match_transformers(loaded):
     assert lm.tokenizer.pad_id == data["pad_id"]
 
 
+def test_encoding_without_special_tokens_drops_only_them(loaded):
+    """A rendered chat or a completion is encoded without a second BOS or an added EOS: the
+    plain ids are the full ids less the special tokens the tokenizer adds around them."""
+    _, lm = loaded
+    tokenizer = lm.tokenizer
+    special = {tokenizer.special_id("bos_token", None), tokenizer.eos_id}
+    for text in ("What is 12+7?", "héllo wörld"):
+        full, plain = tokenizer.encode(text), tokenizer.encode(text, add_special_tokens=False)
+        stripped = list(full)
+        while stripped[:1] and stripped[0] in special:
+            stripped = stripped[1:]
+        while stripped[-1:] and stripped[-1] in special:
+            stripped = stripped[:-1]
+        assert plain == stripped, text
+
+
 def test_gpt2_pads_with_eos_and_says_so():
     with pytest.warns(UserWarning, match="no pad_token; padding with the eos token"):
         lm = from_pretrained(FIXTURES / "gpt2")

@@ -117,8 +117,6 @@ def encode_text(tokenizer: Any, text: str, chat: bool) -> list[int]:
 
 def encode_plain(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` with no special tokens added (a completion, a rendered chat)."""
-    if hasattr(tokenizer, "rust"):
-        return list(tokenizer.rust.encode(text, add_special_tokens=False).ids)
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -103,10 +103,13 @@ class Tokenizer:
             template = named.get("default")
         return template
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` with the checkpoint's special tokens, as transformers'
-        ``tokenizer.encode(text)``."""
-        ids = self.rust.encode(text, add_special_tokens=True).ids
+        ``tokenizer.encode(text)``; without them (a rendered chat, a completion) when
+        ``add_special_tokens`` is False."""
+        ids = self.rust.encode(text, add_special_tokens=add_special_tokens).ids
+        if not add_special_tokens:
+            return list(ids)
         bos = self.special_id("bos_token", None)
         if self.settings.get("add_bos_token") and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
