@@ -21,8 +21,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ppojax.cli.pbt import add_pbt_parser, run_pbt_command
 from ppojax.cli.report import print_report
 from ppojax.cli.values import (
+    DEFAULT_OUT,
     Parser,
     annotation_parser,
     parse_cpu_devices,
@@ -34,8 +36,6 @@ from ppojax.ppo.config import PRESETS, PPOConfig
 
 if TYPE_CHECKING:
     from ppojax.runs import Experiment, RunOptions, RunResult
-
-DEFAULT_OUT = "runs"
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -121,6 +121,13 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
 
 
+def add_shared_flags(parser: argparse.ArgumentParser) -> None:
+    """The env-module, compile-cache and config flags, for commands beside train and sweep."""
+    add_env_module_flag(parser)
+    add_cache_flag(parser)
+    add_config_flags(parser)
+
+
 def add_wandb_flags(parser: argparse.ArgumentParser) -> None:
     """--wandb and where its runs go (see ppojax.runs.loggers)."""
     parser.add_argument(
@@ -202,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
     add_env_module_flag(evaluate)
     add_cache_flag(evaluate)
-    add_pbt_parser(commands)
+    add_pbt_parser(commands, add_shared_flags)
     envs = commands.add_parser("envs", help="list the environment ids that can be trained")
     add_env_module_flag(envs)
     commands.add_parser(
@@ -211,94 +218,6 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     return parser
-
-
-def add_pbt_parser(commands: Any) -> None:
-    pbt = commands.add_parser(
-        "pbt",
-        help="population-based training: exploit and explore inside one compiled program",
-        description="Train a population together; every --interval updates the worst members "
-        "copy the state of the best and perturb its hyperparameters. The run folder holds "
-        "pbt.csv (every member's hyperparameters per interval, and whom it copied) and pbt.png.",
-    )
-    pbt.add_argument("env_id", nargs="?", default=None, help="an env id (default CartPole-v1)")
-    pbt.add_argument("--population", type=parse_int, default=8, help="members (default 8)")
-    pbt.add_argument(
-        "--interval", type=parse_int, required=True, help="updates between exploit steps"
-    )
-    pbt.add_argument(
-        "--search",
-        type=parse_search_flag,
-        nargs="+",
-        required=True,
-        metavar="FIELD=LOW:HIGH[:log]",
-        help="a traced field's range, e.g. learning_rate=1e-4:3e-3:log ent_coef=0:0.05",
-    )
-    pbt.add_argument("--fraction", type=float, default=0.25, help="share replaced each time (0.25)")
-    pbt.add_argument(
-        "--explore",
-        choices=("perturb", "resample"),
-        default="perturb",
-        help="x0.8/x1.25 of the copied values (default), or fresh draws within the bounds",
-    )
-    pbt.add_argument("--seed", type=parse_int, default=0, help="PRNG seed (default 0)")
-    pbt.add_argument("--config", type=Path, help="JSON or TOML file of PPOConfig fields")
-    pbt.add_argument(
-        "--out", type=Path, default=Path(DEFAULT_OUT), help="folder for run folders (runs/)"
-    )
-    add_env_module_flag(pbt)
-    add_cache_flag(pbt)
-    add_config_flags(pbt)
-
-
-def parse_search_flag(text: str) -> tuple[str, tuple[Any, ...]]:
-    """``learning_rate=1e-4:3e-3:log`` -> ("learning_rate", (1e-4, 3e-3, "log"))."""
-    name, separator, spec = text.partition("=")
-    parts = spec.split(":")
-    scale = parts.pop() if parts and parts[-1] in ("log", "linear") else "linear"
-    try:
-        low, high = (float(part) for part in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected FIELD=LOW:HIGH or FIELD=LOW:HIGH:log, got {text!r}"
-        ) from None
-    if not separator or not name:
-        raise argparse.ArgumentTypeError(f"expected FIELD=LOW:HIGH[:log], got {text!r}")
-    return name.strip().replace("-", "_"), (low, high, scale)
-
-
-def run_pbt_command(args: argparse.Namespace) -> int:
-    """``ppojax pbt``: train the population into a new run folder and print the best member."""
-    from ppojax.ppo.pbt import parse_search
-    from ppojax.runs import folder
-    from ppojax.runs.experiment import check_env
-    from ppojax.runs.pbt_folder import run_pbt
-
-    config = build_config(args)
-    parse_search(config, dict(args.search))  # a bad search leaves no empty folder
-    folder.check_out_dir(args.out)
-    check_env(config)
-    run_dir = folder.new_run_dir(args.out, config.env_id)
-    print(f"run folder: {run_dir}", flush=True)
-    _, summary = run_pbt(
-        config,
-        dict(args.search),
-        args.population,
-        args.interval,
-        run_dir,
-        seed=args.seed,
-        fraction=args.fraction,
-        explore_mode=args.explore,
-    )
-    best = summary["best_member"]
-    values = ", ".join(f"{k}={v:.3g}" for k, v in summary["best_hyperparams_last_interval"].items())
-    print(
-        f"ppojax PBT on {config.env_id}: {args.population} members, compile "
-        f"{summary['compile_seconds']:.1f} s, run {summary['run_seconds']:.1f} s"
-    )
-    print(f"best member {best}: final return {summary['best_final_return']:.1f} ({values})")
-    print(f"run folder: {run_dir}")
-    return 0
 
 
 def run_rlhf(argv: Sequence[str]) -> int:
@@ -659,7 +578,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         if args.command == "eval":
             return run_eval(args)
         if args.command == "pbt":
-            return run_pbt_command(args)
+            return run_pbt_command(args, build_config(args))
         grid = dict(args.grid) if args.command == "sweep" else {}
         return run_train(args, grid)
     except (ValueError, OSError) as error:

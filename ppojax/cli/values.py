@@ -24,6 +24,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+DEFAULT_OUT = "runs"  # where run folders go unless --out says otherwise
+
+
 def close_flags(parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
     """ " Did you mean --x?" for the first unknown ``--flag`` in ``words`` that is close to a
     flag of ``parser`` or of its subcommands; "" when none is."""
