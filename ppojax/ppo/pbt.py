@@ -160,19 +160,10 @@ def interval_scores(metrics: Metrics) -> jax.Array:
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
-def pbt(
-    config: PPOConfig,
-    key: jax.Array,
-    population: int,
-    interval: int,
-    search: Mapping[str, Any],
-    fraction: float = 0.25,
-    explore_mode: str = "perturb",
-) -> PBTOutput:
-    """Train a population with population-based training; see the module docstring. Pure:
-    jit it with the integers and the search fixed, e.g.
-    ``jax.jit(functools.partial(pbt, population=8, interval=10, search=search))(config, key)``.
-    ``config.num_updates`` must be a multiple of ``interval``."""
+def check_settings(
+    config: PPOConfig, population: int, interval: int, fraction: float, explore_mode: str
+) -> None:
+    """A ``ValueError`` naming the argument that ``pbt`` cannot run with."""
     if explore_mode not in EXPLORE:
         raise ValueError(f"pbt explore_mode must be one of {EXPLORE}, got {explore_mode!r}")
     if population < 2 or interval < 1:
@@ -186,6 +177,22 @@ def pbt(
             f"pbt interval={interval} must divide the run's {config.num_updates} updates "
             "(total_timesteps // (num_envs * num_steps))"
         )
+
+
+def pbt(
+    config: PPOConfig,
+    key: jax.Array,
+    population: int,
+    interval: int,
+    search: Mapping[str, Any],
+    fraction: float = 0.25,
+    explore_mode: str = "perturb",
+) -> PBTOutput:
+    """Train a population with population-based training; see the module docstring. Pure:
+    jit it with the integers and the search fixed, e.g.
+    ``jax.jit(functools.partial(pbt, population=8, interval=10, search=search))(config, key)``.
+    ``config.num_updates`` must be a multiple of ``interval``."""
+    check_settings(config, population, interval, fraction, explore_mode)
     bounds = parse_search(config, search)
     init_key, draw_key, loop_key = jax.random.split(key, 3)
     draw_keys = jax.random.split(draw_key, len(bounds))
