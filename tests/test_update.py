@@ -10,11 +10,10 @@ from ppojax.ppo.types import Batch
 from ppojax.ppo.update import (
     OptimizerCarry,
     learning_rate_at,
-    permutation,
     run_epochs,
     shuffle_into_minibatches,
-    sort_rounds,
 )
+from ppojax.runtime import kernels
 
 
 def test_shuffle_is_a_permutation_split_into_minibatches():
@@ -29,30 +28,6 @@ def test_shuffle_is_a_permutation_split_into_minibatches():
     np.testing.assert_allclose(minibatches.target, minibatches.obs * 8)
     other = shuffle_into_minibatches(jax.random.key(1), batch, 4)
     assert not np.array_equal(other.obs, minibatches.obs)
-
-
-def test_permutation_is_uniform_over_all_orders():
-    keys = jax.random.split(jax.random.key(0), 24_000)
-    orders = np.asarray(jax.jit(jax.vmap(lambda key: permutation(key, 4)))(keys))
-    np.testing.assert_array_equal(np.sort(orders, axis=1), np.tile(np.arange(4), (24_000, 1)))
-    _, counts = np.unique(orders, axis=0, return_counts=True)
-    assert len(counts) == 24  # every order of 4 items appears, each about 1000 times
-    # a chi-square test with 23 degrees of freedom: 49.7 is its 0.999 quantile
-    assert ((counts - 1000.0) ** 2 / 1000.0).sum() < 49.7
-
-
-def test_permutation_of_a_large_batch_visits_every_item_once():
-    order = np.asarray(permutation(jax.random.key(3), 32_768))
-    np.testing.assert_array_equal(np.sort(order), np.arange(32_768))
-    # positions and items are uncorrelated
-    assert abs(np.corrcoef(order, np.arange(32_768))[0, 1]) < 0.03
-
-
-def test_sort_rounds_give_enough_random_bits():
-    assert sort_rounds(512) == 2  # 2 x 23 random bits per item >= 3 x 9
-    assert sort_rounds(32_768) == 3  # 3 x 17 >= 3 x 15
-    with pytest.raises(ValueError, match="2\\*\\*24"):
-        sort_rounds(2**25)
 
 
 def test_learning_rate_anneals_linearly_per_gradient_step():
@@ -221,7 +196,7 @@ def _manual_epoch(loss_fn, optimizer, x, skip):
     """The same epoch as a Python loop that leaves out sample ``skip``."""
     params = {"w": jnp.zeros(3)}
     state = optimizer.init(params)
-    order = permutation(jax.random.split(jax.random.key(3), 1)[0], x.shape[0])
+    order = kernels.permutation(jax.random.split(jax.random.key(3), 1)[0], x.shape[0])
     for index in np.asarray(order):
         if index != skip:
             grads, _ = jax.grad(loss_fn, has_aux=True)(params, x[index : index + 1])

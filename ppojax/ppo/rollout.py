@@ -29,7 +29,7 @@ from ppojax.networks.distributions import (
 )
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.types import Params, TrainState, Transition
-from ppojax.runtime import prng
+from ppojax.runtime import kernels
 
 
 class Agent(NamedTuple):
@@ -91,7 +91,7 @@ def shape_reward(
 
 
 class StepNoise(NamedTuple):
-    """The randomness of one env step for every env, drawn for many steps at once."""
+    """The randomness of one env step for every env (``draw_noise`` draws it for n steps)."""
 
     env_key: jax.Array  # [B] keys for the envs' own randomness in ``step``
     # [B, ...]: where an env restarts if its episode ends here (None with config.reset_pool,
@@ -117,7 +117,7 @@ def draw_noise(
         draw_starts(agent, reset_key, steps, num_envs) if resets else (None, None)
     )
     return StepNoise(
-        env_key=prng.split(env_key, (steps, num_envs)),
+        env_key=kernels.split(env_key, (steps, num_envs)),
         reset_obs=reset_obs,
         reset_state=reset_state,
         action=draw_action_noise(agent.env.spec, action_key, (steps, num_envs)),
@@ -132,7 +132,7 @@ def draw_starts(agent: Agent, key: jax.Array, count: int, num_envs: int) -> tupl
 
 
 def pooled_steps(
-    step: Any, starts: tuple[Any, Any], carry: RolloutCarry, noise: StepNoise
+    step: Any, starts: tuple[Any, Any], carry: RolloutCarry, key: jax.Array, draw: Any, steps: int
 ) -> tuple[RolloutCarry, Transition]:
     """The steps of one block where each env's episodes that end take the env's ``starts``
     ([K, B, ...], ``config.reset_pool``) in order; past its K-th end in the block an env
@@ -152,7 +152,8 @@ def pooled_steps(
         carry = carry._replace(repeated_starts=carry.repeated_starts + repeated)
         return (carry, used + done), transition
 
-    (carry, _), transitions = jax.lax.scan(pooled, (carry, jnp.zeros(num_envs, jnp.int32)), noise)
+    start = (carry, jnp.zeros(num_envs, jnp.int32))
+    (carry, _), transitions = kernels.scan_drawing(pooled, start, key, draw, steps)
     return carry, transitions
 
 
@@ -226,8 +227,9 @@ def collect_rollout(
 ) -> tuple[RolloutCarry, Transition]:
     """``config.num_steps`` env steps with the current policy; transitions are [T, B].
 
-    The steps' randomness is drawn ahead in blocks (``draw_noise``, ``noise_block``), and
-    ``carry.key`` advances once per rollout. A feed-forward policy with its own critic torso
+    The steps' randomness comes from ``draw_noise`` through ``kernels.scan_drawing``: drawn
+    ahead per block of steps (``noise_block``), or per step with the plain forms; ``carry.key``
+    advances once per rollout. A feed-forward policy with its own critic torso
     gets its values and log-probs after the scan, in one batched call each
     (``values_after_scan``, ``batched_values_and_log_probs``).
     """
@@ -235,14 +237,15 @@ def collect_rollout(
     block = noise_block(agent, config)
     key, noise_key = jax.random.split(carry.key)
 
+    def draw(key: jax.Array, steps: int) -> StepNoise:
+        return draw_noise(agent, key, steps, config.num_envs, config.reset_pool is None)
+
     def run_block(carry: RolloutCarry, block_key: jax.Array):
         if config.reset_pool is None:
-            noise = draw_noise(agent, block_key, block, config.num_envs)
-            return jax.lax.scan(step, carry, noise)
+            return kernels.scan_drawing(step, carry, block_key, draw, block)
         block_key, starts_key = jax.random.split(block_key)
-        noise = draw_noise(agent, block_key, block, config.num_envs, resets=False)
         starts = draw_starts(agent, starts_key, config.reset_pool, config.num_envs)
-        return pooled_steps(step, starts, carry, noise)
+        return pooled_steps(step, starts, carry, block_key, draw, block)
 
     carry = carry._replace(key=key, repeated_starts=jnp.int32(0))
     if block == config.num_steps:

@@ -21,7 +21,7 @@ from ppojax.ppo import losses
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.rollout import Agent
 from ppojax.ppo.types import Batch, Params, SequenceBatch
-from ppojax.runtime import packing, prng
+from ppojax.runtime import kernels
 
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -163,14 +163,12 @@ class EpochCarry(NamedTuple):
 
 def gradient_step(
     loss_fn: LossFn,
-    optimizer: optax.GradientTransformation,
+    optimizer: kernels.EpochOptimizer,
     stop_kl: float | jax.Array | None,
     carry: EpochCarry,
     minibatch: Any,
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
-    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``; the
-    optimizer state holds its moments packed (``packing.pack_subtrees(state, params)``),
-    and the optimizer sees the gradients packed the same way.
+    """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
 
     The step is skipped (parameters and optimizer state kept) when its loss, the global norm
     of its gradients or the global norm of its parameter update is not finite (counted in
@@ -185,63 +183,28 @@ def gradient_step(
     with jax.named_scope("loss_and_grad"):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     with jax.named_scope("optimizer"):
-        grads, layout = packing.pack(grads)
-        grad_norm = optax.tree.norm(grads)
-        # the packed parameters are only built if the optimizer reads them (weight decay)
-        packed_params = packing.pack(old.params)[0]
-        updates, opt_state = optimizer.update(grads, old.opt_state, packed_params)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
+        step = optimizer.step(grads, old.opt_state, old.params)
+    finite = jnp.isfinite(loss) & jnp.isfinite(step.grad_norm) & jnp.isfinite(step.update_norm)
     take, stopped = finite, carry.stopped
     if stop_kl is not None:
         kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
         take = finite & ~carry.stopped & ~kl_stop
         stopped = carry.stopped | kl_stop
-    new = OptimizerCarry(
-        optax.apply_updates(old.params, packing.unpack(updates, layout)), opt_state
-    )
+    new = OptimizerCarry(optax.apply_updates(old.params, step.updates), step.state)
     kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
     counts = {
-        "grad_norm": grad_norm,
+        "grad_norm": step.grad_norm,
         "gradient_steps": take.astype(jnp.float32),
         "nonfinite_steps": (~finite & ~carry.stopped).astype(jnp.float32),
     }
     return EpochCarry(kept, stopped), {**metrics, **counts}
 
 
-def sort_rounds(size: int) -> int:
-    """Rounds of ``permutation`` for ``size`` items: enough random key bits per item that
-    ties (which keep their order) are as rare as with 3 log2(size) random bits."""
-    index_bits = max(size - 1, 1).bit_length()
-    random_bits = 32 - index_bits
-    if random_bits < 8:
-        raise ValueError(f"cannot shuffle {size} samples: at most 2**24 samples per update")
-    return -(-3 * index_bits // random_bits)
-
-
-def permutation(key: jax.Array, size: int) -> jax.Array:
-    """A uniformly random permutation of ``arange(size)``, without a key-value sort.
-
-    Each round sorts one uint32 array whose high bits are random and whose low bits hold the
-    item's index, then reads the indices back: a single-operand sort runs several times faster
-    on CPU than the two-operand (key, value) sort of ``jax.random.permutation``. Items whose
-    random bits tie keep their order within a round; ``sort_rounds`` rounds, each applied on top
-    of the last, leave the result as close to uniform as jax's own permutation.
-    """
-    index_bits = max(size - 1, 1).bit_length()
-    mask = jnp.uint32((1 << index_bits) - 1)
-    order = jnp.arange(size, dtype=jnp.int32)
-    random_bits = prng.draw(jax.random.bits, key, (sort_rounds(size), size), jnp.uint32)
-    for bits in random_bits:
-        packed = (bits << index_bits) | jnp.arange(size, dtype=jnp.uint32)
-        order = order[(jnp.sort(packed) & mask).astype(jnp.int32)]
-    return order
-
-
 def shuffle_into_minibatches(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
     """A random permutation of the N samples of every leaf of ``batch`` (same permutation for
     all), reshaped to [num_minibatches, N / num_minibatches, ...]."""
     size = jax.tree.leaves(batch)[0].shape[0]
-    order = permutation(key, size)
+    order = kernels.permutation(key, size)
     return jax.tree.map(lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), batch)
 
 
@@ -250,7 +213,7 @@ def shuffle_sequences(key: jax.Array, batch: SequenceBatch, num_minibatches: int
     [num_minibatches] minibatches of B / num_minibatches whole sequences each: data and starts
     [M, T, B / M, ...], hidden [M, B / M, S]."""
     size = batch.hidden.shape[0]
-    order = permutation(key, size)
+    order = kernels.permutation(key, size)
 
     def split_envs(x: jax.Array) -> jax.Array:
         x = x[:, order].reshape((x.shape[0], num_minibatches, -1) + x.shape[2:])
@@ -286,32 +249,21 @@ def run_epochs(
     taken (NaN when none was); ``gradient_steps`` counts them, ``nonfinite_steps`` the steps
     the divergence guard skipped.
 
-    Inside the epochs the optimizer's moments and each step's metrics travel packed, one
-    array per dtype (ppojax/runtime/packing.py), and the optimizer runs on packed gradients: Adam,
-    clipping and the guard then take a few kernels per step instead of a few per parameter
-    leaf. The parameters stay a tree: the loss reads them as they are (slicing a packed
-    vector there would make the gradient a sum of padded copies). The steps are those on
-    the unpacked trees up to float32 rounding (the global gradient norm is summed in another
-    order, and longer arrays compile to other vector loops).
+    The optimizer steps, the shuffles and the scan over minibatches go through
+    ``ppojax.runtime.kernels``, whose stand-ins take fewer kernels on CPU.
     """
-    opt_state = packing.pack_subtrees(carry.opt_state, carry.params)
-    step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
-    metric_layouts: list[packing.Layout] = []  # filled when the step is traced
-
-    def packed_step(carry: EpochCarry, minibatch: Any):
-        carry, metrics = step(carry, minibatch)
-        arrays, layout = packing.pack(metrics)
-        metric_layouts.append(layout)
-        return carry, arrays
+    epoch_optimizer = kernels.epoch_optimizer(optimizer, carry.params)
+    step = functools.partial(gradient_step, loss_fn, epoch_optimizer, stop_kl)
 
     def epoch(carry: EpochCarry, epoch_key: jax.Array):
         with jax.named_scope("shuffle"):
             minibatches = shuffle_any(epoch_key, batch, num_minibatches)
-        return jax.lax.scan(packed_step, carry, minibatches)
+        return kernels.scan(step, carry, minibatches)
 
-    start = EpochCarry(OptimizerCarry(carry.params, opt_state), jnp.bool_(False))
-    end, packed_metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
-    metrics = packing.unpack(packed_metrics, metric_layouts[0])
+    start = EpochCarry(
+        OptimizerCarry(carry.params, epoch_optimizer.enter(carry.opt_state)), jnp.bool_(False)
+    )
+    end, metrics = kernels.scan(epoch, start, jax.random.split(key, num_epochs))
     taken = metrics.pop("gradient_steps")
     skipped = metrics.pop("nonfinite_steps").sum()
     count = taken.sum()
@@ -322,10 +274,7 @@ def run_epochs(
         return jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
 
     means = jax.tree.map(mean_over_taken, metrics)
-    optimized = OptimizerCarry(
-        end.optimizer.params,
-        packing.unpack_subtrees(end.optimizer.opt_state, carry.opt_state, carry.params),
-    )
+    optimized = OptimizerCarry(end.optimizer.params, epoch_optimizer.leave(end.optimizer.opt_state))
     return optimized, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 

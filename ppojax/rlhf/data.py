@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.ppo.update import permutation
+from ppojax.runtime.kernels import permutation
 
 OVERFLOW = ("truncate", "drop", "error")
 
