@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -25,9 +26,10 @@ from safetensors.numpy import load_file, save_file
 
 from ppojax.rlhf import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.models import parse_config, read_config
+from ppojax.rlhf.models.decoder import Decoder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
-NAMES = ("llama", "qwen2", "qwen3", "gpt2")
+NAMES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "héllo, 2+2?"},
@@ -262,3 +264,44 @@ def test_missing_or_misshaped_tensor_is_named(tmp_path):
 def test_wrong_dtype_string():
     with pytest.raises(ValueError, match="dtype='bf16' is not one of"):
         from_pretrained(FIXTURES / "qwen2", dtype="bf16")
+
+
+def test_mistral_window_is_applied_and_qwen_windows_are_refused(tmp_path):
+    # The mistral fixture's window (6) is shorter than its test batch: the logits above
+    # match transformers only because the window is applied. Without it they differ.
+    lm = from_pretrained(FIXTURES / "mistral")
+    tokens = jnp.arange(3, 13)[None]
+    mask = jnp.ones_like(tokens, bool)
+    windowed = lm.module.apply(lm.params, tokens, mask)[0]
+    unwindowed = Decoder(dataclasses.replace(lm.config, sliding_window=None), lm.module.dtype)
+    full = unwindowed.apply(lm.params, tokens, mask)[0]
+    np.testing.assert_allclose(windowed[:, :6], full[:, :6], atol=1e-5)  # inside the window
+    assert np.abs(np.asarray(windowed[:, 6:] - full[:, 6:])).max() > 1e-3
+    folder = copy_fixture("qwen2", tmp_path)
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "use_sliding_window": True}))
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        from_pretrained(folder)
+
+
+def test_a_hub_repo_id_downloads_through_huggingface_hub(tmp_path, monkeypatch):
+    calls = []
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        calls.append((repo_id, revision, allow_patterns))
+        return str(copy_fixture("llama", tmp_path))
+
+    fake = type(sys)("huggingface_hub")
+    fake.snapshot_download = snapshot_download
+    monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
+    lm = from_pretrained("tiny-org/tiny-llama@main")
+    assert calls == [("tiny-org/tiny-llama", "main", ["*.json", "*.safetensors", "*.jinja"])]
+    assert lm.config.model_type == "llama"
+
+
+def test_a_hub_repo_id_without_huggingface_hub_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    with pytest.raises(ImportError, match=r"ppojax\[hf\]"):
+        from_pretrained("tiny-org/tiny-llama")
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        from_pretrained("no/such/local/folder")

@@ -110,7 +110,15 @@ def llama_like(raw: dict[str, Any], source: str) -> DecoderConfig:
     activation = raw.get("hidden_act", "silu")
     if activation != "silu":
         raise ValueError(f"{source}: hidden_act {activation!r} is not supported; use 'silu'.")
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+    # Mistral windows every layer; Qwen2/3 only when use_sliding_window (default false), and
+    # then only the layers from max_window_layers on, which the decoder does not model.
+    window = raw.get("sliding_window") if model_type == "mistral" else None
+    if model_type != "mistral" and raw.get("use_sliding_window", False):
+        raise ValueError(
+            f"{source}: use_sliding_window is true; ppojax's decoder applies {model_type}'s "
+            "attention over the whole sequence only. Set use_sliding_window to false (the "
+            "published Qwen checkpoints have it false)."
+        )
     return DecoderConfig(
         model_type=model_type,
         vocab_size=need(raw, "vocab_size", source),
@@ -129,7 +137,7 @@ def llama_like(raw: dict[str, Any], source: str) -> DecoderConfig:
         mlp_bias=bool(raw.get("mlp_bias", False)),
         qk_norm=model_type == "qwen3",
         rope=tuple(sorted(rope_parameters(raw, source).items())),
-        sliding_window=window if model_type in ("mistral", "qwen2") else None,
+        sliding_window=window,
         bos_id=raw.get("bos_token_id"),
         eos_ids=token_ids(raw.get("eos_token_id")),
         raw=json.dumps(raw),

@@ -120,10 +120,13 @@ def attend(
     scores = jnp.einsum("bskgd,blkd->bkgsl", grouped, keys).astype(jnp.float32)
     query_index = (start + jnp.arange(chunk))[:, None]
     key_index = jnp.arange(keys.shape[1])[None, :]
+    causal = key_index <= query_index
+    if config.sliding_window is not None:
+        # Mistral: the last sliding_window keys up to the query itself. Padding lies only
+        # before a row's first real token, so slot distance is position distance.
+        causal = causal & (query_index - key_index < config.sliding_window)
     # Each query sees its own key too, so a padded query has a finite, unused output.
-    visible = ((key_index <= query_index) & key_mask[:, None, None, None, :]) | (
-        key_index == query_index
-    )
+    visible = (causal & key_mask[:, None, None, None, :]) | (key_index == query_index)
     scores = jnp.where(visible, scores / math.sqrt(head_dim), MASKED_SCORE)
     weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
     attended = jnp.einsum("bkgsl,blkd->bskgd", weights, values)
@@ -249,7 +252,6 @@ class Decoder(nn.Module):
         mask = mask.astype(bool)
         if cache is None:
             cache = empty_cache(config, batch_size, chunk, dtype)
-        check_window(config, cache.mask.shape[1])
         key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, start))
         positions = jnp.maximum(cache.count[:, None] + jnp.cumsum(mask, axis=1) - 1, 0)
         gpt2 = config.model_type == "gpt2"
@@ -276,14 +278,3 @@ class Decoder(nn.Module):
         if config.tie_embeddings:
             return embed.attend(x), cache
         return dense(config.vocab_size, False, "lm_head", dtype)(x), cache
-
-
-def check_window(config: DecoderConfig, length: int) -> None:
-    """ValueError when a sequence is longer than the model's sliding attention window, which
-    the decoder does not apply."""
-    if config.sliding_window is not None and length > config.sliding_window:
-        raise ValueError(
-            f"sequences of {length} tokens exceed the config's sliding_window "
-            f"({config.sliding_window}), which ppojax's decoder does not apply; use sequences "
-            "of at most sliding_window tokens."
-        )
