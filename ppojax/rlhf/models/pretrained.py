@@ -13,6 +13,7 @@ ignores. Saving writes the decoder's tensors only, in Hugging Face's names.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -95,19 +96,53 @@ def contract(module: Decoder) -> tuple[Any, Any, KVCacheHook]:
     return policy_apply, critic_apply, KVCacheHook(prefill, decode)
 
 
+# "org/name" or "name", with an optional "@revision": what the Hub calls a repo id
+REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*(?:@[\w./-]+)?$")
+# the files loading reads; the rest of a Hub repo (other weight formats, images) stays there
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja"]
+
+
+def model_folder(path: str | Path) -> Path:
+    """The local folder of ``path``: a folder as it is, or a Hub repo id ("Qwen/Qwen2.5-0.5B",
+    "org/name@revision") fetched through huggingface_hub's cache (the ``hf`` extra)."""
+    folder = Path(path)
+    if folder.is_dir():
+        return folder
+    if not REPO_ID.match(str(path)):
+        raise FileNotFoundError(
+            f"{folder} is not a folder; give a local Hugging Face model folder or a Hub repo "
+            "id such as Qwen/Qwen2.5-0.5B-Instruct."
+        )
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ImportError(
+            f"{path} is not a local folder, and downloading it as a Hub repo id needs "
+            "huggingface_hub: pip install 'ppojax[hf]'."
+        ) from None
+    repo_id, _, revision = str(path).partition("@")
+    try:
+        local = huggingface_hub.snapshot_download(
+            repo_id, revision=revision or None, allow_patterns=HUB_FILES
+        )
+    except Exception as error:
+        raise FileNotFoundError(
+            f"{path} is not a local folder, and the Hub download of repo {repo_id!r} failed: "
+            f"{error}"
+        ) from error
+    return Path(local)
+
+
 def from_pretrained(
     path: str | Path, *, dtype: Any = None, mesh: Mesh | None = None
 ) -> PretrainedLM:
     """The checkpoint in the local folder ``path`` (config.json, *.safetensors,
-    tokenizer.json): params in ``dtype`` (None: float32; "bfloat16" for bfloat16 params and
-    compute), ``policy_apply``, ``critic_apply``, ``kv_cache``, ``tokenizer``, ``config``.
-    With a ("data", "fsdp") ``mesh`` each device receives only its shards of the params
+    tokenizer.json), or of the Hub repo id ``path`` (``model_folder``): params in ``dtype``
+    (None: float32; "bfloat16" for bfloat16 params and compute), ``policy_apply``,
+    ``critic_apply``, ``kv_cache``, ``tokenizer``, ``config``. With a ("data", "fsdp")
+    ``mesh`` each device receives only its shards of the params
     (``ppojax.rlhf.models.sharding``)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"{folder} is not a folder; give a local Hugging Face model folder."
-        )
+    folder = model_folder(path)
     dtype = resolve_dtype(dtype)
     config = read_config(folder)
     module = Decoder(config, dtype)
