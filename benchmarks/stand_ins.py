@@ -1,6 +1,6 @@
 """What the stand-ins of ppojax/runtime/kernels.py are worth: paired against the plain forms.
 
-    python benchmarks/kernels.py [--seeds 1 8] [--rounds 5] [--timesteps 131072]
+    python benchmarks/stand_ins.py [--seeds 1 8] [--rounds 5] [--timesteps 131072]
 
 The classic CartPole config (4 envs x 128 steps, 4 epochs of 4 minibatches), trained as a user
 trains seeds from Python: ``jax.jit(jax.vmap(ppojax.train))`` with JAX's default options.
@@ -9,7 +9,7 @@ For each seed count it compiles one program per variant: every stand-in on, ever
 variants run in rounds with fresh keys, the order rotating each round, and each variant's
 run time is compared with the all-on program's in the same round; a variant's figure is the
 median over rounds of (all-on steps/s) / (variant steps/s), so 1.25 means the stand-ins it
-switched off were worth 25%. Writes benchmarks/results/kernels.json.
+switched off were worth 25%. Writes benchmarks/results/stand_ins.json.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from machine import machine_description  # noqa: E402
 import ppojax  # noqa: E402
 from ppojax.runtime import kernels  # noqa: E402
 
-RESULT = Path(__file__).resolve().parent / "results" / "kernels.json"
+RESULT = Path(__file__).resolve().parent / "results" / "stand_ins.json"
 
 
 def classic_config(timesteps: int) -> ppojax.PPOConfig:
@@ -112,9 +112,9 @@ def main() -> None:
     args = parser.parse_args()
     runs = [measure(seeds, args.rounds, args.timesteps) for seeds in args.seeds]
     result = {
-        "benchmark": "kernels",
+        "benchmark": "stand_ins",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(["benchmarks/kernels.py", *sys.argv[1:]]),
+        "command": "python " + shlex.join(["benchmarks/stand_ins.py", *sys.argv[1:]]),
         "machine": machine_description(),
         "config": {
             key: getattr(classic_config(args.timesteps), key)
