@@ -21,8 +21,8 @@ values with fewer XLA kernels or a smaller program:
   step. Another draw of the same distribution.
 
 On CPU at small batch sizes a training step is bound by kernel launches, not arithmetic;
-benchmarks/kernels.py measures what the stand-ins are worth, paired against the plain forms
-(benchmarks/results/kernels.json). The stand-ins are on by default; ``plain()`` (or the
+benchmarks/stand_ins.py measures what the stand-ins are worth, paired against the plain forms
+(benchmarks/results/stand_ins.json). The stand-ins are on by default; ``plain()`` (or the
 environment variable PPOJAX_PLAIN_KERNELS=1, or a comma-separated list of names) turns them
 off, all or by name (``STAND_INS``). The switch is read when a program is traced: a program
 compiled under one setting keeps it.
