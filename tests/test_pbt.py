@@ -148,3 +148,34 @@ def test_the_pbt_command_writes_the_run_folder_and_names_the_best_member(tmp_pat
     assert exit_info.value.code == 2
     assert "fixes the program's shapes" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [run_dir]  # the refused search left no folder
+
+
+def test_a_stopped_pbt_run_resumes_to_the_same_files(tmp_path, capsys):
+    import shutil
+
+    from ppojax.cli.commands import main
+    from ppojax.runs import folder
+
+    flags = ["--total-timesteps", "384", "--num-envs", "4", "--num-steps", "16"]
+    flags += ["--update-epochs", "1", "--num-minibatches", "2", "--hidden-sizes", "8"]
+    search = ["--search", "learning_rate=1e-4:3e-3:log", "ent_coef=0:0.05"]
+    argv = ["pbt", "CartPole-v1", "--population", "4", "--interval", "2", *search, *flags]
+    pieces = ["--checkpoint-every", "2", "--keep-checkpoints", "0", "--no-progress"]
+    assert main([*argv, *pieces, "--out", str(tmp_path)]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [1, 2, 3]
+    whole = {name: (run_dir / name).read_text() for name in ("metrics.csv", "pbt.csv")}
+    best = folder.read_json(run_dir / folder.SUMMARY_FILE)["best_final_return"]
+    # as if killed after the first interval: later checkpoints and the summary never written
+    for step in ("2", "3"):
+        shutil.rmtree(run_dir / "checkpoints" / step)
+    (run_dir / folder.SUMMARY_FILE).unlink()
+    capsys.readouterr()
+    assert main(["pbt", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert f"final return {best:.1f}" in capsys.readouterr().out
+    for name, text in whole.items():
+        assert (run_dir / name).read_text() == text, name
+    assert folder.read_json(run_dir / folder.SUMMARY_FILE)["best_final_return"] == best
+    with pytest.raises(SystemExit):
+        main(["pbt", "--resume", str(run_dir), "--interval", "2"])
+    assert "drop --interval" in capsys.readouterr().err

@@ -578,7 +578,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         if args.command == "eval":
             return run_eval(args)
         if args.command == "pbt":
-            return run_pbt_command(args, build_config(args))
+            return run_pbt_command(args, build_config)
         grid = dict(args.grid) if args.command == "sweep" else {}
         return run_train(args, grid)
     except (ValueError, OSError) as error:

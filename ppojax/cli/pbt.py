@@ -23,14 +23,11 @@ def add_pbt_parser(commands: Any, add_shared_flags: Callable[[Any], None]) -> No
     )
     pbt.add_argument("env_id", nargs="?", default=None, help="an env id (default CartPole-v1)")
     pbt.add_argument("--population", type=parse_int, default=8, help="members (default 8)")
-    pbt.add_argument(
-        "--interval", type=parse_int, required=True, help="updates between exploit steps"
-    )
+    pbt.add_argument("--interval", type=parse_int, help="updates between exploit steps (required)")
     pbt.add_argument(
         "--search",
         type=parse_search_flag,
         nargs="+",
-        required=True,
         metavar="FIELD=LOW:HIGH[:log]",
         help="a traced field's range, e.g. learning_rate=1e-4:3e-3:log ent_coef=0:0.05",
     )
@@ -46,6 +43,26 @@ def add_pbt_parser(commands: Any, add_shared_flags: Callable[[Any], None]) -> No
     pbt.add_argument(
         "--out", type=Path, default=Path(DEFAULT_OUT), help="folder for run folders (runs/)"
     )
+    pbt.add_argument(
+        "--checkpoint-every",
+        type=parse_int,
+        metavar="N",
+        help="checkpoint the population every N updates, a multiple of --interval",
+    )
+    pbt.add_argument(
+        "--keep-checkpoints",
+        type=parse_int,
+        default=3,
+        metavar="N",
+        help="newest checkpoints to keep, 0 for all (default 3)",
+    )
+    pbt.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the PBT run RUN_DIR from its last checkpoint, to the same result",
+    )
+    pbt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_shared_flags(pbt)
 
 
@@ -65,33 +82,54 @@ def parse_search_flag(text: str) -> tuple[str, tuple[Any, ...]]:
     return name.strip().replace("-", "_"), (low, high, scale)
 
 
-def run_pbt_command(args: argparse.Namespace, config: PPOConfig) -> int:
-    """``ppojax pbt``: train the population of ``config`` (preset, --config, flags) into a new
-    run folder and print the best member."""
+def run_pbt_command(
+    args: argparse.Namespace, build_config: Callable[[argparse.Namespace], PPOConfig]
+) -> int:
+    """``ppojax pbt``: train the population of the config ``build_config`` gives (preset,
+    --config, flags) into a new run folder, or continue --resume; print the best member."""
     from ppojax.ppo.pbt import parse_search
     from ppojax.runs import folder
     from ppojax.runs.experiment import check_env
-    from ppojax.runs.pbt_folder import run_pbt
+    from ppojax.runs.pbt_folder import read_pbt_folder, resume_pbt, run_pbt
 
-    parse_search(config, dict(args.search))  # a bad search leaves no empty folder
-    folder.check_out_dir(args.out)
-    check_env(config)
-    run_dir = folder.new_run_dir(args.out, config.env_id)
-    print(f"run folder: {run_dir}", flush=True)
-    _, summary = run_pbt(
-        config,
-        dict(args.search),
-        args.population,
-        args.interval,
-        run_dir,
-        seed=args.seed,
-        fraction=args.fraction,
-        explore_mode=args.explore,
-    )
+    progress = not args.no_progress
+    if args.resume is not None:
+        given = [name for name in ("interval", "search", "env_id", "config") if getattr(args, name)]
+        if given:
+            raise ValueError(
+                "--resume continues a PBT run with its saved settings; drop "
+                + ", ".join(f"--{name.replace('_', '-')}" for name in given)
+            )
+        config, settings = read_pbt_folder(args.resume)
+        run_dir = args.resume
+        print(f"resuming {run_dir}", flush=True)
+        _, summary = resume_pbt(run_dir, progress=progress)
+    else:
+        if args.interval is None or not args.search:
+            raise ValueError("pbt needs --interval and --search (or --resume RUN_DIR)")
+        config = build_config(args)
+        parse_search(config, dict(args.search))  # a bad search leaves no empty folder
+        folder.check_out_dir(args.out)
+        check_env(config)
+        run_dir = folder.new_run_dir(args.out, config.env_id)
+        print(f"run folder: {run_dir}", flush=True)
+        _, summary = run_pbt(
+            config,
+            dict(args.search),
+            args.population,
+            args.interval,
+            run_dir,
+            seed=args.seed,
+            fraction=args.fraction,
+            explore_mode=args.explore,
+            checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints,
+            progress=progress,
+        )
     best = summary["best_member"]
     values = ", ".join(f"{k}={v:.3g}" for k, v in summary["best_hyperparams_last_interval"].items())
     print(
-        f"ppojax PBT on {config.env_id}: {args.population} members, compile "
+        f"ppojax PBT on {config.env_id}: {summary['population']} members, compile "
         f"{summary['compile_seconds']:.1f} s, run {summary['run_seconds']:.1f} s"
     )
     print(f"best member {best}: final return {summary['best_final_return']:.1f} ({values})")

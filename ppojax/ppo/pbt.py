@@ -179,6 +179,134 @@ def check_settings(
         )
 
 
+class PBTRecords(NamedTuple):
+    """What every interval leaves, one row per interval g of G (NaN/0 until it has run):
+    ``metrics`` [G, P, interval], ``hyperparams`` {field: [G, P]}, ``lineage`` [G, P] and
+    ``scores`` [G, P], as ``PBTOutput`` describes them."""
+
+    metrics: Metrics
+    hyperparams: dict[str, jax.Array]
+    lineage: jax.Array
+    scores: jax.Array
+
+
+class PBTCarry(NamedTuple):
+    """A population between intervals: its states and hyperparameters [P], the intervals done
+    (``generation``), the key each interval's exploit and explore draw from, and the records
+    so far. A plain pytree: it checkpoints, and ``pbt_intervals`` continues it exactly."""
+
+    states: TrainState
+    hyperparams: dict[str, jax.Array]
+    generation: jax.Array
+    key: jax.Array
+    records: PBTRecords
+
+
+def pbt_start(
+    config: PPOConfig, key: jax.Array, population: int, interval: int, search: Mapping[str, Any]
+) -> PBTCarry:
+    """The population before its first interval: hyperparameters drawn within the search's
+    bounds, one fresh training state per member, empty records."""
+    bounds = parse_search(config, search)
+    init_key, draw_key, loop_key = jax.random.split(key, 3)
+    draw_keys = jax.random.split(draw_key, len(bounds))
+    hyperparams = {
+        name: draw(k, bound, (population,))
+        for k, (name, bound) in zip(draw_keys, bounds.items(), strict=True)
+    }
+    states = jax.vmap(init_state)(
+        population_configs(config, hyperparams), jax.random.split(init_key, population)
+    )
+    generations = config.num_updates // interval
+    shapes = jax.eval_shape(
+        lambda c, s: jax.vmap(lambda c, s: run_updates(c, s, interval))(c, s)[1],
+        population_configs(config, hyperparams),
+        states,
+    )
+    records = PBTRecords(
+        metrics=jax.tree.map(
+            lambda leaf: (
+                jnp.full((generations, *leaf.shape), jnp.nan, leaf.dtype)
+                if jnp.issubdtype(leaf.dtype, jnp.floating)
+                else jnp.zeros((generations, *leaf.shape), leaf.dtype)
+            ),
+            shapes,
+        ),
+        hyperparams={
+            name: jnp.full((generations, population), jnp.nan, jnp.float32) for name in bounds
+        },
+        lineage=jnp.zeros((generations, population), jnp.int32),
+        scores=jnp.full((generations, population), jnp.nan, jnp.float32),
+    )
+    return PBTCarry(states, hyperparams, jnp.int32(0), loop_key, records)
+
+
+def pbt_intervals(
+    config: PPOConfig,
+    carry: PBTCarry,
+    count: int,
+    interval: int,
+    search: Mapping[str, Any],
+    fraction: float = 0.25,
+    explore_mode: str = "perturb",
+) -> PBTCarry:
+    """``count`` more intervals of training, each followed by exploit and explore (except the
+    run's last). Running the intervals in pieces gives what one call gives."""
+    bounds = parse_search(config, search)
+    population = carry.records.lineage.shape[1]
+    generations = config.num_updates // interval
+    train_interval = jax.vmap(lambda c, s: run_updates(c, s, interval))
+
+    def generation(carry: PBTCarry, _: None) -> tuple[PBTCarry, None]:
+        index = carry.generation
+        step_key = jax.random.split(carry.key, generations)[index]
+        states, metrics = train_interval(
+            population_configs(config, carry.hyperparams), carry.states
+        )
+        scores = interval_scores(metrics)
+        new_states, new_hyperparams, sources = exploit_and_explore(
+            step_key, scores, states, carry.hyperparams, bounds, fraction, explore_mode
+        )
+        # After the last interval nobody is replaced: the run ends with each member's own state.
+        last = index == generations - 1
+        new_states = jax.tree.map(lambda a, b: jnp.where(last, a, b), states, new_states)
+        new_hyperparams = jax.tree.map(
+            lambda a, b: jnp.where(last, a, b), carry.hyperparams, new_hyperparams
+        )
+        sources = jnp.where(last, jnp.arange(population), sources)
+        records = carry.records
+        records = PBTRecords(
+            metrics=jax.tree.map(lambda r, m: r.at[index].set(m), records.metrics, metrics),
+            hyperparams={
+                name: records.hyperparams[name].at[index].set(values)
+                for name, values in carry.hyperparams.items()
+            },
+            lineage=records.lineage.at[index].set(sources),
+            scores=records.scores.at[index].set(scores),
+        )
+        return PBTCarry(new_states, new_hyperparams, index + 1, carry.key, records), None
+
+    carry, _ = jax.lax.scan(generation, carry, None, length=count)
+    return carry
+
+
+def pbt_output(carry: PBTCarry) -> PBTOutput:
+    """The records of a finished population as ``PBTOutput`` (member-major)."""
+    records = carry.records
+    generations, population = records.lineage.shape
+    metrics = jax.tree.map(
+        lambda leaf: jnp.moveaxis(leaf, 0, 1).reshape((population, -1, *leaf.shape[3:])),
+        records.metrics,
+    )
+    return PBTOutput(
+        state=carry.states,
+        metrics=metrics,
+        hyperparams={name: values.T for name, values in records.hyperparams.items()},
+        lineage=records.lineage.T,
+        scores=records.scores.T,
+    )
+
+
 def pbt(
     config: PPOConfig,
     key: jax.Array,
@@ -191,53 +319,11 @@ def pbt(
     """Train a population with population-based training; see the module docstring. Pure:
     jit it with the integers and the search fixed, e.g.
     ``jax.jit(functools.partial(pbt, population=8, interval=10, search=search))(config, key)``.
-    ``config.num_updates`` must be a multiple of ``interval``."""
+    ``config.num_updates`` must be a multiple of ``interval``. ``pbt_start``,
+    ``pbt_intervals`` and ``pbt_output`` are the same run in pieces (the run folder's
+    checkpoints)."""
     check_settings(config, population, interval, fraction, explore_mode)
-    bounds = parse_search(config, search)
-    init_key, draw_key, loop_key = jax.random.split(key, 3)
-    draw_keys = jax.random.split(draw_key, len(bounds))
-    hyperparams = {
-        name: draw(k, bound, (population,))
-        for k, (name, bound) in zip(draw_keys, bounds.items(), strict=True)
-    }
-    states = jax.vmap(init_state)(
-        population_configs(config, hyperparams), jax.random.split(init_key, population)
-    )
-    train_interval = jax.vmap(lambda c, s: run_updates(c, s, interval))
-
+    carry = pbt_start(config, key, population, interval, search)
     generations = config.num_updates // interval
-
-    def generation(carry, inputs):
-        states, hyperparams = carry
-        step_key, index = inputs
-        states, metrics = train_interval(population_configs(config, hyperparams), states)
-        scores = interval_scores(metrics)
-        new_states, new_hyperparams, sources = exploit_and_explore(
-            step_key, scores, states, hyperparams, bounds, fraction, explore_mode
-        )
-        # After the last interval nobody is replaced: the run ends with each member's own state.
-        last = index == generations - 1
-        new_states = jax.tree.map(lambda a, b: jnp.where(last, a, b), states, new_states)
-        new_hyperparams = jax.tree.map(
-            lambda a, b: jnp.where(last, a, b), hyperparams, new_hyperparams
-        )
-        sources = jnp.where(last, jnp.arange(population), sources)
-        return (new_states, new_hyperparams), (metrics, hyperparams, sources, scores)
-
-    inputs = (jax.random.split(loop_key, generations), jnp.arange(generations))
-    (states, _), (metrics, used, lineage, scores) = jax.lax.scan(
-        generation, (states, hyperparams), inputs
-    )
-    metrics = jax.tree.map(
-        lambda leaf: jnp.moveaxis(leaf, 0, 1).reshape(
-            (population, generations * interval, *leaf.shape[3:])
-        ),
-        metrics,
-    )
-    return PBTOutput(
-        state=states,
-        metrics=metrics,
-        hyperparams={name: values.T for name, values in used.items()},
-        lineage=lineage.T,
-        scores=scores.T,
-    )
+    carry = pbt_intervals(config, carry, generations, interval, search, fraction, explore_mode)
+    return pbt_output(carry)

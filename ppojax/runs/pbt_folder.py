@@ -1,4 +1,5 @@
-"""A population-based training run and its run folder: ``ppojax.pbt`` compiled once, then
+"""A population-based training run and its run folder: ``ppojax.pbt`` in pieces of
+``checkpoint_every`` updates, each compiled once, a checkpoint after each piece, then
 
 config.json        the base PPOConfig
 pbt.json           the search, population, interval, fraction, explore mode and seed
@@ -10,11 +11,11 @@ pbt.png            every searched hyperparameter's schedule, one line per member
                    coloured by the member's final rank
 summary.json       the best member (highest final return), its final return and
                    hyperparameters, every member's final return, timings, versions
+checkpoints/<n>/   the whole population after n intervals (``resume_pbt`` continues it)
 """
 
 from __future__ import annotations
 
-import csv
 import functools
 import time
 from pathlib import Path
@@ -22,11 +23,20 @@ from typing import Any
 
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
 from ppojax.ppo.config import PPOConfig
-from ppojax.ppo.pbt import PBTOutput, parse_search, pbt
+from ppojax.ppo.pbt import (
+    PBTCarry,
+    PBTOutput,
+    check_settings,
+    parse_search,
+    pbt_intervals,
+    pbt_output,
+    pbt_start,
+)
 from ppojax.ppo.summary import final_return
-from ppojax.runs import folder
+from ppojax.runs import checkpoints, folder
 
 PBT_FILE = "pbt.json"
 PBT_TABLE = "pbt.csv"
@@ -43,9 +53,24 @@ def run_pbt(
     seed: int = 0,
     fraction: float = 0.25,
     explore_mode: str = "perturb",
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int | None = 3,
+    progress: bool = False,
 ) -> tuple[PBTOutput, dict[str, Any]]:
-    """Train the population into ``run_dir`` (new, or empty); the output and summary.json."""
+    """Train the population into ``run_dir`` (new, or empty); the output and summary.json.
+
+    With ``checkpoint_every`` (updates, a multiple of ``interval``) the population trains in
+    pieces of that many updates; after each, metrics.csv and pbt.csv hold every interval so
+    far and the whole population is checkpointed (the newest ``keep_checkpoints``; None or 0
+    keeps all), so ``resume_pbt`` continues a stopped run to exactly the same result.
+    """
+    check_settings(config, population, interval, fraction, explore_mode)
     parse_search(config, search)  # a bad search fails before the folder is made
+    every = config.num_updates if checkpoint_every is None else checkpoint_every
+    if every < interval or every % interval:
+        raise ValueError(
+            f"pbt checkpoint_every={checkpoint_every} must be a multiple of interval={interval}"
+        )
     run_dir = Path(run_dir)
     if (run_dir / folder.CONFIG_FILE).exists():
         raise ValueError(f"{run_dir} already holds a run: train into a new folder")
@@ -58,69 +83,161 @@ def run_pbt(
         "fraction": fraction,
         "explore_mode": explore_mode,
         "seed": seed,
+        "checkpoint_every": every,
+        "keep_checkpoints": keep_checkpoints or None,
     }
     folder.write_json(run_dir / PBT_FILE, settings)
-    program = jax.jit(
-        functools.partial(
-            pbt,
-            population=population,
-            interval=interval,
-            search=search,
-            fraction=fraction,
-            explore_mode=explore_mode,
-        )
+    return train_population(run_dir, config, settings, None, progress)
+
+
+def read_pbt_folder(run_dir: Path) -> tuple[PPOConfig, dict[str, Any]]:
+    """The base config and the PBT settings of a PBT run folder."""
+    run_dir = Path(run_dir)
+    if not (run_dir / PBT_FILE).exists():
+        raise ValueError(f"{run_dir} holds no {PBT_FILE}: it is not a PBT run folder")
+    config = folder.config_from_dict(
+        folder.read_json_object(run_dir / folder.CONFIG_FILE, "PPOConfig fields")
     )
+    return config, folder.read_json_object(run_dir / PBT_FILE, "PBT settings")
+
+
+def resume_pbt(run_dir: Path, progress: bool = False) -> tuple[PBTOutput, dict[str, Any]]:
+    """Continue the PBT run in ``run_dir`` from its newest checkpoint that reads back (from
+    the start when there is none): the same result as a run never stopped."""
+    config, settings = read_pbt_folder(run_dir)
+    template = jax.eval_shape(functools.partial(start_program(config, settings), config))
+    carry, _, unreadable = checkpoints.restore_newest(run_dir, template)
+    if unreadable:
+        checkpoints.set_aside(run_dir, unreadable)
+    return train_population(Path(run_dir), config, settings, carry, progress)
+
+
+def start_program(config: PPOConfig, settings: dict[str, Any]):
+    """``config -> PBTCarry``: the population before its first interval."""
+    search = {name: tuple(spec) for name, spec in settings["search"].items()}
+    key = jax.random.key(settings["seed"])
+    return lambda config: pbt_start(
+        config, key, settings["population"], settings["interval"], search
+    )
+
+
+def train_population(
+    run_dir: Path,
+    config: PPOConfig,
+    settings: dict[str, Any],
+    carry: PBTCarry | None,
+    progress: bool,
+) -> tuple[PBTOutput, dict[str, Any]]:
+    """Train from ``carry`` (None: the start) to the end, a piece of ``checkpoint_every``
+    updates at a time, writing the tables and a checkpoint after each; then the plots and
+    summary.json."""
+    interval = settings["interval"]
+    search = {name: tuple(spec) for name, spec in settings["search"].items()}
+    generations = config.num_updates // interval
+    piece = settings["checkpoint_every"] // interval
     began = time.perf_counter()
-    compiled = program.lower(config, jax.random.key(seed)).compile()
+    if carry is None:
+        carry = jax.jit(start_program(config, settings))(config)
+    programs: dict[int, Any] = {}
+
+    def program(count: int) -> Any:
+        if count not in programs:
+            step = functools.partial(
+                pbt_intervals,
+                count=count,
+                interval=interval,
+                search=search,
+                fraction=settings["fraction"],
+                explore_mode=settings["explore_mode"],
+            )
+            programs[count] = jax.jit(step).lower(config, carry).compile()
+        return programs[count]
+
+    done = int(carry.generation)
+    if done < generations:
+        program(min(piece, generations - done))  # compiled here, timed apart from the run
     compiled_at = time.perf_counter()
-    out = jax.block_until_ready(compiled(config, jax.random.key(seed)))
+    store = checkpoints.open_checkpoints(
+        run_dir, keep=settings.get("keep_checkpoints"), clean=True, record=settings
+    )
+    bar = tqdm(
+        total=config.num_updates,
+        initial=done * interval,
+        unit="update",
+        disable=not progress,
+        desc=f"PBT {config.env_id}",
+    )
+    try:
+        while done < generations:
+            carry = jax.block_until_ready(program(min(piece, generations - done))(config, carry))
+            done = int(carry.generation)
+            write_tables(run_dir, config, carry)
+            checkpoints.save_checkpoint(store, done, carry)
+            scores = np.asarray(carry.records.scores[done - 1])
+            bar.update(done * interval - bar.n)
+            bar.set_postfix(best=f"{np.nanmax(np.nan_to_num(scores, nan=-np.inf)):.1f}")
+    finally:
+        bar.close()
+        store.close()
     finished = time.perf_counter()
-    metrics = {name: np.asarray(values) for name, values in jax.device_get(out.metrics).items()}
-    write_files(run_dir, config, out, metrics)
+    out = jax.device_get(pbt_output(carry))
+    metrics = {name: np.asarray(values) for name, values in out.metrics.items()}
+    write_tables(run_dir, config, carry)
+    write_plots(run_dir, config, out, metrics)
     summary = summarize(config, out, metrics, compiled_at - began, finished - compiled_at)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
     return out, summary
 
 
-def write_files(
-    run_dir: Path, config: PPOConfig, out: PBTOutput, metrics: dict[str, np.ndarray]
-) -> None:
-    """metrics.csv, pbt.csv and the two plots."""
+def write_tables(run_dir: Path, config: PPOConfig, carry: PBTCarry) -> None:
+    """metrics.csv and pbt.csv with every interval done so far, each replaced atomically."""
+    done = int(carry.generation)
+    out = jax.device_get(pbt_output(carry))
+    interval = config.num_updates // out.lineage.shape[1]
+    metrics = {
+        name: np.asarray(values)[:, : done * interval] for name, values in out.metrics.items()
+    }
     members = [{"run": member} for member in range(out.lineage.shape[0])]
     header = folder.metrics_header(members, list(metrics))
-    folder.append_metrics(
-        run_dir / folder.METRICS_FILE, header, folder.metric_rows(members, 0, metrics)
+    rows = folder.metric_rows(members, 0, metrics)
+    folder.write_metrics(
+        run_dir / folder.METRICS_FILE, header, ([row[name] for name in header] for row in rows)
     )
-    write_table(run_dir / PBT_TABLE, out)
+    write_table(run_dir / PBT_TABLE, out, done)
+
+
+def write_plots(
+    run_dir: Path, config: PPOConfig, out: PBTOutput, metrics: dict[str, np.ndarray]
+) -> None:
+    """learning_curve.png (every member's return) and pbt.png (the schedules)."""
     returns = metrics["episode_return"]
     env_steps = (np.arange(returns.shape[1]) + 1) * config.batch_size
-    curves = {f"member {member}": returns[member : member + 1] for member in range(len(members))}
+    curves = {f"member {member}": returns[member : member + 1] for member in range(len(returns))}
     folder.plot_learning_curves(
         curves, env_steps, run_dir / folder.CURVE_FILE, f"ppojax PBT on {config.env_id}"
     )
     plot_schedules(run_dir / PBT_PLOT, out, final_return(returns))
 
 
-def write_table(path: Path, out: PBTOutput) -> None:
-    """pbt.csv: member, interval, each hyperparameter, score, source."""
+def write_table(path: Path, out: PBTOutput, done: int | None = None) -> None:
+    """pbt.csv: member, interval, each hyperparameter, score, source; the first ``done``
+    intervals (all when None). Replaced atomically."""
     names = list(out.hyperparams)
     values = {name: np.asarray(column) for name, column in out.hyperparams.items()}
     lineage, scores = np.asarray(out.lineage), np.asarray(out.scores)
-    with open(path, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["member", "interval", *names, "score", "copied_from"])
-        for member in range(lineage.shape[0]):
-            for interval in range(lineage.shape[1]):
-                row = [float(values[name][member, interval]) for name in names]
-                writer.writerow(
-                    [
-                        member,
-                        interval,
-                        *row,
-                        float(scores[member, interval]),
-                        lineage[member, interval],
-                    ]
-                )
+    done = lineage.shape[1] if done is None else done
+    rows = [
+        [
+            member,
+            interval,
+            *(float(values[name][member, interval]) for name in names),
+            float(scores[member, interval]),
+            int(lineage[member, interval]),
+        ]
+        for member in range(lineage.shape[0])
+        for interval in range(done)
+    ]
+    folder.write_metrics(path, ["member", "interval", *names, "score", "copied_from"], rows)
 
 
 def plot_schedules(path: Path, out: PBTOutput, finals: np.ndarray) -> None:
