@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -85,7 +86,7 @@ def measure(seeds: int, rounds: int, timesteps: int) -> dict:
             start = time.perf_counter()
             out = jax.block_until_ready(compiled[name](config, keys))
             run_s[name].append(time.perf_counter() - start)
-            final = out.metrics["episode_return"][:, -10:].mean()
+            final = np.nanmean(np.asarray(out.metrics["episode_return"])[:, -10:])
             returns[name].append(float(final))
     steps = config.num_updates * config.num_envs * config.num_steps * seeds
     report = {}
