@@ -196,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunk=run["checkpoint_every"],
         resume=args.resume is not None,
         progress=not args.no_progress,
+        seed=run["seed"],
     )
     last = {name: float(values[-1]) for name, values in metrics.items()}
     print(f"run folder: {run_dir}")
