@@ -219,3 +219,16 @@ def test_resume_of_another_commands_run_folder_is_refused(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"command": "sft"}))
     assert main(["dpo", "--resume", str(tmp_path)]) == 2
     assert "one of 'sft', not dpo" in capsys.readouterr().err
+    assert main(["sft", "--resume", str(tmp_path), "--steps", "9", "--no-progress"]) == 2
+    assert "with the settings in its config.json; drop --steps" in capsys.readouterr().err
+
+
+def test_ppojax_rlhf_tells_a_model_run_from_a_digit_task(tmp_path):
+    from ppojax.rlhf.__main__ import is_model_run
+
+    (tmp_path / "config.json").write_text(json.dumps({"command": "rlhf"}))
+    assert is_model_run(["--model", "m", "--prompts", "p.jsonl"])
+    assert is_model_run(["--resume", str(tmp_path), "--no-progress"])
+    (tmp_path / "config.json").write_text(json.dumps({"task": {}, "rlhf": {}, "run": {}}))
+    assert not is_model_run(["--resume", str(tmp_path)])
+    assert not is_model_run(["--task", "reversal", "--steps", "4"])

@@ -137,13 +137,8 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
     }
     if command != "rlhf":
         settings.update(learning_rate=args.learning_rate, max_response_len=args.max_response_len)
-        settings.update(
-            {
-                name: getattr(args, name)
-                for name in ("held_out", "loss", "beta")
-                if hasattr(args, name)
-            }
-        )
+        kept = [name for name in ("held_out", "loss", "beta") if hasattr(args, name)]
+        settings.update({name: getattr(args, name) for name in kept})
         return settings
     if not args.reward and args.reward_model is None:
         raise ValueError("give a reward: --reward MODULE:FUNCTION and/or --reward-model FOLDER")
@@ -211,11 +206,32 @@ def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
     return settings
 
 
+# What --resume takes beside it: how to show the run, not what it trains.
+RESUME_FLAGS = ("resume", "no_progress", "no_compile_cache")
+
+
+def check_resume_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``ValueError`` for settings given with --resume, which trains with its saved ones."""
+    given = [
+        "--" + name.replace("_", "-")
+        for name, value in vars(args).items()
+        if name not in RESUME_FLAGS and value != parser.get_default(name)
+    ]
+    if given:
+        raise ValueError(
+            "--resume continues a run with the settings in its config.json; drop "
+            + ", ".join(given)
+        )
+
+
 def main(command: str, argv: Sequence[str] | None = None) -> int:
     """``ppojax <command> [options]``: errors in the input as one line naming the file, line
     or field (exit status 2)."""
-    args = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    args = parser.parse_args(argv)
     try:
+        if args.resume is not None:
+            check_resume_flags(parser, args)
         return run(command, args)
     except (ValueError, OSError) as error:
         sys.stderr.write(f"ppojax {command}: error: {error}\n")
@@ -256,6 +272,12 @@ def start(
     command, key = settings["command"], jax.random.key(settings["seed"])
     lm = from_pretrained(settings["model"])
     job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1))
+    options = LoopOptions(
+        settings["steps"],
+        settings["checkpoint_every"],
+        progress=progress,
+        bar_metrics=job.curves[:2],
+    )
     resume = run_dir is not None
     if run_dir is None:
         run_dir = folder.new_run_dir(out, command)
@@ -266,12 +288,6 @@ def start(
     hooks: list[Any] = [] if wandb is None else [wandb.log]
     if prompts is not None:
         hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
-    options = LoopOptions(
-        settings["steps"],
-        settings["checkpoint_every"],
-        progress=progress,
-        bar_metrics=job.curves[:2],
-    )
     try:
         _, summary = train_job(
             run_dir,

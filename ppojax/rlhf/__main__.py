@@ -61,7 +61,10 @@ SMALL = dict(
 def build_parser() -> argparse.ArgumentParser:
     """The run's options plus one option per RLHFConfig field (unset: the default)."""
     parser = argparse.ArgumentParser(
-        prog="ppojax rlhf", description="PPO, GRPO or RLOO on a digit task, into a run folder."
+        prog="ppojax rlhf",
+        description="PPO, GRPO or RLOO on a digit task, into a run folder.",
+        epilog="With --model FOLDER, a Hugging Face model on a prompt file instead: "
+        "ppojax rlhf --model FOLDER --help lists those options.",
     )
     parser.add_argument("--task", choices=("sorting", "reversal"), default="sorting")
     parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")
