@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps
-from ppojax.rlhf import run as rlhf_run
 from ppojax.rlhf.__main__ import frozen_params, main, prepare
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
 from ppojax.rlhf.tasks.reversal import checker, reversal_sft
-from ppojax.runs import checkpoints, folder
+from ppojax.runs import checkpoints, folder, loop
 
 TINY_RUN = [
     "--small",
@@ -80,7 +79,7 @@ def test_run_folder_and_bit_exact_resume(tmp_path, capsys):
 def test_the_chunks_compile_with_ppojaxs_options(tmp_path, monkeypatch):
     """The RLHF run's chunk programs take ppojax's compiler options (``compiler_options()``):
     given one XLA does not know, the run fails naming it."""
-    monkeypatch.setattr(rlhf_run, "compiler_options", lambda: {"xla_no_such_option": 1})
+    monkeypatch.setattr(loop, "compiler_options", lambda: {"xla_no_such_option": 1})
     with pytest.raises(Exception, match="xla_no_such_option"):
         main([*TINY_RUN, "--out", str(tmp_path / "runs")])
 

@@ -214,10 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_module_flag(envs)
     commands.add_parser(
         "rlhf",
-        help="PPO, GRPO or RLOO for language models on a digit task (ppojax rlhf --help)",
+        help="PPO, GRPO or RLOO for language models: a model folder (--model) or a digit task",
         add_help=False,
     )
+    for command, what in TEXT_COMMANDS.items():
+        commands.add_parser(command, help=what, add_help=False)
     return parser
+
+
+TEXT_COMMANDS = {
+    "sft": "supervised fine-tuning of a model folder on prompt/completion JSONL",
+    "rm": "a reward model on a model folder from chosen/rejected JSONL",
+    "dpo": "DPO or IPO of a model folder on chosen/rejected JSONL",
+}
 
 
 def run_rlhf(argv: Sequence[str]) -> int:
@@ -545,6 +554,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["rlhf"]:
         return run_rlhf(argv[1:])
+    if argv[:1] and argv[0] in TEXT_COMMANDS:
+        from ppojax.cli import text
+
+        return text.main(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     with warnings.catch_warnings():

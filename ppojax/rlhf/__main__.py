@@ -1,4 +1,5 @@
-"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder.
+"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder, or,
+with ``--model FOLDER``, a Hugging Face model on a prompt file (``ppojax.cli.text``).
 
     ppojax rlhf --task sorting --algorithm ppo --kl-coef 0.1 --steps 200
     ppojax rlhf --task reversal --algorithm grpo --group-size 8 --steps 100
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 
-from ppojax.checks import parse_bool
+from ppojax.cli import text
+from ppojax.cli.text import add_config_flags
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
@@ -55,21 +58,13 @@ SMALL = dict(
 )
 
 
-def field_type(field: dataclasses.Field) -> Any:
-    """How to parse an RLHFConfig field from one command-line word."""
-    if field.name == "reward_weights":
-        return lambda text: tuple(float(part) for part in text.split(","))
-    if field.name in ("lora_targets", "lora_full"):
-        return lambda text: tuple(part for part in text.split(",") if part)
-    if field.name == "clip_eps_high":
-        return float
-    return parse_bool if isinstance(field.default, bool) else type(field.default)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The run's options plus one option per RLHFConfig field (unset: the default)."""
     parser = argparse.ArgumentParser(
-        prog="ppojax rlhf", description="PPO, GRPO or RLOO on a digit task, into a run folder."
+        prog="ppojax rlhf",
+        description="PPO, GRPO or RLOO on a digit task, into a run folder.",
+        epilog="With --model FOLDER, a Hugging Face model on a prompt file instead: "
+        "ppojax rlhf --model FOLDER --help lists those options.",
     )
     parser.add_argument("--task", choices=("sorting", "reversal"), default="sorting")
     parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")
@@ -88,15 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile every program afresh instead of loading it from the compilation cache "
         "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
     )
-    for field in dataclasses.fields(RLHFConfig):
-        if field.name not in TASK_FIELDS:
-            parser.add_argument(
-                "--" + field.name.replace("_", "-"),
-                dest=field.name,
-                type=field_type(field),
-                default=None,
-                help=f"default {field.default!r}",
-            )
+    add_config_flags(parser, TASK_FIELDS)
     return parser
 
 
@@ -165,8 +152,25 @@ def prepare(settings: dict[str, Any], frozen: dict[str, Any]):
     return trainer, state, prompt_fn
 
 
+def is_model_run(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` trains a model folder (``--model``, or ``--resume`` of such a run)."""
+    if "--model" in argv or any(word.startswith("--model=") for word in argv):
+        return True
+    if "--resume" in argv[:-1]:
+        config = Path(argv[argv.index("--resume") + 1]) / folder.CONFIG_FILE
+        try:
+            return folder.read_json(config).get("command") == "rlhf"
+        except (ValueError, AttributeError):
+            return False
+    return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, make or reopen the run folder, train, print where it went."""
+    """Parse ``argv``, make or reopen the run folder, train, print where it went; with
+    ``--model``, ``ppojax.cli.text``'s ``ppojax rlhf`` on a Hugging Face folder."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if is_model_run(argv):
+        return text.main("rlhf", argv)
     args = build_parser().parse_args(argv)
     if not args.no_compile_cache and not cache.disabled_by_environment():
         cache.enable_compile_cache()
@@ -196,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunk=run["checkpoint_every"],
         resume=args.resume is not None,
         progress=not args.no_progress,
+        seed=run["seed"],
     )
     last = {name: float(values[-1]) for name, values in metrics.items()}
     print(f"run folder: {run_dir}")

@@ -18,43 +18,34 @@ run would have.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
-from ppojax.runtime.compiling import compiler_options
+from ppojax.runs.loop import LoopOptions, StepFn, plot_metrics, train_loop
 
 PLOT_FILE = "curves.png"
 FROZEN_DIR = "frozen"
+BAR_METRICS = ("objective/scores", "objective/kl")
 PromptFn = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
 
 
-def run_chunk(
-    trainer: Trainer,
-    prompt_fn: PromptFn,
-    count: int,
-    state: RLHFState,
-    key: jax.Array,
-    first: jax.Array,
-) -> tuple[RLHFState, dict[str, jax.Array]]:
-    """Steps first .. first + count - 1 (``lax.scan``), step n on ``fold_in(key, n)``;
-    metrics [count] each."""
+def trainer_step(trainer: Trainer, prompt_fn: PromptFn) -> StepFn:
+    """``step(frozen, state, key)`` of ``train_loop``: prompts from ``prompt_fn``, then one
+    trainer step (``frozen`` unused: the trainer closes over what it needs)."""
 
-    def body(state: RLHFState, index: jax.Array):
-        prompt_key, step_key = jax.random.split(jax.random.fold_in(key, index))
+    def step(frozen: Any, state: RLHFState, key: jax.Array):
+        prompt_key, step_key = jax.random.split(key)
         return trainer.step(state, *prompt_fn(prompt_key), step_key)
 
-    return jax.lax.scan(body, state, first + jnp.arange(count))
+    return step
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -85,24 +76,6 @@ def load_frozen(run_dir: Path, template: Any) -> Any:
     return checkpoints.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
 
 
-def plot_curves(path: Path, metrics: dict[str, np.ndarray], names: tuple[str, ...]) -> None:
-    """One panel per metric name (scores, each reward, KL) against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.2), squeeze=False)
-    for axis, name in zip(axes[0], names, strict=True):
-        axis.plot(np.arange(1, len(metrics[name]) + 1), metrics[name])
-        axis.set_title(name, fontsize="small")
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
 def summarize(
     metrics: dict[str, np.ndarray], seconds: float, rows: int, timed_steps: int
 ) -> dict[str, Any]:
@@ -129,18 +102,6 @@ def curve_names(metrics: dict[str, Any]) -> tuple[str, ...]:
     return ("objective/scores", *rewards, "objective/kl")
 
 
-def resume_point(run_dir: Path, template: RLHFState) -> tuple[RLHFState | None, int]:
-    """The newest readable checkpoint and its step (None, 0 without one); checkpoints that do
-    not read back are set aside and metrics rows after the step dropped."""
-    state, step, unreadable = checkpoints.restore_newest(run_dir, template)
-    if unreadable:
-        checkpoints.set_aside(run_dir, unreadable)
-    metrics_path = Path(run_dir) / folder.METRICS_FILE
-    if metrics_path.exists():
-        folder.truncate_metrics(metrics_path, step)
-    return state, step
-
-
 def train_run(
     run_dir: Path,
     trainer: Trainer,
@@ -152,51 +113,20 @@ def train_run(
     chunk: int,
     resume: bool = False,
     progress: bool = True,
+    seed: int = 0,
 ) -> tuple[RLHFState, dict[str, np.ndarray]]:
-    """Train to ``num_steps`` in jitted chunks of ``chunk`` steps, appending to metrics.csv and
-    saving a checkpoint after each; with ``resume``, from the newest checkpoint. Writes the
-    plot and summary.json at the end; returns the state and every metric [num_steps]."""
-    from tqdm.auto import tqdm
-
+    """Train to ``num_steps`` through ``ppojax.runs.loop.train_loop`` (chunks of ``chunk``
+    steps, metrics.csv, a checkpoint after each chunk; with ``resume``, from the newest
+    checkpoint). Writes the plot and summary.json at the end; returns the state and every
+    metric [num_steps]."""
     run_dir = Path(run_dir)
-    start = 0
-    if resume:
-        restored, start = resume_point(run_dir, state)
-        state = state if restored is None else restored
-    compiled: dict[int, Callable[..., Any]] = {}
-    store = checkpoints.open_checkpoints(run_dir, clean=True)
-    bar = tqdm(total=num_steps, initial=start, unit="step", disable=not progress)
-    began, step = time.perf_counter(), start
-    try:
-        while step < num_steps:
-            count = min(chunk, num_steps - step)
-            if count not in compiled:
-                compiled[count] = jax.jit(
-                    functools.partial(run_chunk, trainer, prompt_fn, count),
-                    compiler_options=compiler_options(),
-                )
-            state, metrics = compiled[count](state, key, jnp.int32(step))
-            table = {name: np.asarray(values)[None] for name, values in sorted(metrics.items())}
-            header = folder.metrics_header([{"run": 0}], list(table))
-            rows = folder.metric_rows([{"run": 0}], step, table)
-            folder.append_metrics(run_dir / folder.METRICS_FILE, header, rows)
-            step += count
-            checkpoints.save_checkpoint(store, step, state)
-            bar.update(count)
-            last = {
-                name: float(table[name][0, -1]) for name in ("objective/scores", "objective/kl")
-            }
-            bar.set_postfix(
-                score=f"{last['objective/scores']:.3f}", kl=f"{last['objective/kl']:.2f}"
-            )
-    finally:
-        store.close()
-        bar.close()
-    seconds = time.perf_counter() - began
-    _, table = folder.read_metrics(run_dir / folder.METRICS_FILE)
-    metrics = {name: values[0] for name, values in table.items()}
-    plot_curves(run_dir / PLOT_FILE, metrics, curve_names(metrics))
+    options = LoopOptions(
+        num_steps, chunk, keep_checkpoints=None, progress=progress, bar_metrics=BAR_METRICS
+    )
+    step = trainer_step(trainer, prompt_fn)
+    result = train_loop(run_dir, step, state, None, key, options, resume=resume, seed=seed)
+    plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
-    summary = summarize(metrics, seconds, rows, num_steps - start)
+    summary = summarize(result.metrics, result.seconds, rows, num_steps - result.start)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
-    return state, metrics
+    return result.state, result.metrics

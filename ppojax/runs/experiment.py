@@ -22,8 +22,7 @@ import datetime
 import functools
 import math
 import time
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ from ppojax.ppo.summary import final_return, grid_points, latest_finite, point_l
 from ppojax.ppo.train import eval_due, init_state, make_agent, train_step
 from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.ppo.update import make_optimizer
-from ppojax.runs import checkpoints, folder
+from ppojax.runs import folder
+from ppojax.runs.loop import chunk_plan, resume_point, train_chunks
 from ppojax.runs.progress import BAR_METRICS, ChunkHandler, RunOptions, divergence_report
 from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
@@ -194,56 +194,6 @@ def report_interval(num_updates: int, reports: int) -> int:
     return max(1, math.ceil(num_updates / reports))
 
 
-def chunk_plan(
-    start: int, stop: int, length: int, checkpoint_every: int | None
-) -> list[tuple[int, int]]:
-    """(first update, count) for each chunk from ``start`` to ``stop``; chunks never cross a
-    multiple of ``checkpoint_every``, so every checkpoint falls on a chunk's end."""
-    plan, first = [], start
-    while first < stop:
-        end = min(first + length, stop)
-        if checkpoint_every:
-            end = min(end, (first // checkpoint_every + 1) * checkpoint_every)
-        plan.append((first, end - first))
-        first = end
-    return plan
-
-
-ChunkCallback = Callable[[int, TrainState, dict[str, np.ndarray]], None]
-
-
-def train_chunks(
-    runner: Callable[..., Any],
-    config: PPOConfig,
-    state: TrainState,
-    plan: Sequence[tuple[int, int]],
-    on_chunk: ChunkCallback,
-) -> TrainState:
-    """Run the chunks of ``plan`` and call ``on_chunk(first_update, state, metrics)`` after
-    each, with host metrics [runs, count]. The next chunk is dispatched before the host handles
-    the last one, so the device never waits for the progress bar or the files."""
-    pending = None
-    for first, count in plan:
-        state, metrics = runner(config, state, first, count)
-        if pending is not None:
-            _deliver(on_chunk, *pending)
-        pending = (first, count, state, metrics)
-    if pending is not None:
-        _deliver(on_chunk, *pending)
-    return state
-
-
-def _deliver(
-    on_chunk: ChunkCallback, first: int, count: int, state: TrainState, metrics: Metrics
-) -> None:
-    metrics = jax.device_get(metrics)
-    # Documented metrics first, in their documented order, then any others.
-    names = [name for name in METRIC_NAMES + EVAL_METRIC_NAMES if name in metrics]
-    names += sorted(set(metrics) - set(names))
-    host = {name: np.asarray(metrics[name])[:, :count] for name in names}
-    on_chunk(first, state, host)
-
-
 @dataclasses.dataclass
 class RunResult:
     """A finished experiment: final states [runs] and metrics [runs, updates] of the whole run
@@ -312,25 +262,7 @@ def resume_experiment(run_dir: Path, options: RunOptions | None = None) -> RunRe
     experiment, saved_options = read_experiment(run_dir)
     options = options or saved_options
     check_record(run_dir, experiment)
-    state, step, unreadable = checkpoints.restore_newest(run_dir, state_template(experiment))
-    metrics_path = run_dir / folder.METRICS_FILE
-    history: dict[str, np.ndarray] = {}
-    if step > 0:
-        header, rows, history = folder.metrics_until(metrics_path, step, experiment.num_runs)
-    for path in checkpoints.set_aside(run_dir, unreadable):
-        warnings.warn(
-            f"moved the unreadable checkpoint to {path}", checkpoints.CheckpointWarning, 2
-        )
-    if state is None:
-        warnings.warn(
-            f"{run_dir} has no complete checkpoint: training again from update 0",
-            checkpoints.CheckpointWarning,
-            stacklevel=2,
-        )
-    if step > 0:
-        folder.write_metrics(metrics_path, header, rows)
-    else:  # from update 0 the rows so far (perhaps one cut short) are all dropped
-        metrics_path.unlink(missing_ok=True)
+    state, step, history = resume_point(run_dir, state_template(experiment), experiment.num_runs)
     if options.wandb is not None and options.wandb != saved_options.wandb:
         # W&B logging added or moved on resume: run.json names the runs it now logs to
         options = dataclasses.replace(
@@ -381,7 +313,8 @@ def continue_experiment(
         if handler.bar is not None:
             handler.bar.open()
         begin = time.perf_counter()
-        state = jax.block_until_ready(train_chunks(compiled, config, state, plan, handler))
+        order = METRIC_NAMES + EVAL_METRIC_NAMES
+        state = jax.block_until_ready(train_chunks(compiled, config, state, plan, handler, order))
         run_seconds = time.perf_counter() - begin
     except BaseException:
         # Interrupted or failed: keep the checkpoints saved so far, but never save the

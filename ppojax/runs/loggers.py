@@ -214,3 +214,45 @@ def run_summary(metrics: dict[str, np.ndarray], run: int, diverged: bool) -> dic
     if "eval_return" in metrics:
         summary["final_eval_return"] = float(latest_finite(metrics["eval_return"][run]))
     return summary
+
+
+class WandbRun:
+    """The one W&B run of a run folder that trains one model (``ppojax sft | rm | dpo``,
+    ``ppojax rlhf --model``): every metric at W&B step = step number, tables of sampled
+    responses, the summary at the end. ``options.run_ids`` (one id) continues that run."""
+
+    def __init__(self, options: WandbOptions, config: dict[str, Any], run_dir: Path) -> None:
+        self.wandb = import_wandb()
+        run_id = options.run_ids[0] if options.run_ids else None
+        name = options.name or Path(run_dir).name
+        self.run = self.wandb.init(
+            project=options.project,
+            entity=options.entity,
+            group=name,
+            name=name,
+            config=config,
+            dir=os.environ.get("WANDB_DIR") or str(run_dir),
+            reinit="create_new",
+            id=run_id,
+            resume=None if run_id is None else "allow",
+        )
+
+    def log(self, first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+        """Metrics [1, steps] of steps ``first + 1 ...``: one W&B step each."""
+        for offset in range(next(iter(metrics.values())).shape[1]):
+            values = {name: float(column[0, offset]) for name, column in metrics.items()}
+            self.run.log(values, step=first + offset + 1)
+
+    def log_samples(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
+        """Sampled responses, {"step", "prompt", "response"} each, as a W&B table."""
+        columns = ["step", "prompt", "response"]
+        table = self.wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])
+        self.run.log({"samples": table}, step=step)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self.run.summary.update(summary)
+        self.run.finish()
+
+    def abort(self) -> None:
+        """Close the run of a failed or interrupted training, marked as failed."""
+        self.run.finish(exit_code=1)

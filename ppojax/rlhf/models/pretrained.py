@@ -19,7 +19,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
+from safetensors.numpy import load_file, save_file
 
 from ppojax.rlhf import lora
 from ppojax.rlhf.models.config import DecoderConfig, read_config
@@ -29,6 +31,7 @@ from ppojax.rlhf.models.tokenizer import Tokenizer
 from ppojax.rlhf.models.weights import SINGLE, load_params, save_params
 from ppojax.rlhf.sampling import KVCacheHook
 
+VALUE_HEAD_FILE = "value_head.safetensors"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 VALUE_HEAD = "value_head"
 
@@ -164,15 +167,39 @@ def save_pretrained(
     lora_scale: float = 1.0,
 ) -> Path:
     """Write ``params`` as a Hugging Face folder: config.json, model.safetensors and the
-    tokenizer's files. With LoRA ``adapters`` (``RLHFState.params["policy"]``, params being
-    the base) they are merged first, W + lora_scale A @ B (lora_scale = alpha / rank)."""
+    tokenizer's files, and value_head.safetensors when ``params`` hold a value head (a reward
+    model; ``load_value_head`` reads it back). With LoRA ``adapters``
+    (``RLHFState.params["policy"]``, params being the base) they are merged first,
+    W + lora_scale A @ B (lora_scale = alpha / rank)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     if adapters is not None:
         params = lora.merge(params, adapters, lora_scale)
     save_params(decoder_params(params)["params"], lm.config, out / SINGLE)
+    if VALUE_HEAD in params["params"]:
+        head = params["params"][VALUE_HEAD]
+        save_file({name: np.asarray(leaf) for name, leaf in head.items()}, out / VALUE_HEAD_FILE)
     raw = lm.config.to_json()
     raw["torch_dtype"] = raw["dtype"] = jnp.dtype(lm.module.dtype).name
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     lm.tokenizer.save(out)
     return out
+
+
+def load_value_head(lm: PretrainedLM, folder: str | Path) -> dict:
+    """``lm.params`` with the value head ``save_pretrained`` wrote to ``folder`` (a reward
+    model's scalar head); ``FileNotFoundError`` naming the file when there is none."""
+    path = Path(folder) / VALUE_HEAD_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist: a reward model folder holds the value head that "
+            "`ppojax rm` writes beside model.safetensors."
+        )
+    shapes = lm.init_value_head(lm.params)["params"][VALUE_HEAD]
+    head = load_file(path)
+    for name, like in shapes.items():
+        if name not in head or head[name].shape != like.shape:
+            got = head[name].shape if name in head else "nothing"
+            raise ValueError(f"{path}: {name} must have shape {like.shape}, got {got}.")
+    head = {name: jnp.asarray(head[name], like.dtype) for name, like in shapes.items()}
+    return {"params": {**lm.params["params"], VALUE_HEAD: head}}

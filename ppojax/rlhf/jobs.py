@@ -1,0 +1,204 @@
+"""What ``ppojax sft | rm | dpo | rlhf --model`` train, each as a ``Job``: its state at step 0,
+what every step reads but never changes (the data, a reference, a reward model's params: an
+argument of the compiled chunk, never checkpointed), a pure step, and the params its run
+folder's ``final/`` holds. ``ppojax.rlhf.text_run`` trains a job into a run folder.
+
+    job = sft_job(lm, load_completions("sft.jsonl", lm.tokenizer), batch_size=8, learning_rate=1e-4)
+    state, metrics = job.step(job.frozen, job.state, key)
+
+Every step draws its batch from the device arrays with its own key (no host round trip).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from ppojax.rlhf.completions import CompletionData, make_sft_step
+from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.data import PromptData, draw_batch
+from ppojax.rlhf.models.pretrained import PretrainedLM
+from ppojax.rlhf.preference import (
+    PairData,
+    make_dpo_step,
+    make_reward_model_step,
+    pair_accuracy,
+)
+from ppojax.rlhf.reward import reward_model
+from ppojax.rlhf.text_rewards import TextReward, text_reward
+from ppojax.rlhf.trainer import (
+    RLHFState,
+    Trainer,
+    make_trainer,
+    policy_params_fn,
+    reward_names,
+)
+from ppojax.runs.loop import StepFn
+
+PAIR_CURVES = ("loss", "rewards/accuracies", "rewards/margins")
+
+
+class Job(NamedTuple):
+    """A run's state at step 0, its ``frozen`` arrays, ``step(frozen, state, key) -> (state,
+    metrics)``, ``model_params(state, frozen)``: the params of the model to save, the
+    metrics to plot, and ``evaluate(state, frozen) -> {name: float}`` for the summary."""
+
+    state: Any
+    frozen: Any
+    step: StepFn
+    model_params: Callable[[Any, Any], dict]
+    curves: tuple[str, ...]
+    evaluate: Callable[[Any, Any], dict[str, float]] | None = None
+
+
+def optimizer(learning_rate: float) -> optax.GradientTransformation:
+    """Adam with gradients clipped to global norm 1."""
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
+
+
+def params_of(state: Any, frozen: Any) -> dict:
+    return state["params"]
+
+
+def supervised_job(
+    params: dict,
+    data: Any,
+    batch_size: int,
+    learning_rate: float,
+    make_step: Callable[[optax.GradientTransformation], Callable[..., Any]],
+) -> tuple[dict, StepFn]:
+    """State {"params", "opt_state"} and the step of an optimizer step on a batch of ``data``
+    (``frozen["data"]``); ``make_step(optimizer)`` gives ``(params, opt_state, batch,
+    *extra) -> (params, opt_state, metrics)``, extra being ``frozen["extra"]``."""
+    adam = optimizer(learning_rate)
+    update = make_step(adam)
+
+    def step(frozen: dict, state: dict, key: jax.Array):
+        batch, _ = draw_batch(frozen["data"], key, batch_size)
+        params, opt_state, metrics = update(
+            state["params"], state["opt_state"], batch, *frozen["extra"]
+        )
+        return {"params": params, "opt_state": opt_state}, metrics
+
+    return {"params": params, "opt_state": adam.init(params)}, step
+
+
+def sft_job(lm: PretrainedLM, data: CompletionData, batch_size: int, learning_rate: float) -> Job:
+    """Supervised fine-tuning on prompt/completion pairs, the loss on completion tokens."""
+    state, step = supervised_job(
+        lm.params,
+        data,
+        batch_size,
+        learning_rate,
+        lambda adam: make_sft_step(lm.policy_apply, adam),
+    )
+    return Job(state, {"data": data, "extra": ()}, step, params_of, ("loss",))
+
+
+def reward_model_job(
+    lm: PretrainedLM,
+    pairs: PairData,
+    batch_size: int,
+    learning_rate: float,
+    held_out: PairData | None = None,
+) -> Job:
+    """A Bradley-Terry reward model: a scalar head (at 0) on the pretrained backbone; the
+    summary gives the pair accuracy on ``held_out``."""
+    state, step = supervised_job(
+        lm.init_value_head(lm.params),
+        pairs,
+        batch_size,
+        learning_rate,
+        lambda adam: make_reward_model_step(lm.critic_apply, adam),
+    )
+
+    def evaluate(state: dict, frozen: dict) -> dict[str, float]:
+        if frozen["held_out"] is None:
+            return {}
+        accuracy = jax.jit(pair_accuracy, static_argnums=0)
+        held = frozen["held_out"]
+        return {"held_out_accuracy": float(accuracy(lm.critic_apply, state["params"], held))}
+
+    frozen = {"data": pairs, "extra": (), "held_out": held_out}
+    return Job(state, frozen, step, params_of, PAIR_CURVES, evaluate)
+
+
+def dpo_job(
+    lm: PretrainedLM,
+    pairs: PairData,
+    batch_size: int,
+    learning_rate: float,
+    loss_type: str = "sigmoid",
+    beta: float = 0.1,
+) -> Job:
+    """DPO (sigmoid loss) or IPO against the starting params as the frozen reference."""
+    state, step = supervised_job(
+        lm.params,
+        pairs,
+        batch_size,
+        learning_rate,
+        lambda adam: make_dpo_step(lm.policy_apply, adam, loss_type),
+    )
+    frozen = {"data": pairs, "extra": (lm.params, np.float32(beta))}
+    return Job(state, frozen, step, params_of, PAIR_CURVES)
+
+
+def split_pairs(pairs: PairData, held_out: int, seed: int) -> tuple[PairData, PairData | None]:
+    """(train, held-out) pairs, ``held_out`` of them drawn by ``seed`` (None for 0)."""
+    count = pairs.prompts.shape[0]
+    if held_out == 0:
+        return pairs, None
+    if not 0 < held_out < count:
+        raise ValueError(
+            f"--held-out {held_out} leaves {count - held_out} of {count} pairs for training; "
+            "keep at least one on each side."
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    train, held = np.sort(order[held_out:]), np.sort(order[:held_out])
+    return jax.tree.map(lambda a: a[train], pairs), jax.tree.map(lambda a: a[held], pairs)
+
+
+def rlhf_job(
+    lm: PretrainedLM,
+    config: RLHFConfig,
+    prompts: PromptData,
+    batch_size: int,
+    key: jax.Array,
+    rewards: Sequence[TextReward] = (),
+    reward_lm: PretrainedLM | None = None,
+    reward_params: dict | None = None,
+) -> Job:
+    """PPO, GRPO or RLOO (``config.algorithm``) on ``batch_size`` prompts a step, scored by
+    the text ``rewards`` (through ``jax.pure_callback``) and by the reward model
+    ``reward_lm`` with ``reward_params`` (its value head), summed with
+    ``config.reward_weights``. PPO's critic is a copy of the model with a value head at 0."""
+    text = [text_reward(fn, lm.tokenizer, prompts) for fn in rewards]
+
+    def reward_fns(frozen: dict) -> list:
+        if reward_lm is None:
+            return list(text)
+        return [*text, reward_model(reward_lm.critic_apply, frozen["reward"])]
+
+    def trainer(frozen: dict) -> Trainer:
+        fns = reward_fns(frozen)
+        critic = lm.critic_apply if config.needs_critic else None
+        return make_trainer(config, lm.policy_apply, fns, critic, kv_cache=lm.kv_cache)
+
+    def step(frozen: dict, state: RLHFState, key: jax.Array):
+        prompt_key, step_key = jax.random.split(key)
+        (tokens, mask), _ = draw_batch(frozen["prompts"], prompt_key, batch_size)
+        return trainer(frozen).step(state, tokens, mask, step_key)
+
+    def model_params(state: RLHFState, frozen: dict) -> dict:
+        return policy_params_fn(config, state.reference)(state.params)
+
+    frozen = {"prompts": prompts, "reward": reward_params}
+    critic_params = lm.init_value_head(lm.params) if config.needs_critic else None
+    state = trainer(frozen).init(lm.params, key, critic_params)
+    names = tuple(f"rewards/{name}/mean" for name in reward_names(reward_fns(frozen)))
+    curves = ("objective/scores", *names, "objective/kl")
+    return Job(state, frozen, step, model_params, curves)

@@ -1,0 +1,173 @@
+"""A ``Job`` (``ppojax.rlhf.jobs``) trained into a run folder, from a Hugging Face folder to a
+Hugging Face folder. A run folder holds::
+
+    config.json        the command's settings (what --resume reads back)
+    metrics.csv        one row per step
+    curves.png         the job's curves (loss and pair accuracy; score, rewards and KL)
+    checkpoints/<n>/   the train state after every chunk (params, optimizer state)
+    samples.jsonl      rlhf: a few prompts and sampled responses every --sample-every steps
+    final/             the trained model as a Hugging Face folder (``from_pretrained`` reads it)
+    summary.json       final metrics (mean of the last 10% of steps), held-out numbers, wall
+                       time, versions
+
+The steps run through ``ppojax.runs.loop.train_loop``: a resumed run continues bit for bit.
+``final/`` is written into a temporary folder and renamed into place when it is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from ppojax.rlhf.data import PromptData
+from ppojax.rlhf.jobs import Job
+from ppojax.rlhf.models.generate import generate
+from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
+from ppojax.rlhf.text_rewards import decode_responses
+from ppojax.runs import folder
+from ppojax.runs.loop import ChunkCallback, LoopOptions, LoopResult, plot_metrics, train_loop
+
+PLOT_FILE = "curves.png"
+SAMPLES_FILE = "samples.jsonl"
+FINAL_DIR = "final"
+
+
+def save_final(lm: PretrainedLM, params: dict, run_dir: Path) -> Path:
+    """``run_dir/final`` as a Hugging Face folder, replaced whole or not at all."""
+    final, temporary = Path(run_dir) / FINAL_DIR, Path(run_dir) / f".{FINAL_DIR}-writing"
+    shutil.rmtree(temporary, ignore_errors=True)
+    save_pretrained(lm, params, temporary)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(temporary, final)
+    return final
+
+
+def summarize(metrics: dict[str, np.ndarray], result: LoopResult) -> dict[str, Any]:
+    """Means of the last 10% of steps, the steps this call trained and their wall time."""
+    steps = len(next(iter(metrics.values()))) if metrics else 0
+    tail = max(1, steps // 10)
+    return {
+        "steps": steps,
+        "final (mean of the last 10% of steps)": {
+            name: float(np.mean(values[-tail:])) for name, values in metrics.items()
+        },
+        "resumed_from_step": result.start or None,
+        "wall_s": round(result.seconds, 2),
+        "versions": folder.versions(),
+    }
+
+
+def train_job(
+    run_dir: Path,
+    lm: PretrainedLM,
+    job: Job,
+    key: jax.Array,
+    options: LoopOptions,
+    *,
+    resume: bool = False,
+    seed: int = 0,
+    hooks: Sequence[ChunkCallback] = (),
+) -> tuple[LoopResult, dict[str, Any]]:
+    """Train ``job`` to ``options.num_steps`` (from the newest checkpoint with ``resume``),
+    then write curves.png, ``final/`` and summary.json; the loop's result and the summary."""
+    run_dir = Path(run_dir)
+    result = train_loop(
+        run_dir,
+        job.step,
+        job.state,
+        job.frozen,
+        key,
+        options,
+        resume=resume,
+        seed=seed,
+        hooks=hooks,
+    )
+    plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
+    save_final(lm, job.model_params(result.state, job.frozen), run_dir)
+    summary = summarize(result.metrics, result)
+    if job.evaluate is not None:
+        summary["held_out"] = job.evaluate(result.state, job.frozen)
+    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    return result, summary
+
+
+class SampleWriter:
+    """A chunk hook: after each chunk that reaches a multiple of ``every`` steps (and after
+    the last), the responses of the model (``job.model_params``) to the first ``count``
+    prompts of ``prompts``, sampled at ``temperature`` (step n on ``fold_in(key, n)``),
+    appended to samples.jsonl as {"step", "prompt", "response"} and handed to ``log``
+    (W&B). On its first call it drops the lines a resumed run is about to write again."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        lm: PretrainedLM,
+        job: Job,
+        prompts: PromptData,
+        *,
+        count: int,
+        every: int,
+        num_steps: int,
+        response_len: int,
+        temperature: float,
+        key: jax.Array,
+        log: Callable[[int, list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        self.path = Path(run_dir) / SAMPLES_FILE
+        self.lm, self.job, self.key, self.log = lm, job, key, log
+        self.every, self.num_steps = every, num_steps
+        rows = np.arange(min(count, len(prompts)))
+        self.texts = [prompts.prompts[row] for row in rows]
+        self.tokens, self.mask = prompts.tokens[rows], prompts.mask[rows]
+        self.sample = jax.jit(
+            lambda params, key: generate(
+                lm, params, self.tokens, self.mask, key, response_len, temperature
+            )
+        )
+        self.started = False
+
+    def __call__(self, first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+        if not self.started:
+            self.started = True
+            drop_lines_after(self.path, first)
+        end = first + next(iter(metrics.values())).shape[1]
+        if end // self.every == first // self.every and end != self.num_steps:
+            return
+        params = self.job.model_params(state, self.job.frozen)
+        tokens = np.asarray(self.sample(params, jax.random.fold_in(self.key, end)))
+        is_eos = tokens == self.lm.tokenizer.eos_id
+        mask = np.cumsum(is_eos, axis=1) - is_eos == 0  # up to the first EOS, included
+        responses = decode_responses(self.lm.tokenizer, tokens, mask)
+        rows = [
+            {"step": end, "prompt": prompt, "response": response}
+            for prompt, response in zip(self.texts, responses, strict=True)
+        ]
+        with open(self.path, "a") as file:
+            file.writelines(json.dumps(row) + "\n" for row in rows)
+        if self.log is not None:
+            self.log(end, rows)
+
+
+def drop_lines_after(path: Path, step: int) -> None:
+    """Keep the samples.jsonl lines of steps up to ``step`` (atomically)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if row.get("step", 0) <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    temporary = path.with_name(f".{path.name}.writing")
+    temporary.write_text("".join(kept))
+    os.replace(temporary, path)

@@ -1,0 +1,234 @@
+"""``ppojax sft | rm | dpo`` and ``ppojax rlhf --model`` on a tiny Llama folder: the run folder
+each writes, ``final/`` read back by ``from_pretrained``, a killed run resuming bit-exactly,
+W&B logging, and bad input named by file, line or field."""
+
+import csv
+import dataclasses
+import json
+import re
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import chex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppojax.cli import main
+from ppojax.rlhf import from_pretrained, save_pretrained
+from ppojax.rlhf.models.pretrained import load_value_head
+from ppojax.rlhf.text_run import drop_lines_after
+from ppojax.runs import folder
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "hf" / "llama"
+SUMS = [(a, b) for a in range(1, 5) for b in range(1, 3)]
+FAST = ["--steps", "4", "--checkpoint-every", "2", "--batch-size", "4", "--no-progress"]
+RUN_FILES = ("config.json", "metrics.csv", "curves.png", "summary.json", "final/config.json")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A copy of the tiny Llama folder and the JSONL files of a two-number addition task."""
+    root = tmp_path_factory.mktemp("text")
+    model = shutil.copytree(FIXTURE, root / "llama")
+    questions = [(f"What is {a}+{b}?", str(a + b)) for a, b in SUMS]
+    sft = [{"prompt": q, "completion": a} for q, a in questions]
+    pairs = [{"prompt": q, "chosen": a, "rejected": str(int(a) + 1)} for q, a in questions]
+    prompts = [{"prompt": q, "answer": a} for q, a in questions]
+    (root / "my_rewards.py").write_text(
+        "def short(prompts, responses):\n    return [-len(r) / 10 for r in responses]\n"
+    )
+    return types.SimpleNamespace(
+        root=root,
+        model=model,
+        sft=write_jsonl(root / "sft.jsonl", sft),
+        pairs=write_jsonl(root / "pairs.jsonl", pairs),
+        prompts=write_jsonl(root / "prompts.jsonl", prompts),
+    )
+
+
+def run(argv: list[str], out: Path) -> Path:
+    """``ppojax`` with ``argv`` into a fresh ``out``; the run folder it made."""
+    assert main([*argv, "--out", str(out)]) == 0
+    (run_dir,) = out.iterdir()
+    return run_dir
+
+
+def kill_after_first_checkpoint(run_dir: Path, to: Path) -> Path:
+    """A copy of ``run_dir`` as a kill right after the checkpoint at step 2 leaves it."""
+    killed = shutil.copytree(run_dir, to)
+    for name in ("checkpoints/4", "final", "summary.json"):
+        shutil.rmtree(killed / name) if (killed / name).is_dir() else (killed / name).unlink()
+    folder.truncate_metrics(killed / "metrics.csv", 2)
+    return killed
+
+
+def assert_resumes_bit_exactly(command: str, run_dir: Path, tmp_path: Path) -> None:
+    killed = kill_after_first_checkpoint(run_dir, tmp_path / "killed")
+    assert main([command, "--resume", str(killed), "--no-progress"]) == 0
+    for name in ("final/model.safetensors", "metrics.csv"):
+        assert (killed / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv", newline="") as file:
+        return list(csv.DictReader(file))
+
+
+class FakeWandb(types.ModuleType):
+    """What ppojax calls of wandb, recorded: init, log (with tables), summary, finish."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.runs = []
+
+    def init(self, **kwargs):
+        run = types.SimpleNamespace(kwargs=kwargs, logged=[], summary={}, exit_code=None)
+        run.log = lambda values, step: run.logged.append((step, values))
+        run.finish = lambda exit_code=0: setattr(run, "exit_code", exit_code)
+        self.runs.append(run)
+        return run
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+
+def test_sft_writes_the_run_folder_and_resumes_bit_exactly(files, tmp_path, monkeypatch, capsys):
+    wandb = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    argv = ["sft", "--model", str(files.model), "--data", str(files.sft), *FAST, "--wandb"]
+    run_dir = run([*argv, "--learning-rate", "1e-3"], tmp_path / "runs")
+    assert "final model:" in capsys.readouterr().out
+    for name in RUN_FILES:
+        assert (run_dir / name).exists(), name
+    rows = metric_rows(run_dir)
+    assert [row["update"] for row in rows] == ["1", "2", "3", "4"]
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]
+    start, trained = from_pretrained(files.model), from_pretrained(run_dir / "final")
+    assert dataclasses.replace(trained.config, raw=start.config.raw) == start.config
+    moved = [not np.array_equal(a, b) for a, b in zip(leaves(start), leaves(trained), strict=True)]
+    assert all(moved)
+    (logged,) = wandb.runs
+    assert [step for step, _ in logged.logged] == [1, 2, 3, 4] and logged.exit_code == 0
+    assert logged.summary["loss"] == pytest.approx(float(rows[-1]["loss"]))
+    assert_resumes_bit_exactly("sft", run_dir, tmp_path)
+    resumed = wandb.runs[-1]
+    assert resumed.kwargs["id"] == logged.kwargs["id"]  # the resume logs on into that run
+    assert [step for step, _ in resumed.logged] == [3, 4]
+
+
+def leaves(lm) -> list[np.ndarray]:
+    import jax
+
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(lm.params)]
+
+
+def test_reward_model_and_dpo_on_pairs(files, tmp_path):
+    argv = ["--model", str(files.model), "--pairs", str(files.pairs), *FAST]
+    rm_dir = run(["rm", *argv, "--held-out", "2", "--learning-rate", "1e-3"], tmp_path / "rm")
+    summary = folder.read_json(rm_dir / "summary.json")
+    assert 0 <= summary["held_out"]["held_out_accuracy"] <= 1
+    assert {"loss", "rewards/accuracies", "rewards/margins"} <= set(metric_rows(rm_dir)[0])
+    reward_lm = from_pretrained(rm_dir / "final")
+    head = load_value_head(reward_lm, rm_dir / "final")["params"]["value_head"]
+    assert np.abs(np.asarray(head["kernel"])).sum() > 0  # trained away from its start at 0
+
+    dpo_dir = run(["dpo", *argv, "--loss", "ipo", "--beta", "0.5"], tmp_path / "dpo")
+    assert {"loss", "rewards/accuracies", "rewards/margins"} <= set(metric_rows(dpo_dir)[0])
+    settings = folder.read_json(dpo_dir / "config.json")
+    assert (settings["loss"], settings["beta"]) == ("ipo", 0.5)
+    chex.assert_trees_all_equal_shapes(
+        from_pretrained(dpo_dir / "final").params, from_pretrained(files.model).params
+    )
+
+
+def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch):
+    monkeypatch.chdir(files.root)  # my_rewards imports from the current folder
+    wandb = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    reward_lm = from_pretrained(files.model)  # a reward model as `ppojax rm` leaves one
+    params = reward_lm.init_value_head(reward_lm.params)
+    params["params"]["value_head"]["kernel"] = jnp.linspace(-1, 1, 64)[:, None]
+    reward_model = save_pretrained(reward_lm, params, tmp_path / "reward_model")
+    argv = ["rlhf", "--model", str(files.model), "--prompts", str(files.prompts), *FAST]
+    argv += ["--reward", "my_rewards:short", "--reward-model", str(reward_model)]
+    argv += ["--algorithm", "grpo", "--group-size", "2", "--response-len", "4"]
+    argv += ["--num-minibatches", "2", "--ppo-epochs", "1", "--samples", "2", "--wandb"]
+    run_dir = run(argv, tmp_path / "rlhf")
+    for name in (*RUN_FILES, "samples.jsonl"):
+        assert (run_dir / name).exists(), name
+    row = metric_rows(run_dir)[0]
+    assert {"rewards/short/mean", "rewards/reward_model_score/mean", "objective/kl"} <= set(row)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["prompt"]) for s in samples] == [
+        (step, f"What is 1+{b}?") for step in (2, 4) for b in (1, 2)
+    ]
+    (logged,) = wandb.runs
+    tables = [values["samples"] for _, values in logged.logged if "samples" in values]
+    assert [table.data[0][:2] for table in tables] == [[2, "What is 1+1?"], [4, "What is 1+1?"]]
+    from_pretrained(run_dir / "final")
+
+
+def test_a_resume_drops_the_samples_written_after_its_checkpoint(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    rows = [{"step": step, "prompt": "p", "response": "r"} for step in (2, 2, 4)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"step": 6, "pro')
+    drop_lines_after(path, 2)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:2]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sft", "--data", "{bad_sft}"], r"bad\.jsonl, line 2: no field 'completion'"),
+        (["dpo", "--pairs", "{same_pair}"], r"same\.jsonl, line 1: .* are the same text"),
+        (["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards"], r"give MODULE:FUNCTION"),
+        (["rlhf", "--prompts", "{prompts}", "--reward", "no_such:fn"], r"cannot import 'no_such'"),
+        (["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:nope"], r"no function 'nope'"),
+        (["sft", "--data", "{sft}", "--model", "{root}"], r"config\.json does not exist"),
+        (["sft", "--data", "{sft}", "--batch-size", "99"], r"fewer than --batch-size 99"),
+    ],
+)
+def test_bad_input_is_named_and_makes_no_run_folder(
+    files, tmp_path, monkeypatch, capsys, argv, message
+):
+    monkeypatch.chdir(files.root)
+    write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}])
+    write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "b"}])
+    paths = {"bad_sft": tmp_path / "bad.jsonl", "same_pair": tmp_path / "same.jsonl"}
+    paths.update(sft=files.sft, prompts=files.prompts, root=files.root)
+    argv = [word.format(**paths) for word in argv]
+    if "--model" not in argv:
+        argv += ["--model", str(files.model)]
+    assert main([*argv, "--out", str(tmp_path / "runs"), "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert re.search(message, error), error
+    assert error.count("error:") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_resume_of_another_commands_run_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"command": "sft"}))
+    assert main(["dpo", "--resume", str(tmp_path)]) == 2
+    assert "one of 'sft', not dpo" in capsys.readouterr().err
+    assert main(["sft", "--resume", str(tmp_path), "--steps", "9", "--no-progress"]) == 2
+    assert "with the settings in its config.json; drop --steps" in capsys.readouterr().err
+
+
+def test_ppojax_rlhf_tells_a_model_run_from_a_digit_task(tmp_path):
+    from ppojax.rlhf.__main__ import is_model_run
+
+    (tmp_path / "config.json").write_text(json.dumps({"command": "rlhf"}))
+    assert is_model_run(["--model", "m", "--prompts", "p.jsonl"])
+    assert is_model_run(["--resume", str(tmp_path), "--no-progress"])
+    (tmp_path / "config.json").write_text(json.dumps({"task": {}, "rlhf": {}, "run": {}}))
+    assert not is_model_run(["--resume", str(tmp_path)])
+    assert not is_model_run(["--task", "reversal", "--steps", "4"])
