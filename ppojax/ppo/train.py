@@ -45,7 +45,7 @@ from ppojax.ppo.update import (
     learning_rate_at,
     make_optimizer,
     policy_kl,
-    update_epochs,
+    ppo_update,
 )
 from ppojax.runtime.sharding import check_divisible, constrain_env_axis
 
@@ -150,7 +150,7 @@ def update_step(
     with jax.named_scope("gae"):
         batch = make_batch(agent, config, state.params, transitions, state.hidden)
     with jax.named_scope("epochs"):
-        optimized, loss_metrics = update_epochs(
+        optimized, loss_metrics = ppo_update(
             agent,
             config,
             optimizer,
