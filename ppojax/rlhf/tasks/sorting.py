@@ -10,6 +10,7 @@ can be wrong, and a policy without a KL leash exploits it.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -38,18 +39,9 @@ def sorted_digits(digits: jax.Array) -> jax.Array:
     return jnp.where(ordered == big, PAD, ordered)
 
 
-gold = scorer(sorted_digits)
-gold.__name__ = "gold"
-
-
-def sorting_targets(task: DigitTask, prompts: jax.Array, prompt_mask: jax.Array):
-    """The ideal responses [B, response_len] and their mask."""
-    return targets(sorted_digits, prompts, prompt_mask, task.response_len)
-
-
-def sorting_sft(task: DigitTask, key: jax.Array) -> tuple[dict, jax.Array]:
-    """The SFT reference: params after ``task.sft_steps`` steps, and the loss curve."""
-    return sft_start(task, sorted_digits, key)
+gold = scorer(sorted_digits, "gold")
+sorting_targets = functools.partial(targets, sorted_digits)  # (task, prompts, prompt_mask)
+sorting_sft = functools.partial(sft_start, sorted_digits)  # (task, key) -> params, losses
 
 
 @struct.dataclass
