@@ -21,7 +21,8 @@ from flax import struct
 from ppojax.checks import check_positive_int, static
 from ppojax.ppo import losses
 from ppojax.rlhf.model import zero_value_head
-from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
+from ppojax.rlhf.preference import PairData, pair_scores
+from ppojax.rlhf.reward import bradley_terry_loss
 from ppojax.rlhf.sampling import sample_cached
 from ppojax.rlhf.sft import make_adam
 from ppojax.rlhf.tasks.digits import PAD, DigitTask, scorer, sft_start, targets
@@ -59,15 +60,10 @@ class RewardModelConfig:
 
 
 class PreferencePairs(NamedTuple):
-    """Prompts and mask [N, P]; chosen, rejected and their masks [N, R]; pair mask [N]
-    (0 where gold ties)."""
+    """Pairs of SFT samples ordered by gold, ``data`` (prompts [N, P], chosen and rejected
+    [N, R] and their masks), and which pairs count, ``mask`` [N] (0 where gold ties)."""
 
-    prompts: jax.Array
-    prompt_mask: jax.Array
-    chosen: jax.Array
-    chosen_mask: jax.Array
-    rejected: jax.Array
-    rejected_mask: jax.Array
+    data: PairData
     mask: jax.Array
 
 
@@ -90,23 +86,20 @@ def preference_pairs(
     def pick(a: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.where(wins, a, b)
 
-    return PreferencePairs(
+    data = PairData(
         prompts,
         prompt_mask,
         pick(first.tokens, second.tokens),
         pick(first.mask, second.mask),
         pick(second.tokens, first.tokens),
         pick(second.mask, first.mask),
-        first_gold != second_gold,
     )
+    return PreferencePairs(data, first_gold != second_gold)
 
 
 def pair_loss(task: DigitTask, params: dict, pairs: PreferencePairs):
     """Bradley-Terry loss on ``pairs`` and (as aux) the accuracy on the real pairs."""
-    critic_apply = task.model().critic_apply
-    head = (pairs.prompts, pairs.prompt_mask)
-    chosen = last_token_scores(critic_apply, params, *head, pairs.chosen, pairs.chosen_mask)
-    rejected = last_token_scores(critic_apply, params, *head, pairs.rejected, pairs.rejected_mask)
+    chosen, rejected = pair_scores(task.model().critic_apply, params, pairs.data)
     accuracy = losses.masked_mean((chosen > rejected).astype(jnp.float32), pairs.mask)
     return bradley_terry_loss(chosen, rejected, pairs.mask), accuracy
 
