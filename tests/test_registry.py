@@ -18,7 +18,7 @@ import ppojax
 from ppojax.cli.commands import main
 from ppojax.envs import registry
 from ppojax.ppo.evaluation import eval_start, eval_step, max_episode_steps
-from ppojax.runs.policy import make_act
+from ppojax.runs.policy import evaluation_act, make_act
 
 
 @struct.dataclass
@@ -100,7 +100,7 @@ def test_a_registered_env_trains_and_its_mask_reaches_the_rollout_and_the_loss()
     assert metrics["entropy"].max() <= math.log(2) + 1e-6
     assert out.state.obs.shape == (4, 4)  # length 3: one-hot of 4 positions
     # Evaluation episodes pass the env's mask to the trained policy too.
-    act = make_act(config, out.state)
+    act = evaluation_act(config, make_act(config, out.state))
     env = ppojax.make_env(config.env_id, **config.env_kwargs)
 
     def step(carry, _):

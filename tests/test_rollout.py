@@ -4,7 +4,15 @@ import pytest
 from tolerance import assert_close
 
 import ppojax
-from ppojax.ppo.rollout import collect_rollout, episode_metrics, reset_envs, rollout_start
+from ppojax.networks import initial_hidden
+from ppojax.ppo.rollout import (
+    act,
+    collect_rollout,
+    episode_metrics,
+    network_input,
+    reset_envs,
+    rollout_start,
+)
 from ppojax.ppo.train import init_state, make_agent
 
 
@@ -199,3 +207,30 @@ def test_rollouts_chain_in_a_scan_from_rollout_start():
     carry, rewards = jax.jit(rollouts)(state.params, rollout_start(state))
     assert rewards.shape == (3,) and int(carry.repeated_starts) == 0
     np.testing.assert_array_equal(rewards, 16.0)  # CartPole's reward is 1 on every step
+
+
+@pytest.mark.parametrize("recurrent", [None, "gru"])
+def test_act_is_one_call_for_feed_forward_and_recurrent_policies(recurrent):
+    # A feed-forward policy's hidden state is None and stays None; a recurrent one's comes
+    # back as the core's new state. The mode is the argmax of the network's logits.
+    config = ppojax.PPOConfig(
+        num_envs=4, num_steps=4, total_timesteps=16, recurrent=recurrent, recurrent_size=8
+    )
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    obs = np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(3, 4)
+    hidden = initial_hidden(agent.network, 3)
+    policy = (agent, config, state.params, state.obs_stats, obs, hidden)
+    mode, new_hidden = act(*policy, None, deterministic=True)
+    head, _, _, expected_hidden = agent.network.apply(
+        state.params, network_input(config, state.obs_stats, obs), hidden
+    )
+    np.testing.assert_array_equal(mode, np.argmax(head, axis=-1))
+    if recurrent is None:
+        assert hidden is None and new_hidden is None
+    else:
+        np.testing.assert_array_equal(new_hidden, expected_hidden)
+    sampled, _ = act(*policy, jax.random.key(1))
+    again, _ = act(*policy, jax.random.key(1))
+    assert sampled.shape == (3,)
+    np.testing.assert_array_equal(sampled, again)

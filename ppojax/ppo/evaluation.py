@@ -30,7 +30,9 @@ EVAL_METRIC_NAMES: tuple[str, ...] = (
     "eval_length",  # mean length of those episodes; NaN on updates without an evaluation
 )
 
-Act = Callable[..., jax.Array]
+# act(obs [N, ...], hidden, key, deterministic=..., action_mask=...) -> (action, hidden), the
+# signature of ``ppojax.ppo.rollout.act``; hidden is None for a feed-forward policy.
+Act = Callable[..., tuple[jax.Array, jax.Array | None]]
 
 
 class EpisodeStats(NamedTuple):
@@ -87,22 +89,17 @@ def eval_step(
     env: PPOEnv, act: Act, deterministic: bool, carry: EvalCarry
 ) -> tuple[EvalCarry, StepResult]:
     """One action and env step for every env; an env whose first episode ends here keeps that
-    episode's return and length. ``act(obs [N, ...], key, deterministic=...) -> action`` for a
-    feed-forward policy; with ``carry.hidden``, ``act(obs, hidden, key, deterministic=...) ->
-    (action, hidden)``, and the hidden state resets where an episode ended; ``act`` also gets
+    episode's return and length. ``act`` is an ``Act``; the hidden state (None for a
+    feed-forward policy) resets where an episode ended, and ``act`` also gets
     ``action_mask=`` [N, A] for an env with action masks."""
     key, act_key, step_key = jax.random.split(carry.key, 3)
     episodes = carry.finished.shape[0]
-    hidden = carry.hidden
     # Envs with action masks (Jumanji) pass them on: a masked action is never taken.
     options = {"deterministic": deterministic}
     mask = env.action_masks(carry.env_state)
     if mask is not None:
         options["action_mask"] = mask
-    if hidden is None:
-        action = act(carry.obs, act_key, **options)
-    else:
-        action, hidden = act(carry.obs, hidden, act_key, **options)
+    action, hidden = act(carry.obs, carry.hidden, act_key, **options)
     result, env_state = jax.vmap(env.step)(
         jax.random.split(step_key, episodes), carry.env_state, action
     )

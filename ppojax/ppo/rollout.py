@@ -296,7 +296,7 @@ def batched_values_and_log_probs(
     return transitions._replace(value=values, log_prob=log_prob)
 
 
-def policy_step(
+def act(
     agent: Agent,
     config: PPOConfig,
     params: Params,
@@ -309,36 +309,16 @@ def policy_step(
 ) -> tuple[jax.Array, jax.Array | None]:
     """The trained policy's actions [N, ...] for a batch of raw observations [N, ...] (as in
     training: normalized with the frozen ``obs_stats`` when normalization is on) and its new
-    hidden state [N, S] (None for a feed-forward policy); the mode when ``deterministic``.
-    Actions are unclipped, as the policy produced them. The caller resets ``hidden`` where an
-    episode ended (``ppojax.networks.reset_hidden``). Masked actions (``action_mask`` bool
-    [N, action_dim]) never come."""
+    hidden state [N, S]; ``hidden`` is None for a feed-forward policy, and stays None. The
+    mode when ``deterministic``. Actions are unclipped, as the policy produced them. The
+    caller resets ``hidden`` where an episode ended (``ppojax.networks.reset_hidden``).
+    Masked actions (``action_mask`` bool [N, action_dim]) never come."""
     obs = network_input(config, obs_stats, obs)
     head, log_std, _, hidden = agent.network.apply(params, obs, hidden)
     spec = agent.env.spec
     if deterministic:
         return deterministic_action(spec, head, action_mask), hidden
     return policy_distribution(spec, head, log_std, action_mask).sample(seed=key), hidden
-
-
-def policy_action(
-    agent: Agent,
-    config: PPOConfig,
-    params: Params,
-    obs_stats: Any,
-    obs: Any,
-    key: jax.Array,
-    deterministic: bool = False,
-    action_mask: jax.Array | None = None,
-) -> jax.Array:
-    """``policy_step`` of a feed-forward policy on a batch [N, ...]: the actions alone."""
-    if config.recurrent is not None:
-        raise ValueError(
-            f"policy_action has no hidden state for recurrent={config.recurrent!r}; use "
-            "policy_step, which takes and returns it"
-        )
-    step = policy_step(agent, config, params, obs_stats, obs, None, key, deterministic, action_mask)
-    return step[0]
 
 
 def episode_metrics(transitions: Transition) -> dict[str, jax.Array]:

@@ -24,10 +24,9 @@ from ppojax.ppo.gae import compute_gae
 from ppojax.ppo.losses import explained_variance
 from ppojax.ppo.rollout import (
     Agent,
+    act,
     collect_rollout,
     episode_metrics,
-    policy_action,
-    policy_step,
     reset_envs,
     rollout_start,
 )
@@ -46,7 +45,7 @@ from ppojax.ppo.update import (
     learning_rate_at,
     make_optimizer,
     policy_kl,
-    update_epochs,
+    ppo_update,
 )
 from ppojax.runtime.sharding import check_divisible, constrain_env_axis
 
@@ -151,7 +150,7 @@ def update_step(
     with jax.named_scope("gae"):
         batch = make_batch(agent, config, state.params, transitions, state.hidden)
     with jax.named_scope("epochs"):
-        optimized, loss_metrics = update_epochs(
+        optimized, loss_metrics = ppo_update(
             agent,
             config,
             optimizer,
@@ -195,21 +194,13 @@ def evaluation_metrics(agent: Agent, config: PPOConfig, state: TrainState) -> Me
     """``eval_return`` and ``eval_length`` of ``config.eval_episodes`` fresh episodes of the
     policy in ``state`` (observations normalized with its frozen statistics), keyed by
     ``eval_key(state.key)``."""
-    hidden = initial_hidden(agent.network, config.eval_episodes)
-    act = functools.partial(
-        policy_action if hidden is None else policy_step,
-        agent,
-        config,
-        state.params,
-        state.obs_stats,
-    )
     stats = run_episodes(
         agent.env,
-        act,
+        functools.partial(act, agent, config, state.params, state.obs_stats),
         eval_key(state.key),
         config.eval_episodes,
         config.eval_deterministic,
-        hidden=hidden,
+        hidden=initial_hidden(agent.network, config.eval_episodes),
     )
     return eval_metrics(stats)
 

@@ -278,7 +278,7 @@ def run_epochs(
     return optimized, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 
-def update_epochs(
+def ppo_update(
     agent: Agent,
     config: PPOConfig,
     optimizer: optax.GradientTransformation,

@@ -56,6 +56,35 @@ def choose(
     return jnp.where(real, token, pad_id), jnp.where(real, log_prob, 0.0), real
 
 
+def sample_loop(
+    logits_of: Callable[[Any, jax.Array], jax.Array],
+    feed: Callable[[Any, jax.Array, jax.Array, jax.Array], Any],
+    state: Any,
+    key: jax.Array,
+    batch_size: int,
+    response_len: int,
+    temperature: Any,
+    pad_id: int,
+    eos_id: int,
+) -> Samples:
+    """R = ``response_len`` tokens, one per step t: ``logits_of(state, t)`` [B, V] is the
+    next-token distribution, ``choose`` draws from it with step t's key, and ``state =
+    feed(state, t, token, real)``. Both samplers run this loop, so for the same key they draw
+    from the same keys and stop at the same EOS."""
+
+    def step(carry, inputs):
+        state, done = carry
+        index, step_key = inputs
+        token, log_prob, real = choose(logits_of(state, index), step_key, done, temperature, pad_id)
+        state = feed(state, index, token, real)
+        return (state, done | (token == eos_id)), (token, log_prob, real)
+
+    start = (state, jnp.zeros((batch_size,), bool))
+    inputs = (jnp.arange(response_len), jax.random.split(key, response_len))
+    _, (sampled, log_probs, real) = jax.lax.scan(step, start, inputs)
+    return Samples(sampled.T, log_probs.T, real.T)
+
+
 def sample_full(
     policy_apply: PolicyApply,
     params: Any,
@@ -77,20 +106,19 @@ def sample_full(
         [prompt_mask.astype(bool), jnp.zeros((batch_size, response_len), bool)], axis=1
     )
 
-    def step(carry, inputs):
-        tokens, mask, done = carry
-        index, step_key = inputs
-        logits = policy_apply(params, tokens, mask)
-        last = jax.lax.dynamic_index_in_dim(logits, prompt_len - 1 + index, 1, keepdims=False)
-        token, log_prob, real = choose(last, step_key, done, temperature, pad_id)
+    def logits_of(buffer: tuple[jax.Array, jax.Array], index: jax.Array) -> jax.Array:
+        logits = policy_apply(params, *buffer)
+        return jax.lax.dynamic_index_in_dim(logits, prompt_len - 1 + index, 1, keepdims=False)
+
+    def feed(buffer, index, token, real):
+        tokens, mask = buffer
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, prompt_len + index, 1)
         mask = jax.lax.dynamic_update_index_in_dim(mask, real, prompt_len + index, 1)
-        return (tokens, mask, done | (token == eos_id)), (token, log_prob, real)
+        return tokens, mask
 
-    start = (tokens, mask, jnp.zeros((batch_size,), bool))
-    inputs = (jnp.arange(response_len), jax.random.split(key, response_len))
-    _, (sampled, log_probs, real) = jax.lax.scan(step, start, inputs)
-    return Samples(sampled.T, log_probs.T, real.T)
+    return sample_loop(
+        logits_of, feed, (tokens, mask), key, batch_size, response_len, temperature, pad_id, eos_id
+    )
 
 
 def sample_cached(
@@ -109,17 +137,15 @@ def sample_cached(
     batch_size, prompt_len = prompts.shape
     logits, cache = hook.prefill(params, prompts, prompt_mask, prompt_len + response_len)
 
-    def step(carry, inputs):
-        logits, cache, done = carry
-        index, step_key = inputs
-        token, log_prob, real = choose(logits, step_key, done, temperature, pad_id)
-        logits, cache = hook.decode(params, cache, token, prompt_len + index)
-        return (logits, cache, done | (token == eos_id)), (token, log_prob, real)
+    def logits_of(state, index):
+        return state[0]
 
-    start = (logits, cache, jnp.zeros((batch_size,), bool))
-    inputs = (jnp.arange(response_len), jax.random.split(key, response_len))
-    _, (sampled, log_probs, real) = jax.lax.scan(step, start, inputs)
-    return Samples(sampled.T, log_probs.T, real.T)
+    def feed(state, index, token, real):
+        return hook.decode(params, state[1], token, prompt_len + index)
+
+    return sample_loop(
+        logits_of, feed, (logits, cache), key, batch_size, response_len, temperature, pad_id, eos_id
+    )
 
 
 class TokenStats(NamedTuple):

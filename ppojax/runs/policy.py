@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ppojax.envs import PPOEnv, make_env
 from ppojax.networks import initial_hidden, observation_template
+from ppojax.ppo import rollout
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import (
     Act,
@@ -23,7 +25,7 @@ from ppojax.ppo.evaluation import (
     max_episode_steps,
     run_episodes,
 )
-from ppojax.ppo.rollout import Agent, policy_step
+from ppojax.ppo.rollout import Agent
 from ppojax.ppo.train import make_agent
 from ppojax.ppo.types import TrainState
 from ppojax.runs import checkpoints
@@ -51,8 +53,12 @@ RENDERABLE_ENVS = (
 # The classic-control ones among them, which gymnax draws with gymnasium and pygame.
 PYGAME_ENVS = RENDERABLE_ENVS[:5]
 
+# What ``load`` gives: ``act(obs, key=None, deterministic=False, action_mask=None) -> action``,
+# or for a recurrent policy ``act(obs, hidden, key=None, ...) -> (action, hidden)``.
+LoadedAct = Callable[..., Any]
 
-def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PPOConfig, Act]:
+
+def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PPOConfig, LoadedAct]:
     """The config of run ``run`` of a run folder and its policy ``act(obs, key=None,
     deterministic=False, action_mask=None) -> action``, from the latest checkpoint (or the one
     at ``step``); for envs with action masks pass the allowed actions (bool [..., n]).
@@ -79,7 +85,7 @@ def load(run_dir: str | Path, run: int = 0, step: int | None = None) -> tuple[PP
     return config, make_act(config, jax.tree.map(lambda leaf: leaf[run], state))
 
 
-def make_act(config: PPOConfig, state: TrainState) -> Act:
+def make_act(config: PPOConfig, state: TrainState) -> LoadedAct:
     """The policy of one (unbatched) TrainState as ``act(obs, key=None, deterministic=False)``
     or, recurrent, ``act(obs, hidden, key=None, deterministic=False) -> (action, hidden)``."""
     policy = _act if config.recurrent is not None else _feed_forward_act
@@ -126,12 +132,25 @@ def _act(
         action_mask = None if action_mask is None else jnp.asarray(action_mask)[None]
     if hidden is None:
         hidden = initial_hidden(agent.network, jax.tree.leaves(obs)[0].shape[0])
-    action, hidden = policy_step(
+    action, hidden = rollout.act(
         agent, config, state.params, state.obs_stats, obs, hidden, key, deterministic, action_mask
     )
     if single:
         return action[0], None if hidden is None else hidden[0]
     return action, hidden
+
+
+def evaluation_act(config: PPOConfig, act: LoadedAct) -> Act:
+    """``load``'s ``act`` in the form evaluation steps a policy with, ``act(obs, hidden, key,
+    ...) -> (action, hidden)`` (``ppojax.ppo.evaluation.Act``): a feed-forward policy's
+    ``act(obs, key, ...) -> action`` takes and gives back the hidden state None."""
+    if config.recurrent is not None:
+        return act
+
+    def feed_forward(obs: Any, hidden: None, key: jax.Array, **options: Any) -> tuple[Any, None]:
+        return act(obs, key, **options), hidden
+
+    return feed_forward
 
 
 def episode_frames(
@@ -163,7 +182,7 @@ def start_hidden(config: PPOConfig, episodes: int) -> jax.Array | None:
 
 def evaluate(
     config: PPOConfig,
-    act: Act,
+    act: LoadedAct,
     episodes: int = 10,
     seed: int = 0,
     deterministic: bool = False,
@@ -176,17 +195,23 @@ def evaluate(
     if episodes < 1:
         raise ValueError(f"episodes must be at least 1, got {episodes}")
     env = make_env(config.env_id, **config.env_kwargs)
-    rollout = jax.jit(
-        functools.partial(run_episodes, env, act, episodes=episodes, deterministic=deterministic)
+    play = jax.jit(
+        functools.partial(
+            run_episodes,
+            env,
+            evaluation_act(config, act),
+            episodes=episodes,
+            deterministic=deterministic,
+        )
     )
     key = jax.random.key(seed) if key is None else key
     hidden = start_hidden(config, episodes)
-    return np.asarray(jax.device_get(rollout(key, hidden=hidden).returns))
+    return np.asarray(jax.device_get(play(key, hidden=hidden).returns))
 
 
 def render_gif(
     config: PPOConfig,
-    act: Act,
+    act: LoadedAct,
     path: str | Path,
     seed: int = 0,
     deterministic: bool = False,
@@ -208,9 +233,13 @@ def render_gif(
     from gymnax.visualize import Visualizer
 
     env = make_env(config.env_id, **config.env_kwargs)
-    rollout = jax.jit(functools.partial(episode_frames, env, act, deterministic=deterministic))
+    play = jax.jit(
+        functools.partial(
+            episode_frames, env, evaluation_act(config, act), deterministic=deterministic
+        )
+    )
     hidden = start_hidden(config, 1)
-    states, rewards, ended = jax.device_get(rollout(jax.random.key(seed), hidden=hidden))
+    states, rewards, ended = jax.device_get(play(jax.random.key(seed), hidden=hidden))
     frames = min(int(np.argmax(ended[:, 0])) + 1, max_frames)
     sequence = [jax.tree.map(lambda leaf, t=t: leaf[t, 0], states) for t in range(frames)]
     returns = np.cumsum(rewards[:frames, 0])

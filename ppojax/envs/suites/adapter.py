@@ -62,10 +62,20 @@ class Adapter(environment.Environment):
         return AdapterState(inner, action_mask, jnp.bool_(False), jnp.int32(0))
 
     @staticmethod
-    def advance(
-        state: AdapterState, inner: Any, truncated: jax.Array, action_mask: Any = None
-    ) -> AdapterState:
-        return AdapterState(inner, action_mask, jnp.asarray(truncated, jnp.bool_), state.time + 1)
+    def step_result(
+        state: AdapterState,
+        obs: Any,
+        inner: Any,
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        action_mask: Any = None,
+    ) -> tuple[Any, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
+        """What ``step_env`` returns after ``state``: gymnax's (obs, state, reward as float32,
+        terminated, info), the suite's new state ``inner`` kept with the step's flags."""
+        truncated = jnp.asarray(truncated, jnp.bool_)
+        next_state = AdapterState(inner, action_mask, truncated, state.time + 1)
+        return obs, next_state, jnp.asarray(reward, jnp.float32), terminated, {}
 
 
 def box_like(leaf: Any) -> spaces.Box:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from brax import envs
 from flax import struct
@@ -47,8 +46,7 @@ class Brax(Adapter):
         inner = self.env.step(state.inner, action)
         terminated = inner.done > 0.5
         truncated = ~terminated & (state.time + 1 >= params.max_steps_in_episode)
-        reward = jnp.asarray(inner.reward, jnp.float32)
-        return inner.obs, self.advance(state, inner, truncated), reward, terminated, {}
+        return self.step_result(state, inner.obs, inner, inner.reward, terminated, truncated)
 
     def time_limit(self, params: BraxParams) -> int:
         return int(params.max_steps_in_episode)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from craftax.craftax_env import make_craftax_env_from_name
 from gymnax.environments import spaces
 
@@ -45,8 +44,7 @@ class Craftax(Adapter):
         obs, inner, reward, done, _ = self.env.step_env(key, state.inner, action, params)
         terminated = self.env.is_terminal(inner, params.replace(max_timesteps=NO_TIME_LIMIT))
         truncated = done & ~terminated
-        reward = jnp.asarray(reward, jnp.float32)
-        return obs, self.advance(state, inner, truncated), reward, terminated, {}
+        return self.step_result(state, obs, inner, reward, terminated, truncated)
 
     def time_limit(self, params: Any) -> int:
         return int(params.max_timesteps)

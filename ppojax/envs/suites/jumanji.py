@@ -81,8 +81,7 @@ class Jumanji(Adapter):
         last = timestep.last()
         truncated = last & ((timestep.discount > 0) | self.timed_out(inner))
         terminated = last & ~truncated
-        reward = jnp.asarray(timestep.reward, jnp.float32)
-        return obs, self.advance(state, inner, truncated, mask), reward, terminated, {}
+        return self.step_result(state, obs, inner, timestep.reward, terminated, truncated, mask)
 
     def timed_out(self, inner: Any) -> jax.Array:
         """Whether the env's own time limit ended the episode (False for envs without one)."""

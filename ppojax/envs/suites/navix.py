@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import navix
 from gymnax.environments import spaces
 
@@ -42,9 +41,8 @@ class Navix(Adapter):
         timestep = self.env._step(state.inner, action)  # the transition, without the reset
         terminated = timestep.step_type == TERMINATION
         truncated = timestep.step_type == TRUNCATION
-        reward = jnp.asarray(timestep.reward, jnp.float32)
-        next_state = self.advance(state, timestep, truncated)
-        return timestep.observation, next_state, reward, terminated, {}
+        obs, reward = timestep.observation, timestep.reward
+        return self.step_result(state, obs, timestep, reward, terminated, truncated)
 
     def time_limit(self, params: NoParams) -> int:
         return int(self.env.max_steps)

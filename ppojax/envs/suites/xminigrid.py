@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import xminigrid
 from gymnax.environments import spaces
 
@@ -40,9 +39,8 @@ class XMiniGrid(Adapter):
         last = timestep.last()
         terminated = last & (timestep.discount == 0)
         truncated = last & (timestep.discount > 0)
-        reward = jnp.asarray(timestep.reward, jnp.float32)
-        next_state = self.advance(state, timestep, truncated)
-        return timestep.observation, next_state, reward, terminated, {}
+        obs, reward = timestep.observation, timestep.reward
+        return self.step_result(state, obs, timestep, reward, terminated, truncated)
 
     def time_limit(self, params: Any) -> int:
         return int(params.max_steps)

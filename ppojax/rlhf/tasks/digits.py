@@ -134,27 +134,31 @@ class DigitTask:
 
 Expected = Callable[[jax.Array], jax.Array]  # right-aligned digits -> left-aligned answer
 
+# A task is its rule ``expected``; each task module binds it to the three functions below
+# (``functools.partial``): its ideal responses, its SFT start and its reward fn.
+
 
 def targets(
-    expected: Expected, prompts: jax.Array, prompt_mask: jax.Array, response_len: int
+    expected: Expected, task: DigitTask, prompts: jax.Array, prompt_mask: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """The ideal responses [B, response_len] to prompts and their mask."""
+    """The ideal responses [B, task.response_len] to prompts and their mask."""
     digits, counts = prompt_digits(prompts, prompt_mask)
-    return answers(expected(digits), counts, response_len)
+    return answers(expected(digits), counts, task.response_len)
 
 
-def scorer(expected: Expected) -> Callable[..., jax.Array]:
+def scorer(expected: Expected, name: str) -> Callable[..., jax.Array]:
     """A ``reward_fn(prompts, prompt_mask, responses, response_mask) -> [B]``: the match
-    score of each response against the task's answer."""
+    score of each response against the task's answer; ``name`` names it in the metrics."""
 
     def score(prompts, prompt_mask, responses, response_mask):
         digits, counts = prompt_digits(prompts, prompt_mask)
         return match_score(expected(digits), counts, responses, response_mask)
 
+    score.__name__ = name
     return score
 
 
-def sft_start(task: DigitTask, expected: Expected, key: jax.Array) -> tuple[dict, jax.Array]:
+def sft_start(expected: Expected, task: DigitTask, key: jax.Array) -> tuple[dict, jax.Array]:
     """Fresh transformer params trained ``task.sft_steps`` steps on ideal answers; the params
     and the loss curve [sft_steps]. Few steps leave the model imperfect, room for RL."""
     lm = task.model()
@@ -162,7 +166,7 @@ def sft_start(task: DigitTask, expected: Expected, key: jax.Array) -> tuple[dict
 
     def data(step_key: jax.Array):
         prompts, prompt_mask = task.prompts(step_key, task.sft_batch_size)
-        return (prompts, prompt_mask, *targets(expected, prompts, prompt_mask, task.response_len))
+        return (prompts, prompt_mask, *targets(expected, task, prompts, prompt_mask))
 
     return train_sft(
         lm.policy_apply,

@@ -6,9 +6,11 @@ of ``ppojax.rlhf.tasks.digits``), so the reward the policy trains on is the gold
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
-from ppojax.rlhf.tasks.digits import DigitTask, scorer, sft_start, targets
+from ppojax.rlhf.tasks.digits import scorer, sft_start, targets
 
 
 def reversed_digits(digits: jax.Array) -> jax.Array:
@@ -16,15 +18,6 @@ def reversed_digits(digits: jax.Array) -> jax.Array:
     return digits[:, ::-1]
 
 
-checker = scorer(reversed_digits)
-checker.__name__ = "checker"
-
-
-def reversal_targets(task: DigitTask, prompts: jax.Array, prompt_mask: jax.Array):
-    """The ideal responses [B, response_len] and their mask."""
-    return targets(reversed_digits, prompts, prompt_mask, task.response_len)
-
-
-def reversal_sft(task: DigitTask, key: jax.Array) -> tuple[dict, jax.Array]:
-    """The SFT start: transformer params after ``task.sft_steps`` steps, and the loss curve."""
-    return sft_start(task, reversed_digits, key)
+checker = scorer(reversed_digits, "checker")
+reversal_targets = functools.partial(targets, reversed_digits)  # (task, prompts, prompt_mask)
+reversal_sft = functools.partial(sft_start, reversed_digits)  # (task, key) -> params, losses

@@ -10,6 +10,7 @@ can be wrong, and a policy without a KL leash exploits it.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -20,7 +21,8 @@ from flax import struct
 from ppojax.checks import check_positive_int, static
 from ppojax.ppo import losses
 from ppojax.rlhf.model import zero_value_head
-from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
+from ppojax.rlhf.preference import PairData, pair_scores
+from ppojax.rlhf.reward import bradley_terry_loss
 from ppojax.rlhf.sampling import sample_cached
 from ppojax.rlhf.sft import make_adam
 from ppojax.rlhf.tasks.digits import PAD, DigitTask, scorer, sft_start, targets
@@ -38,18 +40,9 @@ def sorted_digits(digits: jax.Array) -> jax.Array:
     return jnp.where(ordered == big, PAD, ordered)
 
 
-gold = scorer(sorted_digits)
-gold.__name__ = "gold"
-
-
-def sorting_targets(task: DigitTask, prompts: jax.Array, prompt_mask: jax.Array):
-    """The ideal responses [B, response_len] and their mask."""
-    return targets(sorted_digits, prompts, prompt_mask, task.response_len)
-
-
-def sorting_sft(task: DigitTask, key: jax.Array) -> tuple[dict, jax.Array]:
-    """The SFT reference: params after ``task.sft_steps`` steps, and the loss curve."""
-    return sft_start(task, sorted_digits, key)
+gold = scorer(sorted_digits, "gold")
+sorting_targets = functools.partial(targets, sorted_digits)  # (task, prompts, prompt_mask)
+sorting_sft = functools.partial(sft_start, sorted_digits)  # (task, key) -> params, losses
 
 
 @struct.dataclass
@@ -67,15 +60,10 @@ class RewardModelConfig:
 
 
 class PreferencePairs(NamedTuple):
-    """Prompts and mask [N, P]; chosen, rejected and their masks [N, R]; pair mask [N]
-    (0 where gold ties)."""
+    """Pairs of SFT samples ordered by gold, ``data`` (prompts [N, P], chosen and rejected
+    [N, R] and their masks), and which pairs count, ``mask`` [N] (0 where gold ties)."""
 
-    prompts: jax.Array
-    prompt_mask: jax.Array
-    chosen: jax.Array
-    chosen_mask: jax.Array
-    rejected: jax.Array
-    rejected_mask: jax.Array
+    data: PairData
     mask: jax.Array
 
 
@@ -98,23 +86,20 @@ def preference_pairs(
     def pick(a: jax.Array, b: jax.Array) -> jax.Array:
         return jnp.where(wins, a, b)
 
-    return PreferencePairs(
+    data = PairData(
         prompts,
         prompt_mask,
         pick(first.tokens, second.tokens),
         pick(first.mask, second.mask),
         pick(second.tokens, first.tokens),
         pick(second.mask, first.mask),
-        first_gold != second_gold,
     )
+    return PreferencePairs(data, first_gold != second_gold)
 
 
 def pair_loss(task: DigitTask, params: dict, pairs: PreferencePairs):
     """Bradley-Terry loss on ``pairs`` and (as aux) the accuracy on the real pairs."""
-    critic_apply = task.model().critic_apply
-    head = (pairs.prompts, pairs.prompt_mask)
-    chosen = last_token_scores(critic_apply, params, *head, pairs.chosen, pairs.chosen_mask)
-    rejected = last_token_scores(critic_apply, params, *head, pairs.rejected, pairs.rejected_mask)
+    chosen, rejected = pair_scores(task.model().critic_apply, params, pairs.data)
     accuracy = losses.masked_mean((chosen > rejected).astype(jnp.float32), pairs.mask)
     return bradley_terry_loss(chosen, rejected, pairs.mask), accuracy
 
