@@ -5,7 +5,7 @@
 The classic CartPole config (4 envs x 128 steps, 4 epochs of 4 minibatches), trained as a user
 trains seeds from Python: ``jax.jit(jax.vmap(ppojax.train))`` with JAX's default options.
 For each seed count it compiles one program per variant: every stand-in on, every one off
-(``kernels.plain()``), and each one off alone. Compile time is measured apart. Then the
+(``kernels.plain()``), and each one off alone (when there are several). Compile time is measured apart. Then the
 variants run in rounds with fresh keys, the order rotating each round, and each variant's
 run time is compared with the all-on program's in the same round; a variant's figure is the
 median over rounds of (all-on steps/s) / (variant steps/s), so 1.25 means the stand-ins it
@@ -51,8 +51,9 @@ def classic_config(timesteps: int) -> ppojax.PPOConfig:
 def variants() -> dict[str, tuple[str, ...] | None]:
     """name -> the stand-ins switched off (None: none)."""
     table: dict[str, tuple[str, ...] | None] = {"all stand-ins": None, "all plain": ()}
-    for name in kernels.STAND_INS:
-        table[f"plain {name}"] = (name,)
+    if len(kernels.STAND_INS) > 1:
+        for name in kernels.STAND_INS:
+            table[f"plain {name}"] = (name,)
     return table
 
 

@@ -13,7 +13,6 @@ from ppojax.ppo.update import (
     run_epochs,
     shuffle_into_minibatches,
 )
-from ppojax.runtime import kernels
 
 
 def test_shuffle_is_a_permutation_split_into_minibatches():
@@ -196,7 +195,7 @@ def _manual_epoch(loss_fn, optimizer, x, skip):
     """The same epoch as a Python loop that leaves out sample ``skip``."""
     params = {"w": jnp.zeros(3)}
     state = optimizer.init(params)
-    order = kernels.permutation(jax.random.split(jax.random.key(3), 1)[0], x.shape[0])
+    order = jax.random.permutation(jax.random.split(jax.random.key(3), 1)[0], x.shape[0])
     for index in np.asarray(order):
         if index != skip:
             grads, _ = jax.grad(loss_fn, has_aux=True)(params, x[index : index + 1])

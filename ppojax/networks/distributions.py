@@ -24,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax.envs import EnvSpec
-from ppojax.runtime import kernels
 
 MASKED_LOGIT = float(np.finfo(np.float32).min)
 HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
@@ -150,7 +149,7 @@ def draw_action_noise(spec: EnvSpec, key: jax.Array, shape: tuple[int, ...]) -> 
     """Noise for ``shape`` actions at once: standard Gumbel, one per logit (discrete and
     MultiDiscrete), or standard normal, [*shape, action_dim]."""
     sampler = jax.random.gumbel if spec.discrete else jax.random.normal
-    return kernels.draw(sampler, key, shape + (spec.action_dim,))
+    return sampler(key, shape + (spec.action_dim,))
 
 
 def sample_from_noise(

@@ -117,7 +117,7 @@ def draw_noise(
         draw_starts(agent, reset_key, steps, num_envs) if resets else (None, None)
     )
     return StepNoise(
-        env_key=kernels.split(env_key, (steps, num_envs)),
+        env_key=jax.random.split(env_key, (steps, num_envs)),
         reset_obs=reset_obs,
         reset_state=reset_state,
         action=draw_action_noise(agent.env.spec, action_key, (steps, num_envs)),

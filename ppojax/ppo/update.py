@@ -21,7 +21,6 @@ from ppojax.ppo import losses
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.rollout import Agent
 from ppojax.ppo.types import Batch, Params, SequenceBatch
-from ppojax.runtime import kernels
 
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -163,7 +162,7 @@ class EpochCarry(NamedTuple):
 
 def gradient_step(
     loss_fn: LossFn,
-    optimizer: kernels.EpochOptimizer,
+    optimizer: optax.GradientTransformation,
     stop_kl: float | jax.Array | None,
     carry: EpochCarry,
     minibatch: Any,
@@ -183,17 +182,18 @@ def gradient_step(
     with jax.named_scope("loss_and_grad"):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     with jax.named_scope("optimizer"):
-        step = optimizer.step(grads, old.opt_state, old.params)
-    finite = jnp.isfinite(loss) & jnp.isfinite(step.grad_norm) & jnp.isfinite(step.update_norm)
+        updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
+        grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(updates))
     take, stopped = finite, carry.stopped
     if stop_kl is not None:
         kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
         take = finite & ~carry.stopped & ~kl_stop
         stopped = carry.stopped | kl_stop
-    new = OptimizerCarry(optax.apply_updates(old.params, step.updates), step.state)
+    new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
     kept = jax.tree.map(lambda n, o: jnp.where(take, n, o), new, old)
     counts = {
-        "grad_norm": step.grad_norm,
+        "grad_norm": grad_norm,
         "gradient_steps": take.astype(jnp.float32),
         "nonfinite_steps": (~finite & ~carry.stopped).astype(jnp.float32),
     }
@@ -204,7 +204,7 @@ def shuffle_into_minibatches(key: jax.Array, batch: Any, num_minibatches: int) -
     """A random permutation of the N samples of every leaf of ``batch`` (same permutation for
     all), reshaped to [num_minibatches, N / num_minibatches, ...]."""
     size = jax.tree.leaves(batch)[0].shape[0]
-    order = kernels.permutation(key, size)
+    order = jax.random.permutation(key, size)
     return jax.tree.map(lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), batch)
 
 
@@ -213,7 +213,7 @@ def shuffle_sequences(key: jax.Array, batch: SequenceBatch, num_minibatches: int
     [num_minibatches] minibatches of B / num_minibatches whole sequences each: data and starts
     [M, T, B / M, ...], hidden [M, B / M, S]."""
     size = batch.hidden.shape[0]
-    order = kernels.permutation(key, size)
+    order = jax.random.permutation(key, size)
 
     def split_envs(x: jax.Array) -> jax.Array:
         x = x[:, order].reshape((x.shape[0], num_minibatches, -1) + x.shape[2:])
@@ -245,25 +245,18 @@ def run_epochs(
     """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves, or a SequenceBatch
     of env sequences) in freshly shuffled minibatches, one gradient step each, all skipped
     from the first minibatch whose approx_kl exceeds ``stop_kl``, and any whose result is not
-    finite. Metrics are means over the steps
-    taken (NaN when none was); ``gradient_steps`` counts them, ``nonfinite_steps`` the steps
-    the divergence guard skipped.
-
-    The optimizer steps, the shuffles and the scan over minibatches go through
-    ``ppojax.runtime.kernels``, whose stand-ins take fewer kernels on CPU.
+    finite. Metrics are means over the steps taken (NaN when none was); ``gradient_steps``
+    counts them, ``nonfinite_steps`` the steps the divergence guard skipped.
     """
-    epoch_optimizer = kernels.epoch_optimizer(optimizer, carry.params)
-    step = functools.partial(gradient_step, loss_fn, epoch_optimizer, stop_kl)
+    step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
 
     def epoch(carry: EpochCarry, epoch_key: jax.Array):
         with jax.named_scope("shuffle"):
             minibatches = shuffle_any(epoch_key, batch, num_minibatches)
-        return kernels.scan(step, carry, minibatches)
+        return jax.lax.scan(step, carry, minibatches)
 
-    start = EpochCarry(
-        OptimizerCarry(carry.params, epoch_optimizer.enter(carry.opt_state)), jnp.bool_(False)
-    )
-    end, metrics = kernels.scan(epoch, start, jax.random.split(key, num_epochs))
+    start = EpochCarry(carry, jnp.bool_(False))
+    end, metrics = jax.lax.scan(epoch, start, jax.random.split(key, num_epochs))
     taken = metrics.pop("gradient_steps")
     skipped = metrics.pop("nonfinite_steps").sum()
     count = taken.sum()
@@ -274,8 +267,7 @@ def run_epochs(
         return jnp.where(count > 0, total / jnp.maximum(count, 1.0), jnp.nan)
 
     means = jax.tree.map(mean_over_taken, metrics)
-    optimized = OptimizerCarry(end.optimizer.params, epoch_optimizer.leave(end.optimizer.opt_state))
-    return optimized, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
+    return end.optimizer, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 
 def ppo_update(

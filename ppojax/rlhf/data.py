@@ -25,8 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.runtime.kernels import permutation
-
 OVERFLOW = ("truncate", "drop", "error")
 
 
@@ -295,7 +293,7 @@ def draw_batch(data: Any, key: jax.Array, batch_size: int) -> tuple[Any, jax.Arr
     count = leading_rows(data)
     if not 0 < batch_size <= count:
         raise ValueError(f"batch_size={batch_size} must be in [1, {count}], the rows of the data.")
-    rows = permutation(key, count)[:batch_size]
+    rows = jax.random.permutation(key, count)[:batch_size]
     arrays = (data.tokens, data.mask) if isinstance(data, PromptData) else data
     return jax.tree.map(lambda leaf: leaf[rows], arrays), rows
 
