@@ -5,7 +5,8 @@ Needs torch and transformers beside ppojax, so it runs outside CI:
     python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install torch transformers -e .
     /tmp/hfvenv/bin/python benchmarks/hf_reload.py
 
-For each tiny checkpoint of tests/fixtures/hf (Llama, Mistral, Qwen2, Qwen3, GPT-2): load it
+For each tiny checkpoint of tests/fixtures/hf (Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3,
+GPT-2): load it
 with ``from_pretrained``, move every parameter by random noise (so a save that wrote the
 original tensors back would be caught), save the result with ``save_pretrained``, and load
 that folder with transformers' ``AutoModelForCausalLM`` and ``AutoTokenizer``. Compared: the
@@ -36,7 +37,7 @@ from ppojax.rlhf import from_pretrained, generate, save_pretrained  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
 RESULT = Path(__file__).resolve().parent / "results" / "hf_reload.json"
-NAMES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2")
 STRINGS = ["hello world", "the lazy dog jumps", "héllo 你好 🙂 café"]
 NEW_TOKENS = 8
 

@@ -5,11 +5,11 @@
 The classic CartPole config (4 envs x 128 steps, 4 epochs of 4 minibatches), trained as a user
 trains seeds from Python: ``jax.jit(jax.vmap(ppojax.train))`` with JAX's default options.
 For each seed count it compiles one program per variant: every stand-in on, every one off
-(``kernels.plain()``), and each one off alone (when there are several). Compile time is measured apart. Then the
-variants run in rounds with fresh keys, the order rotating each round, and each variant's
-run time is compared with the all-on program's in the same round; a variant's figure is the
-median over rounds of (all-on steps/s) / (variant steps/s), so 1.25 means the stand-ins it
-switched off were worth 25%. Writes benchmarks/results/stand_ins.json.
+(``kernels.plain()``), and each one off alone (when there are several). Compile time is
+measured apart. Then the variants run in rounds with fresh keys, the order rotating each
+round, and each variant's run time is compared with the all-on program's in the same round;
+a variant's figure is the median over rounds of (all-on steps/s) / (variant steps/s), so
+1.25 means the stand-ins it switched off were worth 25%. Writes benchmarks/results/stand_ins.json.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ppojax.rlhf.models import parse_config, read_config
 from ppojax.rlhf.models.decoder import Decoder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
-NAMES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2")
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "héllo, 2+2?"},
@@ -305,3 +305,19 @@ def test_a_hub_repo_id_without_huggingface_hub_says_how_to_install(monkeypatch):
         from_pretrained("tiny-org/tiny-llama")
     with pytest.raises(FileNotFoundError, match="not a folder"):
         from_pretrained("no/such/local/folder")
+
+
+def test_gemma3_configs_of_both_transformers_layouts_read_the_same():
+    # transformers 4.x wrote rope_theta (full layers), rope_local_base_freq (sliding layers)
+    # and sliding_window_pattern; transformers 5 writes layer_types and RoPE per layer type.
+    new = json.loads((FIXTURES / "gemma3" / "config.json").read_text())
+    old = {k: v for k, v in new.items() if k not in ("rope_parameters", "layer_types")}
+    old.update(rope_theta=1e6, rope_local_base_freq=1e4, sliding_window_pattern=2)
+    a, b = parse_config(new), parse_config(old)
+    fields = ("rope", "local_rope", "sliding_layers", "sliding_window", "query_scale")
+    assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+    assert a.sliding_layers == (True, False) and a.layer_window(1) is None
+    assert a.layer_rope(0)["rope_theta"] == 1e4 and a.layer_rope(1)["rope_theta"] == 1e6
+    gemma2 = json.loads((FIXTURES / "gemma2" / "config.json").read_text())
+    del gemma2["layer_types"]  # Gemma 2's rule: sliding, full, sliding, ...
+    assert parse_config(gemma2).sliding_layers == (True, False)

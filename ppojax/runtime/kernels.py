@@ -6,13 +6,15 @@ get their randomness. The plain form draws each step's own inside the step; the 
 randomness instead of a handful of small PRNG kernels per step, which on CPU at small batch
 sizes costs more than the env dynamics. Another draw of the same distribution.
 
-A stand-in stays only while a paired benchmark shows it worth at least 10%
-(benchmarks/stand_ins.py, benchmarks/results/stand_ins.json: 12% at 1 seed of the classic
-CartPole config, 3% at 8). Others measured below that (a single-operand sort permutation,
-flat PRNG draws, optimizer moments and metrics packed one array per dtype) were removed for
-the plain calls. ``plain()`` (or the environment variable PPOJAX_PLAIN_KERNELS=1, or a
-comma-separated list of names) turns the stand-ins off, all or by name (``STAND_INS``). The
-switch is read when a program is traced: a program compiled under one setting keeps it.
+A stand-in stays only while a paired benchmark shows it worth about 10% or more
+(benchmarks/stand_ins.py, benchmarks/results/stand_ins.json). This one measured 12% and 8% at
+1 seed of the classic CartPole config in two runs, 3% and 5% at 8 seeds: at the line. Others
+measured below it (a single-operand sort permutation, flat PRNG draws, optimizer moments and
+metrics packed one array per dtype: -4% to +8%) were removed for the plain calls.
+
+``plain()`` (or the environment variable PPOJAX_PLAIN_KERNELS=1, or a comma-separated list of
+names) turns the stand-ins off, all or by name (``STAND_INS``). The switch is read when a
+program is traced: a program compiled under one setting keeps it.
 """
 
 from __future__ import annotations

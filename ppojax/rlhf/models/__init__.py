@@ -1,5 +1,6 @@
 """Hugging Face checkpoints as policies: ``from_pretrained``, ``save_pretrained``, ``generate``
-for Llama, Mistral, Qwen2, Qwen3 and GPT-2 folders (config.json, safetensors, tokenizer.json)."""
+for Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 and GPT-2 folders (config.json, safetensors,
+tokenizer.json)."""
 
 from ppojax.rlhf.models.config import DecoderConfig, parse_config, read_config
 from ppojax.rlhf.models.decoder import Decoder, KVCache

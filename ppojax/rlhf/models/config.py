@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
-SUPPORTED = (*LLAMA_LIKE, "gpt2")
+GEMMA = ("gemma2", "gemma3_text")
+SUPPORTED = (*LLAMA_LIKE, *GEMMA, "gpt2")
 ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -23,10 +24,15 @@ ROPE_TYPES = ("default", "linear", "llama3")
 class DecoderConfig:
     """The shape and the options of a decoder-only LM, whatever its family.
 
-    ``norm``: "rms" (Llama, Qwen) or "layer" (GPT-2); ``positions``: "rope" or "learned";
-    ``rope``: the RoPE parameters (``rope_type``, ``rope_theta`` and the scaling's fields);
-    ``raw``: the config.json as read (JSON text, so the config stays hashable), written back
-    on save."""
+    ``norm``: "rms" (Llama, Qwen), "gemma" (RMSNorm times 1 + w) or "layer" (GPT-2);
+    ``positions``: "rope" or "learned"; ``rope``: the RoPE parameters (``rope_type``,
+    ``rope_theta`` and the scaling's fields), ``local_rope`` those of the sliding layers where
+    they differ (Gemma 3); ``sliding_window``: keys each query sees, on every layer or, with
+    ``sliding_layers``, on the layers marked True; ``query_scale``: the attention scores'
+    factor (default head_dim ** -0.5); ``attn_softcap``/``final_softcap``: cap * tanh(x / cap)
+    of the attention scores and the logits (Gemma 2); ``embed_scale``: embeddings times
+    sqrt(hidden_size); ``sandwich_norms``: norms after each sublayer too (Gemma); ``raw``: the
+    config.json as read (JSON text, so the config stays hashable), written back on save."""
 
     model_type: str
     vocab_size: int
@@ -48,6 +54,13 @@ class DecoderConfig:
     positions: str = "rope"
     rope: tuple[tuple[str, Any], ...] = ()
     sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    local_rope: tuple[tuple[str, Any], ...] = ()
+    query_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    embed_scale: bool = False
+    sandwich_norms: bool = False
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
     raw: str = "{}"
@@ -56,6 +69,18 @@ class DecoderConfig:
     def rope_parameters(self) -> dict[str, Any]:
         """The RoPE parameters as a dict."""
         return dict(self.rope)
+
+    def layer_window(self, index: int) -> int | None:
+        """The sliding window of layer ``index``, None where it attends to every key."""
+        if self.sliding_layers and not self.sliding_layers[index]:
+            return None
+        return self.sliding_window
+
+    def layer_rope(self, index: int) -> dict[str, Any]:
+        """The RoPE parameters of layer ``index``."""
+        if self.local_rope and self.layer_window(index) is not None:
+            return dict(self.local_rope)
+        return self.rope_parameters
 
     def to_json(self) -> dict[str, Any]:
         """config.json's content: the fields read, as they were."""
@@ -181,6 +206,82 @@ def gpt2(raw: dict[str, Any], source: str) -> DecoderConfig:
     )
 
 
+def layer_types(raw: dict[str, Any], layers: int) -> list[str]:
+    """Each layer's "sliding_attention" or "full_attention": ``layer_types`` (transformers 5),
+    else the older rule: Gemma 2 alternates from a sliding first layer, Gemma 3 makes every
+    ``sliding_window_pattern``-th layer full."""
+    if raw.get("layer_types"):
+        return list(raw["layer_types"])
+    if raw["model_type"] == "gemma2":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+    return [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)
+    ]
+
+
+def gemma(raw: dict[str, Any], source: str) -> DecoderConfig:
+    """Gemma 2 and Gemma 3 (text): scaled embeddings, (1 + w) RMSNorms before and after each
+    sublayer, GeGLU, sliding and full layers; Gemma 3 adds q/k norms and a RoPE base per
+    layer type, Gemma 2 caps attention scores and logits."""
+    model_type = raw["model_type"]
+    layers = need(raw, "num_hidden_layers", source)
+    heads = need(raw, "num_attention_heads", source)
+    head_dim = raw.get("head_dim") or 256
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise ValueError(f"{source}: hidden_activation {activation!r} is not supported for Gemma.")
+    if raw.get("use_bidirectional_attention"):
+        raise ValueError(f"{source}: use_bidirectional_attention is not supported (causal only).")
+    types = layer_types(raw, layers)
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if len(types) != layers or unknown:
+        raise ValueError(
+            f"{source}: layer_types must name {layers} layers as sliding_attention "
+            f"or full_attention, got {types}"
+        )
+    by_type = raw.get("rope_parameters") or {}
+    if "full_attention" in by_type:  # transformers 5: RoPE parameters per layer type
+        full = rope_parameters({**raw, "rope_parameters": by_type["full_attention"]}, source)
+        local_raw = by_type.get("sliding_attention", by_type["full_attention"])
+        local = rope_parameters({**raw, "rope_parameters": local_raw}, source)
+    else:
+        full = rope_parameters(raw, source)
+        local_theta = raw.get("rope_local_base_freq", full["rope_theta"])
+        local = {"rope_type": "default", "rope_theta": local_theta}
+    bias = bool(raw.get("attention_bias", False))
+    return DecoderConfig(
+        model_type=model_type,
+        vocab_size=need(raw, "vocab_size", source),
+        hidden_size=need(raw, "hidden_size", source),
+        intermediate_size=need(raw, "intermediate_size", source),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        max_positions=raw.get("max_position_embeddings", 8192),
+        norm_eps=raw.get("rms_norm_eps", 1e-6),
+        activation="gelu_pytorch_tanh",
+        tie_embeddings=raw.get("tie_word_embeddings", True),
+        qkv_bias=bias,
+        out_bias=bias,
+        qk_norm=model_type == "gemma3_text",
+        norm="gemma",
+        rope=tuple(sorted(full.items())),
+        local_rope=tuple(sorted(local.items())) if local != full else (),
+        sliding_window=raw.get("sliding_window"),
+        sliding_layers=tuple(kind == "sliding_attention" for kind in types),
+        query_scale=float(raw.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+        attn_softcap=raw.get("attn_logit_softcapping"),
+        final_softcap=raw.get("final_logit_softcapping"),
+        embed_scale=True,
+        sandwich_norms=True,
+        bos_id=raw.get("bos_token_id"),
+        eos_ids=token_ids(raw.get("eos_token_id")),
+        raw=json.dumps(raw),
+    )
+
+
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> DecoderConfig:
     """A config.json's dict as a ``DecoderConfig``; ValueError naming the unsupported
     ``model_type`` or the missing field."""
@@ -189,7 +290,9 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> DecoderCon
         raise ValueError(
             f"{source}: model_type {model_type!r} is not supported; ppojax loads {SUPPORTED}."
         )
-    return gpt2(raw, source) if model_type == "gpt2" else llama_like(raw, source)
+    if model_type == "gpt2":
+        return gpt2(raw, source)
+    return gemma(raw, source) if model_type in GEMMA else llama_like(raw, source)
 
 
 def read_config(folder: str | Path) -> DecoderConfig:

@@ -1,4 +1,5 @@
-"""One Flax decoder for Llama, Mistral, Qwen2, Qwen3 and GPT-2, with a KV cache.
+"""One Flax decoder for Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 and GPT-2, with a KV
+cache.
 
 The parameter tree mirrors Hugging Face's names (``layers_0/self_attn/q_proj/kernel`` for
 ``model.layers.0.self_attn.q_proj.weight``), so LoRA targets read as PEFT's (``q_proj``,
@@ -42,10 +43,8 @@ def empty_cache(config: DecoderConfig, batch_size: int, length: int, dtype: Any)
     )
 
 
-def inverse_frequencies(config: DecoderConfig) -> jax.Array:
-    """RoPE's [Dh / 2] angular frequencies, with linear or Llama 3 scaling."""
-    rope = config.rope_parameters
-    dim = config.head_dim
+def inverse_frequencies(rope: dict[str, Any], dim: int) -> jax.Array:
+    """RoPE's [dim / 2] angular frequencies, with linear or Llama 3 scaling."""
     inv_freq = 1.0 / (rope["rope_theta"] ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
     if rope["rope_type"] == "linear":
         return inv_freq / rope["factor"]
@@ -72,16 +71,21 @@ def rotate(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * scale, the statistics in float32 (as Hugging Face computes them)."""
+    """x / rms(x) * scale, the statistics in float32 (as Hugging Face computes them); Gemma's
+    (``plus_one``) multiplies by 1 + scale in float32, its scale starting at 0."""
 
     eps: float
     dtype: Any
+    plus_one: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        init = nn.initializers.zeros if self.plus_one else nn.initializers.ones
+        scale = self.param("scale", init, (x.shape[-1],), self.dtype)
         wide = x.astype(jnp.float32)
         normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:
+            return ((1.0 + scale.astype(jnp.float32)) * normed).astype(x.dtype)
         return scale * normed.astype(x.dtype)
 
 
@@ -89,7 +93,12 @@ def norm(config: DecoderConfig, name: str, dtype: Any) -> nn.Module:
     """The family's normalization layer."""
     if config.norm == "layer":
         return nn.LayerNorm(config.norm_eps, dtype=dtype, param_dtype=dtype, name=name)
-    return RMSNorm(config.norm_eps, dtype, name=name)
+    return RMSNorm(config.norm_eps, dtype, plus_one=config.norm == "gemma", name=name)
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(x / cap) (Gemma 2's logit capping); x itself without a cap."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def dense(features: int, bias: bool, name: str, dtype: Any) -> nn.Dense:
@@ -111,9 +120,11 @@ def attend(
     values: jax.Array,
     key_mask: jax.Array,
     start: Any,
+    window: int | None = None,
 ) -> jax.Array:
     """Grouped-query causal attention of queries [B, S, H, Dh] (at ``start``) over the cache's
-    keys and values [B, L, KVH, Dh] -> [B, S, H * Dh]."""
+    keys and values [B, L, KVH, Dh] -> [B, S, H * Dh]; with ``window``, each query sees the
+    last ``window`` keys up to its own."""
     batch_size, chunk, heads, head_dim = queries.shape
     groups = heads // config.num_kv_heads
     grouped = queries.reshape(batch_size, chunk, config.num_kv_heads, groups, head_dim)
@@ -121,23 +132,26 @@ def attend(
     query_index = (start + jnp.arange(chunk))[:, None]
     key_index = jnp.arange(keys.shape[1])[None, :]
     causal = key_index <= query_index
-    if config.sliding_window is not None:
-        # Mistral: the last sliding_window keys up to the query itself. Padding lies only
-        # before a row's first real token, so slot distance is position distance.
-        causal = causal & (query_index - key_index < config.sliding_window)
+    if window is not None:
+        # Padding lies only before a row's first real token, so slot distance is position
+        # distance.
+        causal = causal & (query_index - key_index < window)
     # Each query sees its own key too, so a padded query has a finite, unused output.
     visible = (causal & key_mask[:, None, None, None, :]) | (key_index == query_index)
-    scores = jnp.where(visible, scores / math.sqrt(head_dim), MASKED_SCORE)
+    scale = config.query_scale if config.query_scale is not None else 1.0 / math.sqrt(head_dim)
+    scores = jnp.where(visible, softcap(scores * scale, config.attn_softcap), MASKED_SCORE)
     weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
     attended = jnp.einsum("bkgsl,blkd->bskgd", weights, values)
     return attended.reshape(batch_size, chunk, heads * head_dim)
 
 
 class Attention(nn.Module):
-    """Self-attention of x [B, S, D] at ``start``, writing its keys and values into the cache."""
+    """Self-attention of x [B, S, D] at ``start``, writing its keys and values into the cache;
+    ``index``: the layer's, for its window and RoPE."""
 
     config: DecoderConfig
     dtype: Any
+    index: int = 0
 
     def project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Queries [B, S, H, Dh], keys and values [B, S, KVH, Dh]."""
@@ -156,8 +170,8 @@ class Attention(nn.Module):
         k = k.reshape(batch_size, chunk, config.num_kv_heads, config.head_dim)
         v = v.reshape(batch_size, chunk, config.num_kv_heads, config.head_dim)
         if config.qk_norm:
-            q = RMSNorm(config.norm_eps, dtype, name="q_norm")(q)
-            k = RMSNorm(config.norm_eps, dtype, name="k_norm")(k)
+            q = norm(config, "q_norm", dtype)(q)
+            k = norm(config, "k_norm", dtype)(k)
         return q, k, v
 
     @nn.compact
@@ -173,11 +187,12 @@ class Attention(nn.Module):
         config = self.config
         q, k, v = self.project(x)
         if config.positions == "rope":
-            inv_freq = inverse_frequencies(config)
+            inv_freq = inverse_frequencies(config.layer_rope(self.index), config.head_dim)
             q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
         keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, start, 0, 0))
         values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, start, 0, 0))
-        attended = attend(config, q, keys, values, key_mask, start)
+        window = config.layer_window(self.index)
+        attended = attend(config, q, keys, values, key_mask, start, window)
         name = "c_proj" if config.model_type == "gpt2" else "o_proj"
         return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
 
@@ -201,10 +216,12 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    """Pre-norm block: x + attn(norm x), then x + mlp(norm x)."""
+    """Pre-norm block: x + attn(norm x), then x + mlp(norm x); with sandwich norms (Gemma)
+    x + norm(attn(norm x)), then x + norm(mlp(norm x))."""
 
     config: DecoderConfig
     dtype: Any
+    index: int = 0
 
     @nn.compact
     def __call__(
@@ -220,9 +237,16 @@ class Layer(nn.Module):
         gpt2 = config.model_type == "gpt2"
         normed = norm(config, "ln_1" if gpt2 else "input_layernorm", dtype)(x)
         name = "attn" if gpt2 else "self_attn"
-        attended, keys, values = Attention(config, dtype, name=name)(
+        attended, keys, values = Attention(config, dtype, self.index, name=name)(
             normed, positions, keys, values, key_mask, start
         )
+        if config.sandwich_norms:
+            attended = norm(config, "post_attention_layernorm", dtype)(attended)
+            x = x + attended
+            hidden = MLP(config, dtype, name="mlp")(
+                norm(config, "pre_feedforward_layernorm", dtype)(x)
+            )
+            return x + norm(config, "post_feedforward_layernorm", dtype)(hidden), keys, values
         x = x + attended
         normed = norm(config, "ln_2" if gpt2 else "post_attention_layernorm", dtype)(x)
         return x + MLP(config, dtype, name="mlp")(normed), keys, values
@@ -259,12 +283,15 @@ class Decoder(nn.Module):
             config.vocab_size, config.hidden_size, dtype, dtype, name="wte" if gpt2 else "embed"
         )
         x = embed(tokens)
+        if config.embed_scale:
+            # Gemma: sqrt(hidden_size), rounded to the compute dtype as Hugging Face does
+            x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
         if config.positions == "learned":
             table = nn.Embed(config.max_positions, config.hidden_size, dtype, dtype, name="wpe")
             x = x + table(jnp.minimum(positions, config.max_positions - 1))
         new_keys, new_values = [], []
         for index in range(config.num_layers):
-            x, keys, values = Layer(config, dtype, name=f"layers_{index}")(
+            x, keys, values = Layer(config, dtype, index, name=f"layers_{index}")(
                 x, positions, cache.keys[index], cache.values[index], key_mask, start
             )
             new_keys.append(keys)
@@ -276,5 +303,7 @@ class Decoder(nn.Module):
         if not logits:
             return x, cache
         if config.tie_embeddings:
-            return embed.attend(x), cache
-        return dense(config.vocab_size, False, "lm_head", dtype)(x), cache
+            out = embed.attend(x)
+        else:
+            out = dense(config.vocab_size, False, "lm_head", dtype)(x)
+        return softcap(out, config.final_softcap), cache
