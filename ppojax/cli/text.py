@@ -23,9 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ppojax.checks import parse_bool
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
-from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.config import RLHFConfig, add_config_flags
 
 COMMANDS = ("sft", "rm", "dpo", "rlhf")
 DATA_FLAGS = {"sft": "data", "rm": "pairs", "dpo": "pairs", "rlhf": "prompts"}
@@ -41,30 +40,6 @@ DESCRIPTIONS = {
 PRINTED = ("loss", "rewards/accuracies", "held_out_accuracy", "objective/scores", "objective/kl")
 # RLHFConfig fields the tokenizer fixes.
 TOKEN_FIELDS = ("pad_id", "eos_id")
-
-
-def field_type(field: dataclasses.Field) -> Callable[[str], Any]:
-    """How to parse an RLHFConfig field from one command-line word."""
-    if field.name == "reward_weights":
-        return lambda text: tuple(float(part) for part in text.split(","))
-    if field.name in ("lora_targets", "lora_full"):
-        return lambda text: tuple(part for part in text.split(",") if part)
-    if field.name == "clip_eps_high":
-        return float
-    return parse_bool if isinstance(field.default, bool) else type(field.default)
-
-
-def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str]) -> None:
-    """One option per RLHFConfig field but ``skip`` (unset: the field's default)."""
-    for field in dataclasses.fields(RLHFConfig):
-        if field.name not in skip:
-            parser.add_argument(
-                "--" + field.name.replace("_", "-"),
-                dest=field.name,
-                type=field_type(field),
-                default=None,
-                help=f"default {field.default!r}",
-            )
 
 
 def build_parser(command: str) -> Parser:
@@ -433,3 +408,19 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
         lm, config, prompts, settings["batch_size"], key, rewards, reward_lm, reward_params
     )
     return job, prompts
+
+
+def is_model_run(argv: Sequence[str]) -> bool:
+    """Whether ``ppojax rlhf`` ``argv`` trains a model folder (``--model``, or ``--resume`` of
+    such a run) rather than one of ``python -m ppojax.rlhf``'s built-in tasks."""
+    from ppojax.runs import folder
+
+    if "--model" in argv or any(word.startswith("--model=") for word in argv):
+        return True
+    if "--resume" in argv[:-1]:
+        config = Path(argv[argv.index("--resume") + 1]) / folder.CONFIG_FILE
+        try:
+            return folder.read_json(config).get("command") == "rlhf"
+        except (ValueError, AttributeError):
+            return False
+    return False

@@ -1,5 +1,5 @@
-"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder, or,
-with ``--model FOLDER``, a Hugging Face model on a prompt file (``ppojax.cli.text``).
+"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder. A
+Hugging Face model on a prompt file trains through ``ppojax rlhf --model`` (``ppojax.cli.text``).
 
     ppojax rlhf --task sorting --algorithm ppo --kl-coef 0.1 --steps 200
     ppojax rlhf --task reversal --algorithm grpo --group-size 8 --steps 100
@@ -23,9 +23,7 @@ from typing import Any
 
 import jax
 
-from ppojax.cli import text
-from ppojax.cli.text import add_config_flags
-from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.config import RLHFConfig, add_config_flags
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
 from ppojax.rlhf.run import (
@@ -152,25 +150,12 @@ def prepare(settings: dict[str, Any], frozen: dict[str, Any]):
     return trainer, state, prompt_fn
 
 
-def is_model_run(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` trains a model folder (``--model``, or ``--resume`` of such a run)."""
-    if "--model" in argv or any(word.startswith("--model=") for word in argv):
-        return True
-    if "--resume" in argv[:-1]:
-        config = Path(argv[argv.index("--resume") + 1]) / folder.CONFIG_FILE
-        try:
-            return folder.read_json(config).get("command") == "rlhf"
-        except (ValueError, AttributeError):
-            return False
-    return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, make or reopen the run folder, train, print where it went; with
-    ``--model``, ``ppojax.cli.text``'s ``ppojax rlhf`` on a Hugging Face folder."""
+    """Parse ``argv``, make or reopen the run folder, train, print where it went. A Hugging
+    Face folder (``--model``) trains through ``ppojax rlhf`` (``ppojax.cli.text``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if is_model_run(argv):
-        return text.main("rlhf", argv)
+    if any(word == "--model" or word.startswith("--model=") for word in argv):
+        raise ValueError("a model folder trains through the command line: ppojax rlhf --model")
     args = build_parser().parse_args(argv)
     if not args.no_compile_cache and not cache.disabled_by_environment():
         cache.enable_compile_cache()

@@ -8,8 +8,11 @@ them (for example ``kl_coef``) in one compiled call.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from flax import struct
 
@@ -19,6 +22,7 @@ from ppojax.checks import (
     check_choice,
     check_positive_int,
     check_range,
+    parse_bool,
     static,
 )
 
@@ -165,3 +169,27 @@ def validate(config: RLHFConfig) -> None:
 def config_names() -> tuple[str, ...]:
     """Every field name, for command-line parsing and error messages."""
     return tuple(f.name for f in dataclasses.fields(RLHFConfig))
+
+
+def field_type(field: dataclasses.Field) -> Callable[[str], Any]:
+    """How to parse an RLHFConfig field from one command-line word."""
+    if field.name == "reward_weights":
+        return lambda text: tuple(float(part) for part in text.split(","))
+    if field.name in ("lora_targets", "lora_full"):
+        return lambda text: tuple(part for part in text.split(",") if part)
+    if field.name == "clip_eps_high":
+        return float
+    return parse_bool if isinstance(field.default, bool) else type(field.default)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str]) -> None:
+    """One option per RLHFConfig field but ``skip`` (unset: the field's default)."""
+    for field in dataclasses.fields(RLHFConfig):
+        if field.name not in skip:
+            parser.add_argument(
+                "--" + field.name.replace("_", "-"),
+                dest=field.name,
+                type=field_type(field),
+                default=None,
+                help=f"default {field.default!r}",
+            )
