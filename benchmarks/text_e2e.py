@@ -5,6 +5,7 @@ reward and, apart, DPO on pairs it sampled itself both raise its held-out accura
     python benchmarks/text_e2e.py                      # 4 seeds: results/text_e2e.json, .png
     /tmp/hfvenv/bin/python benchmarks/text_e2e.py      # the same, plus transformers' reload
     python benchmarks/text_e2e.py --seeds 1 --out /tmp/e2e.json   # one seed, elsewhere
+    python benchmarks/text_e2e.py --plot-only          # redraw text_e2e.png from the JSON
 
 Each seed, every step through the public API or the ``ppojax`` commands:
 
@@ -71,20 +72,20 @@ class Sizes:
     heads: int = 4
     intermediate: int = 256
     held_out: int = 256
-    sft_steps: int = 600
+    sft_steps: int = 450
     sft_batch: int = 64
     sft_lr: float = 1e-3
-    grpo_steps: int = 150
+    grpo_steps: int = 100
     grpo_batch: int = 32
     group_size: int = 8
-    grpo_lr: float = 1e-4
+    grpo_lr: float = 2e-4
     kl_coef: float = 0.01
     dpo_prompts: int = 1024  # training prompts sampled for pairs
     dpo_samples: int = 4  # responses per prompt
-    dpo_steps: int = 150
+    dpo_steps: int = 100
     dpo_batch: int = 32
-    dpo_lr: float = 1e-4
-    dpo_beta: float = 0.1
+    dpo_lr: float = 3e-5
+    dpo_beta: float = 1.0
     # a prompt with no correct sample pairs the answer (chosen) with a wrong sample: only
     # for the CI test, whose untrained model samples no correct answer
     gold_fallback: bool = False
@@ -365,7 +366,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     left.set_ylim(0, 1)
     left.legend()
     right.set_xlabel("GRPO step")
-    right.set_ylabel("exact-match reward of the samples (moving mean)")
+    right.set_ylabel("exact-match reward of the samples")
+    right.set_title("GRPO, moving mean", fontsize=10)
     right.legend()
     fig.suptitle("Two-digit addition, a 2-layer Llama from scratch on CPU")
     fig.tight_layout()
@@ -416,10 +418,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULT, help="the JSON file; .png beside it")
     parser.add_argument("--work", type=Path, help="keep the run folders here (a temp folder)")
     parser.add_argument("--toy", action="store_true", help="the CI test's sizes")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
     numbers = [f for f in dataclasses.fields(Sizes) if not isinstance(f.default, bool)]
     for field in numbers:
         parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default))
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
+        return
     sizes = TOY if args.toy else Sizes()
     chosen = {f.name: getattr(args, f.name) for f in numbers}
     sizes = dataclasses.replace(sizes, **{k: v for k, v in chosen.items() if v is not None})
