@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm  # tqdm.auto warns in a notebook kernel without ipywidgets
 
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.pbt import (
