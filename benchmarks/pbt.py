@@ -158,14 +158,20 @@ def run_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     search = task_search(task)
     interval = args.interval or default_interval(config.num_updates)
     pbt_run, pbt_compile = compiled_pbt(config, args.population, interval, search, args)
-    search_run, search_compile = compiled_pbt(
-        config, args.population, config.num_updates, search, args
+    reused = reusable_search(args, task, config, search) if args.reuse_search else None
+    search_run, search_compile = (
+        (None, 0.0)
+        if reused is not None
+        else compiled_pbt(config, args.population, config.num_updates, search, args)
     )
     reps, seconds = [], {"pbt": 0.0, "search": 0.0}
     for rep in range(args.reps):
         key = jax.random.fold_in(jax.random.key(args.seed), rep)
         numbers = {}
         for method, run in (("pbt", pbt_run), ("search", search_run)):
+            if run is None:  # the search does not depend on the PBT settings: reuse it
+                numbers[method] = reused["repetitions"][rep][method]
+                continue
             start = time.perf_counter()
             out = jax.device_get(jax.block_until_ready(run(key)))
             seconds[method] += time.perf_counter() - start
@@ -180,9 +186,12 @@ def run_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
             flush=True,
         )
     budget = config.num_updates * config.batch_size
+    if reused is not None:
+        search_compile, seconds["search"] = reused["compile_s"]["search"], reused["run_s"]["search"]
     return {
         "task": task,
         "label": args.label,
+        "search_from": None if reused is None else reused["name"],
         "name": row_name(task, args.label),
         "population": args.population,
         "reps": args.reps,
@@ -203,6 +212,22 @@ def run_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
         "compile_s": {"pbt": round(pbt_compile, 2), "search": round(search_compile, 2)},
         "run_s": {name: round(value, 2) for name, value in seconds.items()},
     }
+
+
+def reusable_search(
+    args: argparse.Namespace, task: str, config: Any, search: dict
+) -> dict[str, Any] | None:
+    """The task's default row in --out when it ran the same search (space, population,
+    budget, seed, repetitions), whose random-search numbers a variant can take; else None."""
+    for row in read_results(args.out)["tasks"]:
+        same = row["name"] == task and row["search"] == {k: list(v) for k, v in search.items()}
+        same = same and row["population"] == args.population and row["seed"] == args.seed
+        same = same and row["reps"] == args.reps and row["num_updates"] == config.num_updates
+        if same:
+            print(f"{task}: random search taken from the row {row['name']!r}", flush=True)
+            return row
+    print(f"{task}: no matching random search in {args.out}; running it", flush=True)
+    return None
 
 
 def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -260,36 +285,50 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def plot(path: Path, figure_path: Path) -> None:
     """Per task: the best member's training return for both methods (mean over repetitions,
-    min-max band), then repetition 0's PBT schedules, one line per member coloured by final
-    rank (darkest: the best)."""
+    min-max band), the same over the second half of training (where the two are close), then
+    repetition 0's PBT schedules, one line per member coloured by final rank (darkest: the
+    best)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     rows = read_results(path)["tasks"]
     if not rows:
         return
-    columns = 1 + max(len(row["search"]) for row in rows)
+    columns = 2 + max(len(row["search"]) for row in rows)
+    thousands = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1e3:g}k")
     figure, axes = plt.subplots(
         len(rows), columns, figsize=(3.8 * columns, 3.2 * len(rows)), squeeze=False
     )
     for line, row in zip(axes, rows, strict=True):
-        for method, colour in (("pbt", "tab:red"), ("search", "tab:blue")):
-            curves = np.array([rep[method]["best_curve"] for rep in row["repetitions"]], float)
-            steps = np.linspace(0, row["budget_per_member"], curves.shape[1] + 1)[1:]
-            label = "PBT" if method == "pbt" else "random search"
-            line[0].fill_between(steps, curves.min(0), curves.max(0), color=colour, alpha=0.2)
-            line[0].plot(steps, curves.mean(0), color=colour, label=f"{label}, best member")
-        line[0].set_title(f"{row['name']}: {row['reps']} reps", fontsize="small")
-        line[0].set_xlabel("env steps per member")
-        line[0].set_ylabel("training return")
-        line[0].legend(fontsize="small")
-        line[0].grid(alpha=0.3)
-        plot_schedules(line[1:], row, plt)
+        for axis, half in ((line[0], False), (line[1], True)):
+            plot_best_curves(axis, row, half)
+        plot_schedules(line[2:], row, plt)
+        for axis in line:
+            axis.xaxis.set_major_formatter(thousands)
     figure.tight_layout()
     figure.savefig(figure_path, dpi=100)
     plt.close(figure)
+
+
+def plot_best_curves(axis: Any, row: dict[str, Any], second_half: bool) -> None:
+    for method, colour in (("pbt", "tab:red"), ("search", "tab:blue")):
+        curves = np.array([rep[method]["best_curve"] for rep in row["repetitions"]], float)
+        steps = np.linspace(0, row["budget_per_member"], curves.shape[1] + 1)[1:]
+        if second_half:
+            curves, steps = curves[:, len(steps) // 2 :], steps[len(steps) // 2 :]
+        label = "PBT" if method == "pbt" else "random search"
+        axis.fill_between(steps, curves.min(0), curves.max(0), color=colour, alpha=0.2)
+        style = "-" if method == "pbt" else "--"
+        axis.plot(steps, curves.mean(0), style, color=colour, label=f"{label}, best member")
+    title = f"{row['name']}: {row['reps']} reps" + (", second half" if second_half else "")
+    axis.set_title(title, fontsize="small")
+    axis.set_xlabel("env steps per member")
+    axis.set_ylabel("training return")
+    axis.legend(fontsize="small")
+    axis.grid(alpha=0.3)
 
 
 def plot_schedules(axes: Any, row: dict[str, Any], plt: Any) -> None:
@@ -324,6 +363,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fraction", type=float, default=0.25)
     parser.add_argument("--explore", choices=("perturb", "resample"), default="perturb")
     parser.add_argument("--label", help="a name for a variant's row (default: none)")
+    parser.add_argument(
+        "--reuse-search",
+        action="store_true",
+        help="take the random search from the task's unlabelled row when it matches",
+    )
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="2 tiny reps, temporary results")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
