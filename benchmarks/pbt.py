@@ -265,21 +265,39 @@ def merge_row(path: Path, row: dict[str, Any]) -> None:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """Final training return per row: PBT best and mean, search best and mean (averaged over
-    repetitions), PBT's wins, the settings."""
+    """Final training return per row, averaged over repetitions: PBT best and mean, search
+    best and mean, the best members' final evaluation return, PBT's wins, the settings."""
     lines = [
         "| task | budget per member | PBT best | PBT mean | search best | search mean "
-        "| PBT best wins | interval, fraction, explore |",
-        "|---|---|---|---|---|---|---|---|",
+        "| best's eval: PBT / search | PBT best wins | interval, fraction, explore |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         s = row["summary"]
         lines.append(
             f"| {row['name']} | {row['budget_per_member']:,} | {s['pbt_best']} | {s['pbt_mean']}"
-            f" | {s['search_best']} | {s['search_mean']} | {s['pbt_best_wins']}/{row['reps']}"
+            f" | {s['search_best']} | {s['search_mean']} | {s.get('pbt_best_eval')} / "
+            f"{s.get('search_best_eval')} | {s['pbt_best_wins']}/{row['reps']}"
             f" | {row['interval']} of {row['num_updates']} updates, {row['fraction']}, "
             f"{row['explore']} |"
         )
+    return "\n".join(lines)
+
+
+def repetitions_table(rows: list[dict[str, Any]]) -> str:
+    """Per row and repetition: PBT best and mean, search best and mean (final training
+    return)."""
+    lines = [
+        "| task | rep | PBT best | PBT mean | search best | search mean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        for rep in row["repetitions"]:
+            pbt, search = rep["pbt"], rep["search"]
+            lines.append(
+                f"| {row['name']} | {rep['rep']} | {pbt['best']} | {pbt['mean']} "
+                f"| {search['best']} | {search['mean']} |"
+            )
     return "\n".join(lines)
 
 
@@ -387,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     figure_path = args.out.with_suffix(".png")
     if args.table:
-        print(markdown_table(read_results(args.out)["tasks"]))
+        rows = read_results(args.out)["tasks"]
+        print(markdown_table(rows) + "\n\n" + repetitions_table(rows))
         return 0
     if not args.plot_only:
         command = shlex.join(["python", "benchmarks/pbt.py", *argv])
