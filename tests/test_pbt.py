@@ -179,3 +179,25 @@ def test_a_stopped_pbt_run_resumes_to_the_same_files(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["pbt", "--resume", str(run_dir), "--interval", "2"])
     assert "drop --interval" in capsys.readouterr().err
+
+
+def test_one_interval_is_the_vmapped_sweep_of_the_drawn_configs():
+    """interval = num_updates: nobody is replaced, so PBT is ``vmap(train)`` over the drawn
+    configurations and the member keys (benchmarks/pbt.py's random search relies on this).
+    Both programs run the same float32 operations in the same order: equal bit for bit."""
+    from ppojax.ppo.pbt import population_configs
+
+    key = jax.random.key(3)
+    out = jax.jit(
+        functools.partial(ppojax.pbt, population=4, interval=TINY.num_updates, search=SEARCH)
+    )(TINY, key)
+    init_key, _, _ = jax.random.split(key, 3)
+    configs = population_configs(TINY, {k: v[:, 0] for k, v in out.hyperparams.items()})
+    sweep = jax.jit(jax.vmap(ppojax.train))(configs, jax.random.split(init_key, 4))
+    np.testing.assert_array_equal(out.lineage, np.zeros((4, 1)) + np.arange(4)[:, None])
+    for a, b in zip(jax.tree.leaves(out.metrics), jax.tree.leaves(sweep.metrics), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(
+        jax.tree.leaves(out.state.params), jax.tree.leaves(sweep.state.params), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)

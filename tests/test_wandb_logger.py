@@ -235,3 +235,70 @@ def test_a_resumed_run_logs_on_into_the_same_wandb_runs(tmp_path, monkeypatch):
     del settings["wandb"]  # run folders from before W&B resume have no such field
     folder.write_json(run_dir / folder.RUN_FILE, settings)
     assert read_experiment(run_dir)[1].wandb is None
+
+
+PBT = (
+    "pbt",
+    "CartPole-v1",
+    *("--population", "4", "--interval", "2", "--search", "learning_rate=1e-4:3e-3:log"),
+    *("ent_coef=0:0.05", "--total-timesteps", "384", "--num-envs", "4", "--num-steps", "16"),
+    *("--update-epochs", "1", "--num-minibatches", "2", "--hidden-sizes", "8"),
+    *("--checkpoint-every", "2", "--keep-checkpoints", "0", "--no-progress"),
+)
+
+
+def pbt_table(run_dir: Path) -> dict[tuple[int, int], dict[str, float]]:
+    """pbt.csv as {(member, interval): row}."""
+    lines = (run_dir / "pbt.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, map(float, line.split(",")), strict=True)) for line in lines[1:]]
+    return {(int(row["member"]), int(row["interval"])): row for row in rows}
+
+
+def test_pbt_logs_one_wandb_run_per_member_with_its_schedule(tmp_path, monkeypatch):
+    """Each member's W&B run: its initial hyperparameters as config, every metric of every
+    update, its hyperparameter of each update's interval, its score and source at each
+    interval's end, and its rank; --resume logs on into the runs pbt.json names."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wandb-dir").mkdir()
+    out = tmp_path / "runs"
+    assert main([*PBT, "--out", str(out), "--wandb", "--wandb-name", "pop"]) == 0
+    (run_dir,) = out.iterdir()
+    saved = folder.read_json(run_dir / "pbt.json")["wandb"]
+    assert saved["name"] == "pop" and len(set(saved["run_ids"])) == 4
+    first = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*/run-*.wandb"))
+    runs = {run["config"]["run"]: run for run in map(offline_run, first)}
+    assert sorted(runs) == [0, 1, 2, 3]
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
+    table = pbt_table(run_dir)
+    summary = folder.read_json(run_dir / folder.SUMMARY_FILE)
+    for member, run in runs.items():
+        assert run["id"] == saved["run_ids"][member] and run["group"] == "pop"
+        assert run["config"]["learning_rate"] == pytest.approx(
+            table[member, 0]["learning_rate"], rel=1e-6
+        )
+        assert sorted(run["history"]) == [1, 2, 3, 4, 5, 6]
+        for step, row in run["history"].items():
+            interval = (step - 1) // 2
+            assert row["episode_return"] == metrics["episode_return"][member, step - 1]
+            for name in ("learning_rate", "ent_coef"):
+                expected = table[member, interval][name]
+                assert row[f"pbt/{name}"] == pytest.approx(expected, rel=1e-6)
+            if step % 2:
+                assert "pbt/copied_from" not in row and "pbt/score" not in row
+            else:
+                assert row["pbt/copied_from"] == table[member, interval]["copied_from"]
+        assert run["summary"]["pbt_best"] == (member == summary["best_member"])
+    ranks = sorted(run["summary"]["pbt_rank"] for run in runs.values())
+    assert ranks == [0, 1, 2, 3]
+
+    # as if killed after the first interval: the resume logs intervals 2 and 3 into the runs
+    for step in ("2", "3"):
+        shutil.rmtree(run_dir / "checkpoints" / step)
+    assert main(["pbt", "--resume", str(run_dir), "--no-progress"]) == 0
+    every = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*/run-*.wandb"))
+    resumed = [offline_run(path) for path in every if path not in first]
+    assert sorted(run["id"] for run in resumed) == sorted(saved["run_ids"])
+    assert all(sorted(run["history"]) == [3, 4, 5, 6] for run in resumed)

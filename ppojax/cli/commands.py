@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--gif", type=Path, metavar="PATH", help="draw one episode to a GIF")
     add_env_module_flag(evaluate)
     add_cache_flag(evaluate)
-    add_pbt_parser(commands, add_shared_flags)
+    add_wandb_flags(add_pbt_parser(commands, add_shared_flags))  # one W&B run per member
     envs = commands.add_parser("envs", help="list the environment ids that can be trained")
     add_env_module_flag(envs)
     commands.add_parser(
@@ -595,7 +595,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         if args.command == "eval":
             return run_eval(args)
         if args.command == "pbt":
-            return run_pbt_command(args, build_config)
+            return run_pbt_command(args, build_config, wandb_options)
         grid = dict(args.grid) if args.command == "sweep" else {}
         return run_train(args, grid)
     except (ValueError, OSError) as error:

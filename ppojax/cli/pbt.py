@@ -11,9 +11,9 @@ from ppojax.cli.values import DEFAULT_OUT, parse_int
 from ppojax.ppo.config import PPOConfig
 
 
-def add_pbt_parser(commands: Any, add_shared_flags: Callable[[Any], None]) -> None:
-    """``ppojax pbt``'s parser; ``add_shared_flags`` adds the train command's config, env
-    module and cache flags."""
+def add_pbt_parser(commands: Any, add_shared_flags: Callable[[Any], None]) -> Any:
+    """``ppojax pbt``'s parser (returned); ``add_shared_flags`` adds the train command's
+    config, env module and cache flags."""
     pbt = commands.add_parser(
         "pbt",
         help="population-based training: exploit and explore inside one compiled program",
@@ -64,6 +64,7 @@ def add_pbt_parser(commands: Any, add_shared_flags: Callable[[Any], None]) -> No
     )
     pbt.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_shared_flags(pbt)
+    return pbt
 
 
 def parse_search_flag(text: str) -> tuple[str, tuple[Any, ...]]:
@@ -83,14 +84,19 @@ def parse_search_flag(text: str) -> tuple[str, tuple[Any, ...]]:
 
 
 def run_pbt_command(
-    args: argparse.Namespace, build_config: Callable[[argparse.Namespace], PPOConfig]
+    args: argparse.Namespace,
+    build_config: Callable[[argparse.Namespace], PPOConfig],
+    wandb_options: Callable[[argparse.Namespace, Any], Any],
 ) -> int:
     """``ppojax pbt``: train the population of the config ``build_config`` gives (preset,
-    --config, flags) into a new run folder, or continue --resume; print the best member."""
+    --config, flags) into a new run folder, or continue --resume; print the best member.
+    ``wandb_options(args, saved)``: the W&B options of --wandb and its flags (one W&B run
+    per member), on --resume over the run's saved ones."""
     from ppojax.ppo.pbt import parse_search
     from ppojax.runs import folder
     from ppojax.runs.experiment import check_env
-    from ppojax.runs.pbt_folder import read_pbt_folder, resume_pbt, run_pbt
+    from ppojax.runs.loggers import options_from_settings
+    from ppojax.runs.pbt_folder import PBT_FILE, read_pbt_folder, resume_pbt, run_pbt
 
     progress = not args.no_progress
     if args.resume is not None:
@@ -102,13 +108,16 @@ def run_pbt_command(
             )
         config, settings = read_pbt_folder(args.resume)
         run_dir = args.resume
+        saved = options_from_settings(run_dir / PBT_FILE, settings.get("wandb"))
+        wandb = wandb_options(args, saved)
         print(f"resuming {run_dir}", flush=True)
-        _, summary = resume_pbt(run_dir, progress=progress)
+        _, summary = resume_pbt(run_dir, progress=progress, wandb=wandb)
     else:
         if args.interval is None or not args.search:
             raise ValueError("pbt needs --interval and --search (or --resume RUN_DIR)")
         config = build_config(args)
         parse_search(config, dict(args.search))  # a bad search leaves no empty folder
+        wandb = wandb_options(args, None)
         folder.check_out_dir(args.out)
         check_env(config)
         run_dir = folder.new_run_dir(args.out, config.env_id)
@@ -125,6 +134,7 @@ def run_pbt_command(
             checkpoint_every=args.checkpoint_every,
             keep_checkpoints=args.keep_checkpoints,
             progress=progress,
+            wandb=wandb,
         )
     best = summary["best_member"]
     values = ", ".join(f"{k}={v:.3g}" for k, v in summary["best_hyperparams_last_interval"].items())

@@ -1,4 +1,4 @@
-"""Weights & Biases logging of an experiment (``ppojax train --wandb``).
+"""Weights & Biases logging of an experiment (``ppojax train | sweep | pbt --wandb``).
 
 Every ppojax run (seed x grid point) is one W&B run. The runs of one experiment share a W&B
 group (the run folder's name unless ``WandbOptions.name`` sets it), carry their seed and grid
@@ -6,6 +6,13 @@ point as config values, job type and tags, and log every metric of every update 
 update number (evaluation metrics only on the updates that evaluated). The config holds every
 PPOConfig field with the run's own grid values; the summary, written when training ends, holds
 the final return, the final evaluation return and whether the run diverged.
+
+A PBT run (``ppojax pbt --wandb``) logs one W&B run per member, the same way: its config
+holds the member's initial hyperparameters (its "grid point"); at every update it logs
+``pbt/<field>``, the member's value of each searched field then, and at the last update of
+each interval ``pbt/score`` (the return it was ranked by) and ``pbt/copied_from`` (the member
+whose state it holds after the interval: itself unless it was replaced); the summary adds
+``pbt_rank`` (0: the best final return), ``pbt_best`` and the last interval's values.
 
 A run folder's run.json records the W&B settings and run ids (``wandb_settings``), so
 ``--resume`` logs on into the same W&B runs (``resume="allow"``); W&B keeps the steps it
@@ -34,6 +41,7 @@ from ppojax.ppo.summary import final_return, latest_finite, point_label
 from ppojax.runs import folder
 
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+PBT_PREFIX = "pbt/"  # a PBT member's schedule and records (ppojax.runs.pbt_folder)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +151,10 @@ class WandbLog:
         config: PPOConfig,
         runs: Sequence[dict[str, Any]],
         run_dir: Path | None,
+        job_type: str | None = None,
     ) -> None:
+        """``job_type`` (None: each run's grid point, or "train") also tags every run in
+        place of the grid point (a PBT member's initial values are too long for a tag)."""
         wandb = import_wandb()
         if options.run_ids is not None and len(options.run_ids) != len(runs):
             raise ValueError(
@@ -155,7 +166,7 @@ class WandbLog:
         for index, run in enumerate(runs):
             settings = wandb_config(config, run, group)
             run_id = None if options.run_ids is None else options.run_ids[index]
-            label = point_label(settings["grid_point"])
+            label = job_type or point_label(settings["grid_point"])
             self.runs.append(
                 wandb.init(
                     project=options.project,
@@ -180,10 +191,18 @@ class WandbLog:
                 values = update_values(metrics, index, offset)
                 run.log(values, step=first + offset + 1)
 
-    def finish(self, metrics: dict[str, np.ndarray], diverged: Sequence[int]) -> None:
-        """Write each run's summary from the whole run's metrics [runs, U] and close the runs."""
+    def finish(
+        self,
+        metrics: dict[str, np.ndarray],
+        diverged: Sequence[int],
+        extra: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
+        """Write each run's summary from the whole run's metrics [runs, U] (and its entry of
+        ``extra``, more summary values per run) and close the runs."""
         for index, run in enumerate(self.runs):
             run.summary.update(run_summary(metrics, index, index in diverged))
+            if extra is not None:
+                run.summary.update(extra[index])
             run.finish()
         self.runs = []
 
@@ -195,13 +214,17 @@ class WandbLog:
 
 
 def update_values(metrics: dict[str, np.ndarray], run: int, offset: int) -> dict[str, float]:
-    """One run's metrics at one update as floats; an evaluation metric only when measured."""
+    """One run's metrics at one update as floats; a metric measured only on some updates (an
+    evaluation's, PBT's ``pbt/`` records) only where measured."""
     values = {name: float(column[run, offset]) for name, column in metrics.items()}
     return {
-        name: value
-        for name, value in values.items()
-        if name not in EVAL_METRIC_NAMES or np.isfinite(value)
+        name: value for name, value in values.items() if not is_sparse(name) or np.isfinite(value)
     }
+
+
+def is_sparse(name: str) -> bool:
+    """A metric that is NaN on the updates that did not measure it."""
+    return name in EVAL_METRIC_NAMES or name.startswith(PBT_PREFIX)
 
 
 def run_summary(metrics: dict[str, np.ndarray], run: int, diverged: bool) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm  # tqdm.auto warns in a notebook kernel without ipywidgets
 
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.pbt import (
@@ -37,6 +37,13 @@ from ppojax.ppo.pbt import (
 )
 from ppojax.ppo.summary import final_return
 from ppojax.runs import checkpoints, folder
+from ppojax.runs.loggers import (
+    PBT_PREFIX,
+    WandbLog,
+    WandbOptions,
+    options_from_settings,
+    wandb_settings,
+)
 
 PBT_FILE = "pbt.json"
 PBT_TABLE = "pbt.csv"
@@ -56,8 +63,10 @@ def run_pbt(
     checkpoint_every: int | None = None,
     keep_checkpoints: int | None = 3,
     progress: bool = False,
+    wandb: WandbOptions | None = None,
 ) -> tuple[PBTOutput, dict[str, Any]]:
     """Train the population into ``run_dir`` (new, or empty); the output and summary.json.
+    With ``wandb``, every member is also one W&B run (see ppojax.runs.loggers).
 
     With ``checkpoint_every`` (updates, a multiple of ``interval``) the population trains in
     pieces of that many updates; after each, metrics.csv and pbt.csv hold every interval so
@@ -85,6 +94,8 @@ def run_pbt(
         "seed": seed,
         "checkpoint_every": every,
         "keep_checkpoints": keep_checkpoints or None,
+        # pbt.json names the W&B runs, so a resume logs on into them
+        "wandb": wandb_settings(None if wandb is None else wandb.with_run_ids(population)),
     }
     folder.write_json(run_dir / PBT_FILE, settings)
     return train_population(run_dir, config, settings, None, progress)
@@ -101,10 +112,17 @@ def read_pbt_folder(run_dir: Path) -> tuple[PPOConfig, dict[str, Any]]:
     return config, folder.read_json_object(run_dir / PBT_FILE, "PBT settings")
 
 
-def resume_pbt(run_dir: Path, progress: bool = False) -> tuple[PBTOutput, dict[str, Any]]:
+def resume_pbt(
+    run_dir: Path, progress: bool = False, wandb: WandbOptions | None = None
+) -> tuple[PBTOutput, dict[str, Any]]:
     """Continue the PBT run in ``run_dir`` from its newest checkpoint that reads back (from
-    the start when there is none): the same result as a run never stopped."""
+    the start when there is none): the same result as a run never stopped. It logs on into
+    the W&B runs pbt.json names; ``wandb`` (other than those) logs to new ones from here."""
     config, settings = read_pbt_folder(run_dir)
+    saved = options_from_settings(Path(run_dir) / PBT_FILE, settings.get("wandb"))
+    if wandb is not None and wandb != saved:
+        settings["wandb"] = wandb_settings(wandb.with_run_ids(settings["population"]))
+        folder.write_json(Path(run_dir) / PBT_FILE, settings)
     template = jax.eval_shape(functools.partial(start_program(config, settings), config))
     carry, _, unreadable = checkpoints.restore_newest(run_dir, template)
     if unreadable:
@@ -160,6 +178,7 @@ def train_population(
     store = checkpoints.open_checkpoints(
         run_dir, keep=settings.get("keep_checkpoints"), clean=True, record=settings
     )
+    logger = wandb_log(run_dir, config, settings, carry)
     bar = tqdm(
         total=config.num_updates,
         initial=done * interval,
@@ -170,12 +189,18 @@ def train_population(
     try:
         while done < generations:
             carry = jax.block_until_ready(program(min(piece, generations - done))(config, carry))
-            done = int(carry.generation)
+            before, done = done, int(carry.generation)
             write_tables(run_dir, config, carry)
+            if logger is not None:
+                logger.log(before * interval, wandb_metrics(carry, before, done))
             checkpoints.save_checkpoint(store, done, carry)
             scores = np.asarray(carry.records.scores[done - 1])
             bar.update(done * interval - bar.n)
             bar.set_postfix(best=f"{np.nanmax(np.nan_to_num(scores, nan=-np.inf)):.1f}")
+    except BaseException:
+        if logger is not None:
+            logger.abort()
+        raise
     finally:
         bar.close()
         store.close()
@@ -186,7 +211,71 @@ def train_population(
     write_plots(run_dir, config, out, metrics)
     summary = summarize(config, out, metrics, compiled_at - began, finished - compiled_at)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    if logger is not None:
+        logger.finish(metrics, [], wandb_summaries(out, metrics))
     return out, summary
+
+
+def wandb_log(
+    run_dir: Path, config: PPOConfig, settings: dict[str, Any], carry: PBTCarry
+) -> WandbLog | None:
+    """One W&B run per member, named in pbt.json (None without W&B); each member's config
+    holds its initial hyperparameters."""
+    options = options_from_settings(run_dir / PBT_FILE, settings.get("wandb"))
+    if options is None:
+        return None
+    initial = {
+        name: np.asarray(values[0] if int(carry.generation) else carry.hyperparams[name])
+        for name, values in carry.records.hyperparams.items()
+    }
+    members = [
+        {"run": member, "seed": settings["seed"]}
+        | {name: float(values[member]) for name, values in initial.items()}
+        for member in range(len(next(iter(initial.values()))))
+    ]
+    return WandbLog(options, config, members, run_dir, job_type="pbt")
+
+
+def wandb_metrics(carry: PBTCarry, first: int, last: int) -> dict[str, np.ndarray]:
+    """The metrics [P, updates] of intervals ``first`` to ``last`` (exclusive), with each
+    member's hyperparameters at every update (``pbt/<field>``) and, at each interval's last
+    update, its score and the member it copied (``pbt/score``, ``pbt/copied_from``; NaN
+    elsewhere)."""
+    records = jax.device_get(carry.records)
+
+    def per_update(values: np.ndarray) -> np.ndarray:  # [G, P, interval] -> [P, G * interval]
+        values = np.moveaxis(np.asarray(values)[first:last], 0, 1)
+        return values.reshape(values.shape[0], -1)
+
+    metrics = {name: per_update(values) for name, values in records.metrics.items()}
+    interval = next(iter(metrics.values())).shape[1] // (last - first)
+    at_end = np.full((*records.lineage.shape, interval), np.nan)  # [G, P, interval]
+    extra = {f"{PBT_PREFIX}{name}": values for name, values in records.hyperparams.items()}
+    for name, values in extra.items():
+        metrics[name] = per_update(np.repeat(np.asarray(values)[..., None], interval, axis=-1))
+    for name, values in (("score", records.scores), ("copied_from", records.lineage)):
+        ends = at_end.copy()
+        ends[..., -1] = values
+        metrics[f"{PBT_PREFIX}{name}"] = per_update(ends)
+    return metrics
+
+
+def wandb_summaries(out: PBTOutput, metrics: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Per member: its rank by final return (0: the best), whether it is the best, and its
+    hyperparameters in the last interval."""
+    finals = np.nan_to_num(final_return(metrics["episode_return"]), nan=-np.inf)
+    rank = np.argsort(np.argsort(-finals))
+    return [
+        {
+            "pbt_rank": int(rank[member]),
+            "pbt_best": bool(rank[member] == 0),
+            **{
+                f"{PBT_PREFIX}{name}": float(np.asarray(values)[member, -1])
+                for name, values in out.hyperparams.items()
+            },
+        }
+        for member in range(len(finals))
+    ]
 
 
 def write_tables(run_dir: Path, config: PPOConfig, carry: PBTCarry) -> None:
