@@ -207,7 +207,8 @@ def train_population(
     finished = time.perf_counter()
     out = jax.device_get(pbt_output(carry))
     metrics = {name: np.asarray(values) for name, values in out.metrics.items()}
-    write_tables(run_dir, config, carry)
+    if not (run_dir / PBT_TABLE).exists():  # a resume of a run whose last piece had finished
+        write_tables(run_dir, config, carry)
     write_plots(run_dir, config, out, metrics)
     summary = summarize(config, out, metrics, compiled_at - began, finished - compiled_at)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
@@ -281,7 +282,8 @@ def wandb_summaries(out: PBTOutput, metrics: dict[str, np.ndarray]) -> list[dict
 def write_tables(run_dir: Path, config: PPOConfig, carry: PBTCarry) -> None:
     """metrics.csv and pbt.csv with every interval done so far, each replaced atomically."""
     done = int(carry.generation)
-    out = jax.device_get(pbt_output(carry))
+    # the records alone: the members' training states stay on the device
+    out = jax.device_get(pbt_output(carry._replace(states=None)))
     interval = config.num_updates // out.lineage.shape[1]
     metrics = {
         name: np.asarray(values)[:, : done * interval] for name, values in out.metrics.items()
