@@ -275,7 +275,10 @@ def test_mistral_window_is_applied_and_qwen_windows_are_refused(tmp_path):
     windowed = lm.module.apply(lm.params, tokens, mask)[0]
     unwindowed = Decoder(dataclasses.replace(lm.config, sliding_window=None), lm.module.dtype)
     full = unwindowed.apply(lm.params, tokens, mask)[0]
-    np.testing.assert_allclose(windowed[:, :6], full[:, :6], atol=1e-5)  # inside the window
+    # Two compiled programs: inside the window the masked keys weigh exactly 0, so the logits
+    # (scale ~4) agree to float32 rounding; 2e-4 as for the fixtures. Beyond it they differ
+    # by ~2 (measured), far past either bound.
+    np.testing.assert_allclose(windowed[:, :6], full[:, :6], atol=2e-4)
     assert np.abs(np.asarray(windowed[:, 6:] - full[:, 6:])).max() > 1e-3
     folder = copy_fixture("qwen2", tmp_path)
     raw = json.loads((folder / "config.json").read_text())
