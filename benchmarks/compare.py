@@ -2,7 +2,7 @@
 
     python benchmarks/compare.py [--configs cartpole cartpole-2048 pendulum breakout]
                                  [--seeds 1 8] [--pairs 5] [--cpu-devices 1] [--cpu-threads N]
-                                 [--tag cpu-2core]
+                                 [--tag cpu-2core] [--jax-defaults]
 
 (the default configs; ``cartpole-65536`` and ``breakout-1024`` are GPU sizes, run by
 ``benchmarks/gpu.sh``)
@@ -10,10 +10,13 @@
 For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled once
 (compile time measured apart), each the way the library compiles its own runs: ppojax with
 ``ppojax.compiler_options()`` (on CPU: LLVM level 2 and copy insertion's region analysis),
-rejax with XLA's defaults. Each is then compiled once more with the other's options, timed
-only, for the report. Then both run
-``--pairs`` times each with fresh keys, alternating which library goes first. A pair's ratio
-is ppojax's env steps/s over rejax's (run time only); the report gives the median ratio.
+rejax with XLA's defaults; ``--jax-defaults`` compiles ppojax with XLA's defaults too, the
+program a user gets from ``jax.jit(jax.vmap(ppojax.train))`` in Python. Each is then compiled
+once more with the other set of options (XLA's defaults or ppojax's), timed only, for the
+report, which also gives each compiled program's size (fusions and HLO instructions). Then
+both run ``--pairs`` times each with fresh keys, alternating which library goes first. A
+pair's ratio is ppojax's env steps/s over rejax's (run time only); the report gives the
+median ratio.
 Final returns come from the same evaluation for both libraries: 128 episodes of each trained
 policy (sampled actions) through ppojax's evaluator.
 
@@ -41,6 +44,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -220,11 +224,23 @@ def keys_for(seeds: int, repeat: int) -> jax.Array:
     return jax.random.split(jax.random.key(1000 + repeat), seeds)
 
 
-def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
-    """Compile both libraries, then ``pairs`` alternating timed runs of each."""
+def program_size(compiled: Any) -> dict[str, int]:
+    """Kernels (fusions) and instructions of a compiled program's optimized HLO: what XLA's
+    compile time and a small batch's per-step overhead grow with."""
+    text = compiled.as_text()
+    return {"fusions": len(re.findall(r" fusion\(", text)), "instructions": text.count("\n")}
+
+
+def compare_pair(
+    config: ppojax.PPOConfig, seeds: int, pairs: int, jax_defaults: bool = False
+) -> dict:
+    """Compile both libraries, then ``pairs`` alternating timed runs of each. With
+    ``jax_defaults`` ppojax compiles with XLA's default options, as rejax does: the program a
+    user gets from ``jax.jit(jax.vmap(ppojax.train))``."""
     steps = seeds * config.num_updates * config.batch_size
     libraries = {}
-    options = {"ppojax": ppojax.compiler_options(), "rejax": None}  # what each library uses
+    # what each library uses
+    options = {"ppojax": None if jax_defaults else ppojax.compiler_options(), "rejax": None}
     for name, make in RUNNERS.items():
         lower, run, act, training_returns = make(config)
         lowered = lower(keys_for(seeds, 0))
@@ -238,11 +254,12 @@ def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
             "act": act,
             "training_returns": training_returns,
             "compile_seconds": compile_seconds,
+            "program": program_size(compiled),
             "run_seconds": [],
             "out": None,
         }
     for name, library in libraries.items():
-        other = options["rejax" if name == "ppojax" else "ppojax"]
+        other = ppojax.compiler_options() if options[name] is None else None
         start = time.perf_counter()
         library["lowered"].compile(compiler_options=other)
         library["compile_seconds_other_options"] = time.perf_counter() - start
@@ -277,6 +294,7 @@ def compare_pair(config: ppojax.PPOConfig, seeds: int, pairs: int) -> dict:
             "compile_options": options[name],
             "compile_seconds": round(library["compile_seconds"], 2),
             "compile_seconds_other_options": round(library["compile_seconds_other_options"], 2),
+            "program": library["program"],
             "run_seconds": [round(value, 3) for value in library["run_seconds"]],
             "env_steps_per_second": round(steps / median_seconds),
             "eval_return_per_seed": [round(value, 1) for value in final],
@@ -505,6 +523,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument(
+        "--jax-defaults",
+        action="store_true",
+        help="compile ppojax with XLA's default options too (the Python path), not its own",
+    )
+    parser.add_argument(
         "--cpu-devices",
         type=int,
         default=1,
@@ -528,7 +551,8 @@ def main() -> None:
         config = CONFIGS[name]
         block: dict[str, Any] = {"config": describe(config), "runs": []}
         for seeds in args.seeds or DEFAULT_SEEDS.get(name, (1,)):
-            result = compare_pair(config, seeds, args.pairs or DEFAULT_PAIRS.get(name, 3))
+            pairs = args.pairs or DEFAULT_PAIRS.get(name, 3)
+            result = compare_pair(config, seeds, pairs, args.jax_defaults)
             block["runs"].append(result)
             print(
                 f"{name}, {seeds} seed(s): ppojax {result['ppojax']['env_steps_per_second']:,} "

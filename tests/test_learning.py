@@ -69,7 +69,9 @@ def test_a_gru_policy_solves_memory_chain_where_the_mlp_stays_at_chance():
     """MemoryChain-bsuite (memory length 5): the context bit (+-1) is in the first
     observations only, and the action five steps later must match it (+1, else -1). An MLP
     sees the same observation at the query whatever the context, so its expected return is 0
-    (chance); a GRU remembers the bit."""
+    (chance); a GRU remembers the bit. After 30 updates about one GRU seed in sixteen is
+    still learning (at 0.5-0.7), and which one moves with the last bits of the arithmetic, so
+    3 of 4 seeds must have solved it."""
     base = ppojax.PPOConfig(
         env_id="MemoryChain-bsuite",
         num_envs=32,
@@ -82,7 +84,7 @@ def test_a_gru_policy_solves_memory_chain_where_the_mlp_stays_at_chance():
         anneal_lr=False,
     )
     mlp = final_returns(base, seeds=2)
-    gru = final_returns(base.replace(recurrent="gru", recurrent_size=32), seeds=2)
+    gru = final_returns(base.replace(recurrent="gru", recurrent_size=32), seeds=4)
     print("MemoryChain-bsuite, last 10 updates per seed: MLP", mlp, "GRU", gru)
     assert np.abs(mlp).max() < 0.25, mlp  # 0 +- noise: ~320 episodes per value
-    assert gru.min() > 0.9, gru
+    assert (gru > 0.9).sum() >= 3 and gru.min() > 0.25, gru
