@@ -3,6 +3,7 @@
     python benchmarks/compare.py [--configs cartpole cartpole-2048 pendulum breakout]
                                  [--seeds 1 8] [--pairs 5] [--cpu-devices 1] [--cpu-threads N]
                                  [--tag cpu-2core] [--jax-defaults]
+    python benchmarks/compare.py --readme README.md    (the README's table from the results)
 
 (the default configs; ``cartpole-65536`` and ``breakout-1024`` are GPU sizes, run by
 ``benchmarks/gpu.sh``)
@@ -536,7 +537,17 @@ def main() -> None:
     parser.add_argument(
         "--cpu-threads", type=int, help="thread pool size, for both libraries (default: cores)"
     )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        help="only rewrite this README's speed table from the result files, and exit",
+    )
     args = parser.parse_args()
+    if args.readme:
+        text = args.readme.read_text()
+        args.readme.write_text(readme_with_speed_table(text, speed_table(args.out)))
+        print(f"wrote the speed table of {args.readme}")
+        return
     report: dict[str, Any] = {
         "benchmark": "compare",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -613,6 +624,84 @@ def main() -> None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {json_path}")
     plot(report, args.out / f"compare-{args.tag}.png")
+
+
+# --------------------------------------------------------------------------------------------
+# The README's speed table, generated from the result files
+
+# The result files the table shows, in order; each gets a machine letter.
+SPEED_RESULTS = (
+    "compare-python-path.json",
+    "compare-cpu-2core.json",
+    "compare-cartpole-20261203-xeon-devices.json",
+)
+LABELS = {
+    "cartpole": "CartPole, classic (4 envs x 128 steps)",
+    "cartpole-2048": "CartPole, 2048 envs x 16 steps",
+    "pendulum": "Pendulum preset, 524k steps",
+    "breakout": "Breakout-MinAtar MLP, 524k steps",
+    "cartpole-65536": "CartPole, 65,536 envs x 16 steps",
+    "breakout-1024": "Breakout-MinAtar MLP, 1,024 envs",
+}
+SPEED_START, SPEED_END = "<!-- speed-table:start -->", "<!-- speed-table:end -->"
+
+
+def compiled_with(run: dict) -> str:
+    # files older than --jax-defaults hold no compile_options: ppojax compiled its own way
+    options = run["ppojax"].get("compile_options", "its own")
+    return "XLA defaults" if options is None else "ppojax's options"
+
+
+def pair_text(run: dict, key: str, digits: int = 2) -> str:
+    values = [run[name].get(key) for name in ("ppojax", "rejax")]
+    if any(value is None for value in values):
+        return "-"
+    return " / ".join(f"{value:.{digits}f}" if digits else f"{value:g}" for value in values)
+
+
+def speed_table(results: Path) -> str:
+    """The markdown table of every run in the SPEED_RESULTS files, with a line per machine."""
+    lines = [
+        "| config | seeds | ppojax compiled with | ppojax steps/s | rejax steps/s | ratio "
+        "| compile s, ppojax / rejax | fusions, ppojax / rejax | return, ppojax / rejax "
+        "| machine | result |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for letter, name in zip("ABCDEFGH", SPEED_RESULTS, strict=False):
+        report = json.loads((results / name).read_text())
+        link = f"[json](benchmarks/results/{name})"
+        figure = results / name.replace(".json", ".png")
+        if figure.exists():
+            link += f", [plot](benchmarks/results/{figure.name})"
+        for config, block in report["configs"].items():
+            for run in block["runs"]:
+                sizes = [run[lib].get("program", {}).get("fusions") for lib in ("ppojax", "rejax")]
+                lines.append(
+                    f"| {LABELS.get(config, config)} | {run['seeds']} | {compiled_with(run)} "
+                    f"| {run['ppojax']['env_steps_per_second']:,} "
+                    f"| {run['rejax']['env_steps_per_second']:,} | {run['median_ratio']:.2f} "
+                    f"| {pair_text(run, 'compile_seconds')} "
+                    f"| {'-' if None in sizes else ' / '.join(map(str, sizes))} "
+                    f"| {pair_text(run, 'eval_return_mean', 1)} | {letter} | {link} |"
+                )
+                link = "same"
+        machine = report["machine"]
+        devices = report.get("cpu_devices", 1)
+        notes.append(
+            f"- {letter}: {machine['cpu']}, {machine['cores']} cores, {devices} JAX CPU "
+            f"device{'s' if devices != 1 else ''}, jax {machine['jax']}, rejax "
+            f"{report['versions']['rejax']}, {report['date'][:10]}: "
+            f"`{report['command'].replace(str(Path(__file__).parent.parent) + '/', '')}`"
+        )
+    return "\n".join(lines) + "\n\n" + "\n".join(notes)
+
+
+def readme_with_speed_table(readme: str, table: str) -> str:
+    """``readme`` with the block between the speed-table markers replaced by ``table``."""
+    head, rest = readme.split(SPEED_START, 1)
+    _, tail = rest.split(SPEED_END, 1)
+    return f"{head}{SPEED_START}\n{table}\n{SPEED_END}{tail}"
 
 
 def _version(package: str) -> str:

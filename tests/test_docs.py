@@ -169,3 +169,15 @@ def test_the_readme_learning_table_is_the_one_learning_py_makes_from_the_result_
     )
     assert learning.steps_text(9_994_240) == "10M" and learning.steps_text(150_000) == "150k"
     assert learning.steps_text(499_712) == "500k" and learning.steps_text(1_500_000) == "1.5M"
+
+
+def test_the_readme_speed_table_is_the_one_compare_py_makes_from_the_result_files():
+    """The README's speed rows are generated, never typed: they equal what
+    ``python benchmarks/compare.py --readme README.md`` writes from the compare-*.json files."""
+    compare = load_benchmark("compare")
+    table = compare.speed_table(ROOT / "benchmarks" / "results")
+    text = (ROOT / "README.md").read_text()
+    assert compare.SPEED_START in text and compare.SPEED_END in text
+    assert compare.readme_with_speed_table(text, table) == text, (
+        "run python benchmarks/compare.py --readme README.md"
+    )
