@@ -44,7 +44,8 @@ class PPOConfig:
     hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
     normalize_rewards, env_kwargs, reset_pool, eval_every, eval_episodes, eval_deterministic,
     and the network's fields. Traced fields (sweepable with vmap): every float but
-    init_log_std (it sets the initial parameters, which the network's settings fix). The
+    init_log_std (it sets the initial parameters, which the network's settings fix) and
+    action_noise_correlation (0.0 leaves the rollout's program as it was). The
     optional ones (vf_clip_eps, target_kl, reward_clip, eval_every, reset_pool) switch their
     feature off with ``None``, which changes the program.
 
@@ -71,7 +72,10 @@ class PPOConfig:
     state_dependent_std makes the log-std a dense head on the actor's features, so the
     policy can explore more in some states than in others, instead of one parameter per
     action dimension; not with a recurrent core. init_log_std: where the log-std starts (the
-    parameter, or the head's bias, its kernel starting near zero).
+    parameter, or the head's bias, its kernel starting near zero). action_noise_correlation:
+    rho in [0, 1), the rollout's sampling noise an AR(1) process with that step-to-step
+    correlation instead of white (each step's noise still N(0, 1), see
+    ``ppojax.ppo.rollout``); 0.0 is the program without it.
 
     env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
     names are passed to it (for gymnax ids, to the env's constructor); keys that name a field
@@ -135,6 +139,7 @@ class PPOConfig:
     shared_torso: bool = static(False)
     state_dependent_std: bool = static(False)
     init_log_std: float = static(0.0)
+    action_noise_correlation: float = static(0.0)
 
     env_kwargs: EnvKwargs = static(EnvKwargs())
     reset_pool: int | None = static(None)
@@ -303,6 +308,7 @@ def check_network(config: PPOConfig) -> None:
 
 def check_log_std(config: PPOConfig) -> None:
     """init_log_std: one number (static, so no array) in [-10, 10] (std 4.5e-5 to 2.2e4);
+    action_noise_correlation: one number in [0, 1);
     state_dependent_std: not with a recurrent core, whose minibatch replay keeps one log-std
     per sequence step rather than per sample."""
     value = config.init_log_std
@@ -312,6 +318,13 @@ def check_log_std(config: PPOConfig) -> None:
             f"PPOConfig.init_log_std must be one number (a static field), got {show(value)}.",
         )
     check_range("PPOConfig", "init_log_std", value, -10.0, 10.0, open_low=False)
+    rho = config.action_noise_correlation
+    if not isinstance(rho, (int, float)) or isinstance(rho, bool) or not 0.0 <= rho < 1.0:
+        raise ConfigError(
+            "action_noise_correlation",
+            "PPOConfig.action_noise_correlation must be one number in [0, 1) (0: white "
+            f"noise), got {show(rho)}.",
+        )
     if config.state_dependent_std and config.recurrent is not None:
         raise ConfigError(
             "state_dependent_std",
