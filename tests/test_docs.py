@@ -169,3 +169,11 @@ def test_the_readme_learning_table_is_the_one_learning_py_makes_from_the_result_
     )
     assert learning.steps_text(9_994_240) == "10M" and learning.steps_text(150_000) == "150k"
     assert learning.steps_text(499_712) == "500k" and learning.steps_text(1_500_000) == "1.5M"
+
+
+def test_learning_py_runs_a_preset_with_changes_for_other_scripts_ablations():
+    learning = load_benchmark("learning")
+    config = learning.task_config("MountainCarContinuous-v0", 2048, {"init_log_std": 0.5})
+    preset = ppojax.PPOConfig.preset("MountainCarContinuous-v0")
+    assert config == preset.replace(total_timesteps=2048, init_log_std=0.5)
+    assert learning.task_config("MountainCarContinuous-v0") == preset
