@@ -77,8 +77,9 @@ class PPOConfig:
     correlation instead of white (each step's noise still N(0, 1), see
     ``ppojax.ppo.rollout``); 0.0 is the program without it. An exploration aid, not a free
     improvement: the noise carries the past, so an action is no longer drawn from pi(.|s)
-    given the state alone and the policy gradient is biased (Pendulum's preset falls from
-    about -165 to -600 and below at rho 0.5 and 0.9).
+    given the state alone and the policy gradient is biased; where white noise explores well
+    enough it brings nothing (Pendulum's preset at rho 0.5: -160.2 against -155.7,
+    benchmarks/exploration.py).
 
     env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
     names are passed to it (for gymnax ids, to the env's constructor); keys that name a field

@@ -101,15 +101,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # to doing nothing (return 0) unless exploration finds the flag (+100) first, and white
     # noise rarely does: simulated, N(0, sigma) actions reach it in 2% of 999-step episodes at
     # sigma 1, 6% at 2, none at 0.5, while the cost shrinks the std within the first episodes.
-    # With white noise this preset stays at the do-nothing policy (learning.json before
-    # action_noise_correlation: -0.0 on every seed), as did every variant tried with it:
+    # With white noise this preset stays at the do-nothing policy (-0.0 on every seed, and
+    # -0.04 with a state-dependent std starting at log-std 0.5: benchmarks/exploration.py),
+    # and no variant tried with white noise in tuning runs brought all seeds to the flag:
     # normalized observations with entropy 0.1 and normalized rewards, no advantage
     # normalization with entropy 0.1 or 0.2, 256-step rollouts, lr 1e-4, 128 envs, gamma
     # 0.999, entropy 0.05, initial log-stds of 0.5 and 1 (init_log_std), a state-dependent
     # std (state_dependent_std, as gymnax-blines' Gaussian has). Correlated noise pushes the
     # car one way for ~1 / (1 - 0.95) = 20 steps, a quarter of the valley's ~70-step swing,
     # and so pumps energy into it as white noise cannot (colored-noise exploration: Eberhard
-    # et al. 2023, "Pink Noise Is All You Need"): every seed finds the flag by ~600k steps.
+    # et al. 2023, "Pink Noise Is All You Need"): every seed evaluates above 93 from 410k steps.
     "MountainCarContinuous-v0": {
         **BLINES_CLASSIC_CONTROL,
         "num_envs": 32,
@@ -125,10 +126,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # varies by ~75 (std) with the start angle, so 64 evaluation episodes (10 gave a
     # standard error of ~30 per seed, -150 on a GPU with one seed at -116); the standard
     # error of a mean over 4 x 64 episodes is ~5. Tried at 1M steps, 4 seeds, final
-    # evaluation: gamma 0.95 with clip 0.2 -164.6 (the preset before, learning.json),
-    # gamma 0.98 -159.4, 0.99 -160.5; the change of one field each in
-    # benchmarks/exploration.py; and, all worse or within the noise, gamma 0.9, GAE 0.9,
-    # initial log-std -0.5, 128-128 layers, 32 envs x 128 steps (a stuck seed in some).
+    # evaluation (benchmarks/exploration.py, results/exploration.json): gamma 0.95 with clip
+    # 0.2, the preset before, -259.9 (one seed stuck at -561, the others -156 to -166; -164.6
+    # in learning.json at 181ebc8, whose arithmetic differed), a state-dependent std -216.2
+    # (one stuck at -397), correlated action noise at 0.5 -160.2. Earlier, gamma 0.98 -159.4
+    # and 0.99 -160.5 with clip 0.2; and, worse or within the noise in tuning runs, gamma
+    # 0.9, GAE 0.9, initial log-std -0.5, 128-128 layers, 32 envs x 128 steps.
     "Pendulum-v1": {
         "num_envs": 16,
         "num_steps": 256,
