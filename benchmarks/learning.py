@@ -88,12 +88,14 @@ def parse_task(task: str) -> tuple[str, str | None]:
     return env_id, encoder or None
 
 
-def task_config(task: str, total_timesteps: int | None = None) -> Any:
-    """The task's preset, with its encoder and the budget override."""
+def task_config(
+    task: str, total_timesteps: int | None = None, changes: dict[str, Any] | None = None
+) -> Any:
+    """The task's preset, with its encoder, the budget override and any other ``changes``."""
     import ppojax
 
     env_id, encoder = parse_task(task)
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = dict(changes or {})
     if encoder is not None:
         overrides["encoder"] = encoder
     if total_timesteps is not None:
@@ -274,14 +276,21 @@ def hardware(row: dict) -> str:
 # One task
 
 
-def run_task(task: str, seeds: int, total_timesteps: int | None, seed: int) -> dict:
-    """Compile and run one task over ``seeds`` keys; the row the JSON keeps for it."""
+def run_task(
+    task: str,
+    seeds: int,
+    total_timesteps: int | None,
+    seed: int,
+    changes: dict[str, Any] | None = None,
+) -> dict:
+    """Compile and run one task over ``seeds`` keys (its preset with ``changes``, for other
+    scripts' ablations); the row the JSON keeps for it."""
     import jax
 
     import ppojax
 
     env_id, _ = parse_task(task)
-    config = task_config(task, total_timesteps)
+    config = task_config(task, total_timesteps, changes)
     train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
     keys = jax.random.split(jax.random.key(seed), seeds)
     start = time.perf_counter()

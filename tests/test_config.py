@@ -73,6 +73,14 @@ def test_hyperparameters_are_leaves_and_shapes_are_static():
         ({"recurrent": "rnn"}, "recurrent"),
         ({"recurrent_size": 0, "recurrent": "gru"}, "recurrent_size"),
         ({"shared_torso": "yes"}, "shared_torso"),
+        ({"state_dependent_std": 1}, "state_dependent_std"),
+        ({"state_dependent_std": True, "recurrent": "gru"}, "state_dependent_std"),
+        ({"init_log_std": float("nan")}, "init_log_std"),
+        ({"init_log_std": 11.0}, "init_log_std"),
+        ({"init_log_std": np.array([0.0, 1.0])}, "init_log_std"),
+        ({"action_noise_correlation": 1.0}, "action_noise_correlation"),
+        ({"action_noise_correlation": -0.1}, "action_noise_correlation"),
+        ({"action_noise_correlation": float("nan")}, "action_noise_correlation"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):

@@ -181,3 +181,11 @@ def test_the_readme_speed_table_is_the_one_compare_py_makes_from_the_result_file
     assert compare.readme_with_speed_table(text, table) == text, (
         "run python benchmarks/compare.py --readme README.md"
     )
+
+
+def test_learning_py_runs_a_preset_with_changes_for_other_scripts_ablations():
+    learning = load_benchmark("learning")
+    config = learning.task_config("MountainCarContinuous-v0", 2048, {"init_log_std": 0.5})
+    preset = ppojax.PPOConfig.preset("MountainCarContinuous-v0")
+    assert config == preset.replace(total_timesteps=2048, init_log_std=0.5)
+    assert learning.task_config("MountainCarContinuous-v0") == preset

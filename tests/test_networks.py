@@ -279,3 +279,48 @@ def test_patch_convolution_equals_xla_convolution_with_its_gradients(
     want_grads = jax.grad(functools.partial(loss, reference), argnums=(0, 1))(params, x)
     for have, want in zip(jax.tree.leaves(ours_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(have, want, atol=1e-4)
+
+
+def test_state_dependent_std_is_a_head_whose_std_varies_with_the_observation():
+    """Off: one log_std parameter [A], the same for every observation. On: a dense head on
+    the actor's features, [B, A], different per observation, and the sampled log-prob's
+    gradient reaches its kernel (so training can shape where the policy explores)."""
+    obs = jax.random.normal(jax.random.key(1), (6, 3))
+    network, observation = network_and_observation(env_id="Pendulum-v1")
+    params = init_params(jax.random.key(0), network, observation)
+    _, log_std, _, _ = network.apply(params, obs, None)
+    assert log_std.shape == (1,) and "log_std_head" not in params["params"]
+
+    network, observation = network_and_observation(env_id="Pendulum-v1", state_dependent_std=True)
+    params = init_params(jax.random.key(0), network, observation)
+    assert "log_std" not in params["params"]
+    _, log_std, _, _ = network.apply(params, obs, None)
+    assert log_std.shape == (6, 1)
+    assert np.ptp(np.asarray(log_std)) > 1e-4  # a 0.01-gain kernel: small, not zero
+    head = params["params"]["log_std_head"]
+    scaled = {**params["params"], "log_std_head": {**head, "kernel": head["kernel"] * 100}}
+    _, wide, _, _ = network.apply({"params": scaled}, obs, None)
+    assert np.ptp(np.asarray(wide)) > 0.1  # std differs by more than 10% between observations
+
+    def log_prob(params):
+        mean, log_std, _, _ = network.apply(params, obs, None)
+        return (-0.5 * jnp.square((1.0 - mean) / jnp.exp(log_std)) - log_std).sum()
+
+    grads = jax.grad(log_prob)(params)["params"]["log_std_head"]["kernel"]
+    assert np.abs(np.asarray(grads)).max() > 0
+
+
+@pytest.mark.parametrize("state_dependent", [False, True])
+def test_init_log_std_sets_the_initial_std(state_dependent):
+    obs = jax.random.normal(jax.random.key(1), (6, 3))
+    settings = {"env_id": "Pendulum-v1", "state_dependent_std": state_dependent}
+    network, observation = network_and_observation(**settings)
+    default = network.apply(init_params(jax.random.key(0), network, observation), obs, None)[1]
+    network, observation = network_and_observation(**settings, init_log_std=-1.5)
+    params = init_params(jax.random.key(0), network, observation)
+    log_std = network.apply(params, obs, None)[1]
+    # a 0.01-gain head on features of norm ~1 moves the log-std by ~0.01 from its bias
+    tolerance = 0.05 if state_dependent else 0.0
+    np.testing.assert_allclose(default, 0.0, atol=tolerance)
+    np.testing.assert_allclose(log_std, -1.5, atol=tolerance)
+    np.testing.assert_allclose(log_std - default, -1.5, atol=1e-6)  # the same kernels

@@ -234,3 +234,53 @@ def test_act_is_one_call_for_feed_forward_and_recurrent_policies(recurrent):
     again, _ = act(*policy, jax.random.key(1))
     assert sampled.shape == (3,)
     np.testing.assert_array_equal(sampled, again)
+
+
+def pendulum_rollout_noise(correlation: float, reset_pool: int | None = None) -> np.ndarray:
+    """The standard normal noise behind one Pendulum rollout's actions, [T, B]: (action -
+    mean) / std from the recorded policy outputs."""
+    config = ppojax.PPOConfig(
+        env_id="Pendulum-v1",
+        num_envs=64,
+        num_steps=128,
+        total_timesteps=64 * 128,
+        action_noise_correlation=correlation,
+        reset_pool=reset_pool,
+    )
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    run = jax.jit(lambda params, carry: collect_rollout(agent, config, params, carry))
+    carry, transitions = run(state.params, rollout_start(state))
+    assert carry.action_noise is None  # the next rollout draws its own first noise
+    noise = (transitions.action - transitions.policy_head) / np.exp(transitions.policy_log_std)
+    return np.asarray(noise)[..., 0]
+
+
+@pytest.mark.parametrize("correlation", [0.0, 0.5, 0.9])
+def test_action_noise_correlation_makes_the_noise_an_ar1_process_of_standard_normals(
+    correlation,
+):
+    noise = pendulum_rollout_noise(correlation)
+    # 8192 draws: the mean's and the std's standard errors are ~0.011 and ~0.008, but
+    # correlated draws count for fewer (up to 1 / (1 - rho) = 10 times fewer at rho 0.9)
+    assert abs(noise.mean()) < 0.15 and abs(noise.std() - 1.0) < 0.1
+    for lag in (1, 4):
+        observed = np.corrcoef(noise[:-lag].ravel(), noise[lag:].ravel())[0, 1]
+        assert abs(observed - correlation**lag) < 0.05, (lag, observed)
+    # the first step is already N(0, 1) (a fresh draw, not white noise scaled down)
+    assert abs(noise[0].std() - 1.0) < 0.25
+
+
+def test_action_noise_correlation_holds_across_blocks_of_pooled_starts():
+    noise = pendulum_rollout_noise(0.9, reset_pool=2)
+    observed = np.corrcoef(noise[:-1].ravel(), noise[1:].ravel())[0, 1]
+    assert abs(observed - 0.9) < 0.05
+
+
+def test_action_noise_correlation_is_for_continuous_actions_only():
+    config = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=16)
+    config = config.replace(action_noise_correlation=0.5)
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    with pytest.raises(ppojax.ConfigError, match="needs continuous actions"):
+        collect_rollout(agent, config, state.params, rollout_start(state))

@@ -44,7 +44,8 @@ __all__ = [
 
 HIDDEN_SCALE = math.sqrt(2.0)  # gain of the encoder layers (tanh/relu)
 CORE_SCALE = 1.0  # recurrent kernels: orthogonal, norm-preserving
-HEAD_SCALES = {"actor_head": 0.01, "critic_head": 1.0}  # small policy logits, unit-scale values
+# small policy logits (and log-stds, which start near init_log_std everywhere), unit-scale values
+HEAD_SCALES = {"actor_head": 0.01, "log_std_head": 0.01, "critic_head": 1.0}
 
 
 def observation_template(env: PPOEnv) -> Any:
@@ -105,11 +106,19 @@ def kernel_scale(path: tuple[str, ...]) -> float:
     return CORE_SCALE if "core" in path else HIDDEN_SCALE
 
 
+def initial_value(path: tuple[str, ...], settings: NetworkSettings) -> float:
+    """What a bias or parameter at ``path`` starts at: init_log_std for the log-std, else 0."""
+    if path[-1] == "log_std" or (path[-1] == "bias" and "log_std_head" in path):
+        return settings.init_log_std
+    return 0.0
+
+
 def init_params(key: jax.Array, network: ActorCritic, observation: Any) -> dict:
     """Variables of ``network`` for observations like ``observation`` (one env's, unbatched;
     arrays or ``ShapeDtypeStruct``): orthogonal kernels (gain sqrt 2 for the encoder, 1 for
-    the recurrent core, 0.01 for the policy head, 1 for the value head; a conv kernel
-    [kh, kw, c_in, c_out] as the matrix [kh kw c_in, c_out]), zero biases, zero log_std.
+    the recurrent core, 0.01 for the policy and log-std heads, 1 for the value head; a conv
+    kernel [kh, kw, c_in, c_out] as the matrix [kh kw c_in, c_out]), zero biases, and the
+    Gaussian's log_std parameter (or its log-std head's bias) at ``init_log_std``.
 
     The Gaussian draws of all kernels come from one PRNG call and their QR factorisations
     from one batched loop (``orthogonalize``): each ``jax.random.normal`` call compiles to a
@@ -129,7 +138,10 @@ def init_params(key: jax.Array, network: ActorCritic, observation: Any) -> dict:
         draw.reshape(tall_shape(shape)) for draw, shape in zip(draws, kernel_shapes, strict=True)
     ]
     scales = [kernel_scale(names[index]) for index in kernels]
-    values = [jnp.zeros(leaf.shape, leaf.dtype) for leaf in leaves]
+    values = [
+        jnp.full(leaf.shape, initial_value(name, network.settings), leaf.dtype)
+        for name, leaf in zip(names, leaves, strict=True)
+    ]
     for index, kernel in zip(kernels, orthogonalize(gaussians, kernel_shapes, scales), strict=True):
         values[index] = kernel
     return jax.tree.unflatten(jax.tree.structure(shapes), values)

@@ -39,6 +39,8 @@ class NetworkSettings(NamedTuple):
     recurrent: str | None
     recurrent_size: int
     shared_torso: bool
+    state_dependent_std: bool
+    init_log_std: float
 
     @classmethod
     def from_fields(cls, source: Any) -> NetworkSettings:
@@ -204,8 +206,10 @@ class ActorCritic(nn.Module):
     """Actor and critic on one torso (``shared_torso``) or on one torso each.
 
     ``__call__(obs [B, ...], hidden [B, S] or None)`` -> policy head [B, A] (logits, or the
-    Gaussian mean), log_std [A] (None when discrete), value [B] and the new hidden state.
-    With two recurrent torsos the hidden state holds the actor's core state, then the critic's.
+    Gaussian mean), log_std (None when discrete; a parameter [A], or with
+    ``state_dependent_std`` a dense head on the actor's features, [B, A]), value [B] and the
+    new hidden state. With two recurrent torsos the hidden state holds the actor's core state,
+    then the critic's.
     """
 
     spec: EnvSpec
@@ -219,7 +223,11 @@ class ActorCritic(nn.Module):
             self.critic_torso = Torso(self.settings)
         self.actor_head = nn.Dense(self.spec.action_dim)
         self.critic_head = nn.Dense(1)
-        if not self.spec.discrete:
+        if self.spec.discrete:
+            return
+        if self.settings.state_dependent_std:
+            self.log_std_head = nn.Dense(self.spec.action_dim)
+        else:
             self.log_std = self.param("log_std", nn.initializers.zeros, (self.spec.action_dim,))
 
     def __call__(
@@ -235,7 +243,14 @@ class ActorCritic(nn.Module):
             hidden = join_hidden(actor_state, critic_state)
         head = self.actor_head(actor_features)
         value = self.critic_head(critic_features)[..., 0]
-        return head, None if self.spec.discrete else self.log_std, value, hidden
+        return head, self.policy_log_std(actor_features), value, hidden
+
+    def policy_log_std(self, actor_features: jax.Array) -> jax.Array | None:
+        if self.spec.discrete:
+            return None
+        if self.settings.state_dependent_std:
+            return self.log_std_head(actor_features)
+        return self.log_std
 
     def value(self, obs: Any, hidden: jax.Array | None) -> jax.Array:
         """V(obs) [B] from the state ``hidden``; without the actor when the torsos are apart."""

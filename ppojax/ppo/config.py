@@ -42,10 +42,12 @@ class PPOConfig:
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
     hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
-    normalize_rewards, env_kwargs, reset_pool, eval_every, eval_episodes, eval_deterministic.
-    Traced fields (sweepable with vmap): every float. The optional ones (vf_clip_eps,
-    target_kl, reward_clip, eval_every, reset_pool) switch their feature off with ``None``,
-    which changes the program.
+    normalize_rewards, env_kwargs, reset_pool, eval_every, eval_episodes, eval_deterministic,
+    and the network's fields. Traced fields (sweepable with vmap): every float but
+    init_log_std (it sets the initial parameters, which the network's settings fix) and
+    action_noise_correlation (0.0 leaves the rollout's program as it was). The
+    optional ones (vf_clip_eps, target_kl, reward_clip, eval_every, reset_pool) switch their
+    feature off with ``None``, which changes the program.
 
     policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
     with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when
@@ -66,6 +68,18 @@ class PPOConfig:
     feeding both heads instead of one each; off by default, because the value loss then pulls
     on the policy's features and the balance depends on vf_coef and the reward scale, while
     separate torsos train the classic-control presets as tuned.
+    Continuous actions (a diagonal Gaussian; both fields have no effect on discrete ones):
+    state_dependent_std makes the log-std a dense head on the actor's features, so the
+    policy can explore more in some states than in others, instead of one parameter per
+    action dimension; not with a recurrent core. init_log_std: where the log-std starts (the
+    parameter, or the head's bias, its kernel starting near zero). action_noise_correlation:
+    rho in [0, 1), the rollout's sampling noise an AR(1) process with that step-to-step
+    correlation instead of white (each step's noise still N(0, 1), see
+    ``ppojax.ppo.rollout``); 0.0 is the program without it. An exploration aid, not a free
+    improvement: the noise carries the past, so an action is no longer drawn from pi(.|s)
+    given the state alone and the policy gradient is biased; where white noise explores well
+    enough it brings nothing (Pendulum's preset at rho 0.5: -160.2 against -155.7,
+    benchmarks/exploration.py).
 
     env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
     names are passed to it (for gymnax ids, to the env's constructor); keys that name a field
@@ -127,6 +141,9 @@ class PPOConfig:
     recurrent: str | None = static(None)
     recurrent_size: int = static(128)
     shared_torso: bool = static(False)
+    state_dependent_std: bool = static(False)
+    init_log_std: float = static(0.0)
+    action_noise_correlation: float = static(0.0)
 
     env_kwargs: EnvKwargs = static(EnvKwargs())
     reset_pool: int | None = static(None)
@@ -187,6 +204,7 @@ BOOL_FIELDS = (
     "normalize_observations",
     "normalize_rewards",
     "shared_torso",
+    "state_dependent_std",
 )
 
 
@@ -279,6 +297,7 @@ def check_network(config: PPOConfig) -> None:
     check_sizes("hidden_sizes", config.hidden_sizes, "(64, 64)")
     check_sizes("cnn_channels", config.cnn_channels, "(16,)")
     check_choice("PPOConfig", "encoder", config.encoder, ENCODERS)
+    check_log_std(config)
     if config.recurrent is None:
         return
     check_choice("PPOConfig", "recurrent", config.recurrent, RECURRENT_CORES)
@@ -288,6 +307,33 @@ def check_network(config: PPOConfig) -> None:
             f"PPOConfig.num_minibatches={config.num_minibatches} must divide "
             f"num_envs={config.num_envs} when recurrent={config.recurrent!r}: a recurrent "
             "minibatch is whole env sequences; choose a divisor of num_envs.",
+        )
+
+
+def check_log_std(config: PPOConfig) -> None:
+    """init_log_std: one number (static, so no array) in [-10, 10] (std 4.5e-5 to 2.2e4);
+    action_noise_correlation: one number in [0, 1);
+    state_dependent_std: not with a recurrent core, whose minibatch replay keeps one log-std
+    per sequence step rather than per sample."""
+    value = config.init_log_std
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ConfigError(
+            "init_log_std",
+            f"PPOConfig.init_log_std must be one number (a static field), got {show(value)}.",
+        )
+    check_range("PPOConfig", "init_log_std", value, -10.0, 10.0, open_low=False)
+    rho = config.action_noise_correlation
+    if not isinstance(rho, (int, float)) or isinstance(rho, bool) or not 0.0 <= rho < 1.0:
+        raise ConfigError(
+            "action_noise_correlation",
+            "PPOConfig.action_noise_correlation must be one number in [0, 1) (0: white "
+            f"noise), got {show(rho)}.",
+        )
+    if config.state_dependent_std and config.recurrent is not None:
+        raise ConfigError(
+            "state_dependent_std",
+            f"PPOConfig.state_dependent_std=True is not supported with recurrent="
+            f"{config.recurrent!r}; use a feed-forward network or state_dependent_std=False.",
         )
 
 

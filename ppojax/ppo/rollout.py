@@ -2,16 +2,23 @@
 
 A recurrent policy's hidden state travels in the carry: each step reads it, and where the
 step ended an episode (terminated or truncated) the next step starts from the initial state.
+So does a Gaussian policy's standard normal noise when ``config.action_noise_correlation``
+rho > 0: z_t = rho z_{t-1} + sqrt(1 - rho^2) eps_t, an AR(1) (discretised Ornstein-Uhlenbeck)
+process that starts each rollout from a fresh N(0, 1) draw, so every step's noise is still
+N(0, 1) and the action's log-probability is the policy's own, while consecutive actions push
+the same way for about 1 / (1 - rho) steps (white noise's pushes average out).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from ppojax.checks import ConfigError
 from ppojax.envs import PPOEnv
 from ppojax.envs.env import EpisodeState
 from ppojax.envs.normalize import (
@@ -48,6 +55,8 @@ class RolloutCarry(NamedTuple):
     hidden: jax.Array | None = None  # [B, S], the recurrent state for this step's obs
     # episodes of this rollout that started from a start used before (``config.reset_pool``)
     repeated_starts: jax.Array | None = None
+    # [B, A]: the last step's standard normal action noise (action_noise_correlation > 0)
+    action_noise: jax.Array | None = None
 
 
 def rollout_start(state: TrainState, key: jax.Array | None = None) -> RolloutCarry:
@@ -184,7 +193,8 @@ def env_step(
     obs = network_input(config, obs_stats, carry.obs)
     head, log_std, value, hidden = agent.network.apply(params, obs, carry.hidden)
     action_mask = agent.env.action_masks(carry.env_state)
-    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, noise.action, action_mask)
+    action_noise = correlated_noise(config, carry.action_noise, noise.action)
+    action, log_prob = sample_from_noise(agent.env.spec, head, log_std, action_noise, action_mask)
     if values_after_scan(config):
         # Filled in after the scan (``batched_values_and_log_probs``); unused here, the
         # critic's forward pass leaves the step.
@@ -218,8 +228,33 @@ def env_step(
         reward_normalizer,
         reset_hidden(hidden, done),
         carry.repeated_starts,
+        None if carry.action_noise is None else action_noise,
     )
     return new_carry, transition
+
+
+def correlated_noise(config: PPOConfig, previous: jax.Array | None, fresh: jax.Array) -> jax.Array:
+    """This step's action noise [B, A]: ``fresh`` (white) without a correlation, else
+    rho * previous + sqrt(1 - rho^2) * fresh, which keeps N(0, 1) from N(0, 1)."""
+    if previous is None:
+        return fresh
+    rho = config.action_noise_correlation
+    return rho * previous + math.sqrt(1.0 - rho * rho) * fresh
+
+
+def first_action_noise(agent: Agent, config: PPOConfig, key: jax.Array) -> jax.Array | None:
+    """The AR(1) noise's state before a rollout's first step, N(0, 1) [B, A]; None (white
+    noise) without a correlation. A ConfigError for discrete actions, whose noise is Gumbel."""
+    if config.action_noise_correlation == 0.0:
+        return None
+    if agent.env.spec.discrete:
+        raise ConfigError(
+            "action_noise_correlation",
+            f"PPOConfig.action_noise_correlation={config.action_noise_correlation} needs "
+            f"continuous actions (a Gaussian policy); {config.env_id} has discrete ones. "
+            "Use 0.0.",
+        )
+    return jax.random.normal(key, (config.num_envs, agent.env.spec.action_dim))
 
 
 def collect_rollout(
@@ -248,6 +283,9 @@ def collect_rollout(
         return pooled_steps(step, starts, carry, block_key, draw, block)
 
     carry = carry._replace(key=key, repeated_starts=jnp.int32(0))
+    if config.action_noise_correlation != 0.0:
+        noise_key, first_key = jax.random.split(noise_key)
+        carry = carry._replace(action_noise=first_action_noise(agent, config, first_key))
     if block == config.num_steps:
         carry, transitions = run_block(carry, noise_key)
     else:
@@ -258,7 +296,8 @@ def collect_rollout(
         )
     if values_after_scan(config):
         transitions = batched_values_and_log_probs(agent, params, transitions)
-    return carry, transitions
+    # the next rollout draws its own first noise: the carry keeps rollout_start's structure
+    return carry._replace(action_noise=None), transitions
 
 
 def values_after_scan(config: PPOConfig) -> bool:
