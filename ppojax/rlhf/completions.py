@@ -15,10 +15,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
-from ppojax.rlhf.data import encode_examples, labelled_rows
+from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
 from ppojax.rlhf.sampling import PolicyApply
 from ppojax.rlhf.sft import sft_loss
 
@@ -45,19 +44,9 @@ def load_completions(
 ) -> CompletionData:
     """Examples from a JSONL path or a list of dicts with the (prompt, completion) ``fields``;
     encoding and length limits as ``data.encode_examples``."""
-    examples = encode_examples(
-        labelled_rows(source, fields),
-        tokenizer,
-        fields[0],
-        fields[1:],
-        chat=chat,
-        max_len=max_len,
-        max_response_len=max_response_len,
-        overflow=overflow,
-    )
-    ((targets, target_mask),) = examples.responses
-    arrays = (examples.prompts, examples.prompt_mask, targets, target_mask)
-    return CompletionData(*map(jnp.asarray, arrays))
+    labelled = labelled_rows(source, fields)
+    encoding = Encoding(chat, max_len, max_response_len, overflow)
+    return CompletionData(*encode_examples(labelled, tokenizer, fields, encoding))
 
 
 def make_sft_step(

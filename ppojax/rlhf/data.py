@@ -298,17 +298,15 @@ def draw_batch(data: Any, key: jax.Array, batch_size: int) -> tuple[Any, jax.Arr
     return jax.tree.map(lambda leaf: leaf[rows], arrays), rows
 
 
-class Examples(NamedTuple):
-    """Prompts with one or more responses each (SFT completions, preference pairs):
-    ``prompts`` [N, P] left-padded, ``prompt_mask`` [N, P], per response field (tokens
-    [N, R] right-padded with pad_id, mask [N, R]: True on the text and its EOS), one R for
-    all fields."""
+class Encoding(NamedTuple):
+    """How examples become tokens: the prompt through the chat template (``chat``), and what
+    an example over ``max_len`` prompt or ``max_response_len`` response tokens meets
+    (``overflow``)."""
 
-    prompts: np.ndarray
-    prompt_mask: np.ndarray
-    responses: tuple[tuple[np.ndarray, np.ndarray], ...]
-    truncated: int
-    dropped: int
+    chat: bool = False
+    max_len: int | None = None
+    max_response_len: int | None = None
+    overflow: str = "truncate"
 
 
 def fit_example(
@@ -335,22 +333,20 @@ def fit_example(
 
 
 def encode_examples(
-    labelled: list[tuple[str, dict]],
-    tokenizer: Any,
-    prompt_field: str,
-    response_fields: Sequence[str],
-    *,
-    chat: bool = False,
-    max_len: int | None = None,
-    max_response_len: int | None = None,
-    overflow: str = "truncate",
-) -> Examples:
-    """Token arrays of (where, row) examples: the prompt as ``load_prompts`` encodes it, each
-    response as its text's ids (no special tokens added) then the tokenizer's EOS. Examples
-    over the limits are cut, dropped or rejected (``overflow``); a warning gives the count."""
+    labelled: list[tuple[str, dict]], tokenizer: Any, fields: Sequence[str], encoding: Encoding
+) -> tuple[jax.Array, ...]:
+    """Device arrays of (where, row) examples whose ``fields`` are a prompt and one or more
+    responses (SFT completions, preference pairs): ``prompts`` [N, P] left-padded as
+    ``load_prompts`` encodes them, ``prompt_mask`` [N, P], then per response field its tokens
+    [N, R] (the text's ids, no special tokens added, then the tokenizer's EOS; right-padded
+    with pad_id) and mask [N, R] (True on the text and its EOS), one R for all fields.
+    Examples over the limits are cut, dropped or rejected (``overflow``); a warning gives the
+    count."""
+    chat, max_len, max_response_len, overflow = encoding
     if overflow not in OVERFLOW:
         raise ValueError(f"overflow={overflow!r} must be one of {OVERFLOW}.")
     limits, eos = (max_len, max_response_len), tokenizer.eos_id
+    prompt_field, response_fields = fields[0], fields[1:]
     prompts, responses, truncated = [], [], 0
     for where, row in labelled:
         prompt = encode_text(tokenizer, row[prompt_field], chat)
@@ -377,6 +373,6 @@ def encode_examples(
     for index in range(len(response_fields)):
         ids = [answers[index] for answers in responses]
         mask = right_pad([[1] * len(r) for r in ids], length, 0).astype(bool)
-        columns.append((right_pad(ids, length, pad), mask))
+        columns += [right_pad(ids, length, pad), mask]
     prompt_mask = left_pad([[1] * len(p) for p in prompts], width, 0).astype(bool)
-    return Examples(left_pad(prompts, width, pad), prompt_mask, tuple(columns), truncated, dropped)
+    return tuple(map(jnp.asarray, (left_pad(prompts, width, pad), prompt_mask, *columns)))

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ppojax.rlhf.data import encode_examples, labelled_rows
+from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
 from ppojax.rlhf.sampling import PolicyApply, response_stats
 
@@ -63,19 +63,8 @@ def load_pairs(
             raise ValueError(
                 f"{where}: {chosen!r} and {rejected!r} are the same text; a pair must differ."
             )
-    examples = encode_examples(
-        labelled,
-        tokenizer,
-        fields[0],
-        fields[1:],
-        chat=chat,
-        max_len=max_len,
-        max_response_len=max_response_len,
-        overflow=overflow,
-    )
-    (chosen_ids, chosen_mask), (rejected_ids, rejected_mask) = examples.responses
-    arrays = (examples.prompts, examples.prompt_mask, chosen_ids, chosen_mask)
-    return PairData(*map(jnp.asarray, arrays + (rejected_ids, rejected_mask)))
+    encoding = Encoding(chat, max_len, max_response_len, overflow)
+    return PairData(*encode_examples(labelled, tokenizer, fields, encoding))
 
 
 def sequence_log_probs(
