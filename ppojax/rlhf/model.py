@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ppojax.rlhf.models.decoder import Slot
 from ppojax.rlhf.sampling import KVCacheHook
 
 # A large finite number instead of -inf keeps softmax free of NaN while giving masked keys a
@@ -41,14 +42,15 @@ def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, hea
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention of the chunk x [B, S, D] (at ``start``) over the cache."""
+    """Multi-head attention of the chunk x [B, S, D] (at ``slot``) over the cache."""
 
     num_heads: int
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array, start: Any
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, slot: Slot
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        start, key_mask = slot.start, slot.key_mask
         batch_size, chunk, d_model = x.shape
         head_dim = d_model // self.num_heads
         qkv = nn.Dense(3 * d_model, use_bias=False, name="qkv")(x)
@@ -75,10 +77,10 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, keys: jax.Array, values: jax.Array, key_mask: jax.Array, start: Any
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, slot: Slot
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         attended, keys, values = CausalSelfAttention(self.num_heads)(
-            nn.LayerNorm()(x), keys, values, key_mask, start
+            nn.LayerNorm()(x), keys, values, slot
         )
         x = x + attended
         hidden = nn.gelu(nn.Dense(4 * x.shape[-1], name="mlp_in")(nn.LayerNorm()(x)))
@@ -112,11 +114,10 @@ class TransformerLM(nn.Module):
             "position_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model)
         )
         x = nn.Embed(self.vocab_size, self.d_model)(tokens) + positions[position_ids]
+        slot = Slot(start, key_mask, position_ids)
         new_keys, new_values = [], []
         for layer in range(self.num_layers):
-            x, keys, values = Block(self.num_heads)(
-                x, cache.keys[layer], cache.values[layer], key_mask, start
-            )
+            x, keys, values = Block(self.num_heads)(x, cache.keys[layer], cache.values[layer], slot)
             new_keys.append(keys)
             new_values.append(values)
         x = nn.LayerNorm()(x)

@@ -34,6 +34,16 @@ class KVCache(NamedTuple):
     count: jax.Array
 
 
+class Slot(NamedTuple):
+    """Where the S tokens of one call go in the cache: from position ``start``, the cache's key
+    mask [B, L] with them written in, and their position ids [B, S]. The same for every
+    layer."""
+
+    start: Any
+    key_mask: jax.Array
+    positions: jax.Array
+
+
 def empty_cache(config: DecoderConfig, batch_size: int, length: int, dtype: Any) -> KVCache:
     """An all-zero cache of ``length`` positions."""
     shape = (config.num_layers, batch_size, length, config.num_kv_heads, config.head_dim)
@@ -146,7 +156,7 @@ def attend(
 
 
 class Attention(nn.Module):
-    """Self-attention of x [B, S, D] at ``start``, writing its keys and values into the cache;
+    """Self-attention of x [B, S, D] at ``slot``, writing its keys and values into the cache;
     ``index``: the layer's, for its window and RoPE."""
 
     config: DecoderConfig
@@ -176,23 +186,17 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        keys: jax.Array,
-        values: jax.Array,
-        key_mask: jax.Array,
-        start: Any,
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, slot: Slot
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        config = self.config
+        config, start = self.config, slot.start
         q, k, v = self.project(x)
         if config.positions == "rope":
             inv_freq = inverse_frequencies(config.layer_rope(self.index), config.head_dim)
-            q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
+            q, k = rotate(q, slot.positions, inv_freq), rotate(k, slot.positions, inv_freq)
         keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, start, 0, 0))
         values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, start, 0, 0))
         window = config.layer_window(self.index)
-        attended = attend(config, q, keys, values, key_mask, start, window)
+        attended = attend(config, q, keys, values, slot.key_mask, start, window)
         name = "c_proj" if config.model_type == "gpt2" else "o_proj"
         return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
 
@@ -225,20 +229,14 @@ class Layer(nn.Module):
 
     @nn.compact
     def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        keys: jax.Array,
-        values: jax.Array,
-        key_mask: jax.Array,
-        start: Any,
+        self, x: jax.Array, keys: jax.Array, values: jax.Array, slot: Slot
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         config, dtype = self.config, self.dtype
         gpt2 = config.model_type == "gpt2"
         normed = norm(config, "ln_1" if gpt2 else "input_layernorm", dtype)(x)
         name = "attn" if gpt2 else "self_attn"
         attended, keys, values = Attention(config, dtype, self.index, name=name)(
-            normed, positions, keys, values, key_mask, start
+            normed, keys, values, slot
         )
         if config.sandwich_norms:
             attended = norm(config, "post_attention_layernorm", dtype)(attended)
@@ -289,10 +287,11 @@ class Decoder(nn.Module):
         if config.positions == "learned":
             table = nn.Embed(config.max_positions, config.hidden_size, dtype, dtype, name="wpe")
             x = x + table(jnp.minimum(positions, config.max_positions - 1))
+        slot = Slot(start, key_mask, positions)
         new_keys, new_values = [], []
         for index in range(config.num_layers):
             x, keys, values = Layer(config, dtype, index, name=f"layers_{index}")(
-                x, positions, cache.keys[index], cache.values[index], key_mask, start
+                x, cache.keys[index], cache.values[index], slot
             )
             new_keys.append(keys)
             new_values.append(values)
