@@ -252,8 +252,9 @@ def start(
         settings["checkpoint_every"],
         progress=progress,
         bar_metrics=job.curves[:2],
+        resume=run_dir is not None,
+        seed=settings["seed"],
     )
-    resume = run_dir is not None
     if run_dir is None:
         run_dir = folder.new_run_dir(out, command)
         folder.write_json(run_dir / folder.CONFIG_FILE, settings)
@@ -263,17 +264,9 @@ def start(
     hooks: list[Any] = [] if wandb is None else [wandb.log]
     if prompts is not None:
         hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
+    options = dataclasses.replace(options, hooks=tuple(hooks))
     try:
-        _, summary = train_job(
-            run_dir,
-            lm,
-            job,
-            jax.random.fold_in(key, 2),
-            options,
-            resume=resume,
-            seed=settings["seed"],
-            hooks=hooks,
-        )
+        _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
     except BaseException:
         if wandb is not None:
             wandb.abort()

@@ -121,10 +121,16 @@ def train_run(
     metric [num_steps]."""
     run_dir = Path(run_dir)
     options = LoopOptions(
-        num_steps, chunk, keep_checkpoints=None, progress=progress, bar_metrics=BAR_METRICS
+        num_steps,
+        chunk,
+        keep_checkpoints=None,
+        progress=progress,
+        bar_metrics=BAR_METRICS,
+        resume=resume,
+        seed=seed,
     )
     step = trainer_step(trainer, prompt_fn)
-    result = train_loop(run_dir, step, state, None, key, options, resume=resume, seed=seed)
+    result = train_loop(run_dir, step, state, None, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
     summary = summarize(result.metrics, result.seconds, rows, num_steps - result.start)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
 from ppojax.runs import folder
-from ppojax.runs.loop import ChunkCallback, LoopOptions, LoopResult, plot_metrics, train_loop
+from ppojax.runs.loop import LoopOptions, LoopResult, plot_metrics, train_loop
 
 PLOT_FILE = "curves.png"
 SAMPLES_FILE = "samples.jsonl"
@@ -71,25 +71,12 @@ def train_job(
     job: Job,
     key: jax.Array,
     options: LoopOptions,
-    *,
-    resume: bool = False,
-    seed: int = 0,
-    hooks: Sequence[ChunkCallback] = (),
 ) -> tuple[LoopResult, dict[str, Any]]:
-    """Train ``job`` to ``options.num_steps`` (from the newest checkpoint with ``resume``),
-    then write curves.png, ``final/`` and summary.json; the loop's result and the summary."""
+    """Train ``job`` to ``options.num_steps`` (from the newest checkpoint with
+    ``options.resume``), then write curves.png, ``final/`` and summary.json; the loop's result
+    and the summary."""
     run_dir = Path(run_dir)
-    result = train_loop(
-        run_dir,
-        job.step,
-        job.state,
-        job.frozen,
-        key,
-        options,
-        resume=resume,
-        seed=seed,
-        hooks=hooks,
-    )
+    result = train_loop(run_dir, job.step, job.state, job.frozen, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
     save_final(lm, job.model_params(result.state, job.frozen), run_dir)
     summary = summarize(result.metrics, result)

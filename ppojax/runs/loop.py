@@ -147,13 +147,17 @@ def scan_steps(
 class LoopOptions:
     """``num_steps`` in chunks of ``checkpoint_every`` steps, a checkpoint after each (the
     newest ``keep_checkpoints`` kept; None: all); a progress bar with the latest value of
-    each of ``bar_metrics``."""
+    each of ``bar_metrics``; with ``resume``, from the run folder's newest checkpoint;
+    ``seed`` for the metrics rows' column; ``hooks`` called after each chunk."""
 
     num_steps: int
     checkpoint_every: int
     keep_checkpoints: int | None = 3
     progress: bool = True
     bar_metrics: tuple[str, ...] = ()
+    resume: bool = False
+    seed: int = 0
+    hooks: Sequence[ChunkCallback] = ()
 
     def __post_init__(self) -> None:
         check_positive_int("LoopOptions", "num_steps", self.num_steps)
@@ -161,6 +165,7 @@ class LoopOptions:
         if self.keep_checkpoints is not None:
             check_positive_int("LoopOptions", "keep_checkpoints", self.keep_checkpoints)
         check_bool("LoopOptions", "progress", self.progress)
+        check_bool("LoopOptions", "resume", self.resume)
 
 
 class LoopResult(NamedTuple):
@@ -199,27 +204,23 @@ def train_loop(
     frozen: Any,
     key: jax.Array,
     options: LoopOptions,
-    *,
-    resume: bool = False,
-    seed: int = 0,
-    hooks: Sequence[ChunkCallback] = (),
 ) -> LoopResult:
     """Train ``step(frozen, state, key)`` from ``state`` (step 0) to ``options.num_steps`` in
     chunks, appending each chunk's rows to metrics.csv (columns run, seed, update, then the
-    metrics) and saving a checkpoint after it; with ``resume``, from the newest checkpoint.
-    ``frozen`` (data, a reference model, a reward model's params) goes into every chunk as an
-    argument and is never checkpointed. After each chunk every hook gets ``(first step,
-    state, metrics [1, count])`` (samples, W&B)."""
+    metrics) and saving a checkpoint after it; with ``options.resume``, from the newest
+    checkpoint. ``frozen`` (data, a reference model, a reward model's params) goes into every
+    chunk as an argument and is never checkpointed. After each chunk every hook gets ``(first
+    step, state, metrics [1, count])`` (samples, W&B)."""
     run_dir = Path(run_dir)
     start, history = 0, {}
-    if resume:
+    if options.resume:
         restored, start, history = resume_point(run_dir, state, 1)
         state = state if restored is None else restored
     length = min(options.checkpoint_every, options.num_steps)
     runner = jax.jit(
         functools.partial(scan_steps, step, length), compiler_options=compiler_options()
     )
-    columns = [{"run": 0, "seed": seed}]
+    columns = [{"run": 0, "seed": options.seed}]
     store = checkpoints.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
     bar = StepBar(options.num_steps, start, options.bar_metrics) if options.progress else None
     chunks: list[dict[str, np.ndarray]] = []
@@ -231,7 +232,7 @@ def train_loop(
         folder.append_metrics(run_dir / folder.METRICS_FILE, header, rows)
         checkpoints.save_checkpoint(store, first + count, state)
         chunks.append(metrics)
-        for hook in (*hooks, *([bar] if bar is not None else [])):
+        for hook in (*options.hooks, *([bar] if bar is not None else [])):
             hook(first, state, metrics)
 
     plan = chunk_plan(start, options.num_steps, length, options.checkpoint_every)
