@@ -16,22 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.models.decoder import Slot
+from ppojax.rlhf.models.decoder import MASKED_SCORE, KVCache, Slot
 from ppojax.rlhf.sampling import KVCacheHook
-
-# A large finite number instead of -inf keeps softmax free of NaN while giving masked keys a
-# weight of exactly 0.
-MASKED_SCORE = -1e30
-
-
-class KVCache(NamedTuple):
-    """Keys and values [num_layers, B, L, H, Dh], which positions hold real tokens [B, L] and
-    how many real tokens were fed so far [B] (the next token's position id)."""
-
-    keys: jax.Array
-    values: jax.Array
-    mask: jax.Array
-    count: jax.Array
 
 
 def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, heads: int) -> KVCache:
