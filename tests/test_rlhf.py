@@ -26,7 +26,15 @@ from ppojax.rlhf.lora import adapted_kernels, init_adapters, merge
 from ppojax.rlhf.rollout import advantages_and_returns, score
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
-from ppojax.rlhf.tasks.sorting import gold, sorting_targets
+from ppojax.rlhf.tasks.sorting import (
+    RewardModelConfig,
+    gold,
+    pair_margins,
+    ranked_samples,
+    sorting_sft,
+    sorting_targets,
+    train_reward_model,
+)
 
 
 def test_kl_estimators_hand_values():
@@ -358,3 +366,47 @@ def test_whiten_advantages_normalizes_over_real_tokens_only_when_asked():
     expected = (real - real.mean()) / (real.std() + 1e-8)
     np.testing.assert_allclose(np.asarray(on)[np.asarray(mask)], expected, rtol=1e-5)
     assert (np.asarray(on)[~np.asarray(mask)] == 0).all()
+
+
+def test_pair_margins_orders_each_pair_by_gold_and_drops_ties():
+    scores = jnp.array([[0.0, 1.0, 2.0]])
+    gold_scores = jnp.array([[0.5, 0.2, 0.5]])  # pairs (0, 1), (0, 2), (1, 2)
+    margins, counted = pair_margins(scores, gold_scores)
+    # (0, 1): 0 wins, 0 - 1; (0, 2): a tie; (1, 2): 2 wins, 2 - 1
+    np.testing.assert_allclose(margins, [[-1.0, 0.0, 1.0]])
+    np.testing.assert_array_equal(counted, [[True, False, True]])
+
+
+SMALL_SORTING = DigitTask(
+    num_digits=6, min_digits=2, max_digits=4, response_len=5, d_model=32, num_heads=2,
+    sft_steps=30,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_sft():
+    return jax.jit(sorting_sft, static_argnums=0)(SMALL_SORTING, jax.random.key(0))[0]
+
+
+def test_ranked_samples_carry_the_gold_of_each_sample(small_sft):
+    ranked = ranked_samples(SMALL_SORTING, small_sft, 8, 3, jax.random.key(1))
+    assert ranked.responses.shape == ranked.response_mask.shape == (8, 3, 5)
+    for k in range(3):
+        responses, response_mask = ranked.responses[:, k], ranked.response_mask[:, k]
+        expected = gold(ranked.prompts, ranked.prompt_mask, responses, response_mask)
+        np.testing.assert_allclose(ranked.gold[:, k], expected)
+
+
+def test_reward_model_ranks_held_out_pairs_well_above_chance(small_sft):
+    # An untrained head scores every response 0: no pair is ordered, accuracy 0; a head that
+    # learned nothing orders half. Measured on this config: 0.645. Chance's spread over the
+    # 501 untied held-out pairs is 0.022, so 0.58 lies 3.6 of those above a half.
+    config = RewardModelConfig(steps=60, batch_size=16)
+    train = jax.jit(train_reward_model, static_argnums=(0, 1))
+    _, metrics = train(SMALL_SORTING, config, small_sft, jax.random.key(2))
+    assert float(metrics["held_out_accuracy"]) > 0.58
+
+
+def test_reward_model_config_names_the_field():
+    with pytest.raises(ConfigError, match="samples_per_prompt"):
+        RewardModelConfig(samples_per_prompt=1)

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-every", type=int, default=50, help="steps per chunk (50)")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
     parser.add_argument("--sft-steps", type=int, help="the task's SFT steps")
-    parser.add_argument("--rm-steps", type=int, default=300, help="sorting: reward-model steps")
+    parser.add_argument("--rm-steps", type=int, default=600, help="sorting: reward-model steps")
     parser.add_argument("--small", action="store_true", help="a tiny task and model (tests)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
