@@ -688,11 +688,13 @@ def speed_table(results: Path) -> str:
                 link = "same"
         machine = report["machine"]
         devices = report.get("cpu_devices", 1)
+        # the script as run from the repository root, wherever the checkout was
+        command = re.sub(r"python \S*benchmarks/", "python benchmarks/", report["command"])
         notes.append(
             f"- {letter}: {machine['cpu']}, {machine['cores']} cores, {devices} JAX CPU "
             f"device{'s' if devices != 1 else ''}, jax {machine['jax']}, rejax "
             f"{report['versions']['rejax']}, {report['date'][:10]}: "
-            f"`{report['command'].replace(str(Path(__file__).parent.parent) + '/', '')}`"
+            f"`{command}`"
         )
     return "\n".join(lines) + "\n\n" + "\n".join(notes)
 
