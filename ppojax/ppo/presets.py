@@ -9,8 +9,11 @@ from typing import Any
 # on the flattened 10x10xC frame, 10M steps: the budget gymnax's published PPO baselines were
 # trained with (benchmarks/encoders.py at 54d94c6 trains it, and the same with encoder="cnn").
 # eval_every here and below: about ten in-loop evaluations per run at the preset's budget
-# (10 deterministic episodes each, the last after the final update), so the final policy's
-# evaluation return, what gymnax-blines publishes, is in the metrics. An evaluation plays
+# (the last after the final update), so the final policy's evaluation return, what
+# gymnax-blines publishes, is in the metrics. For MinAtar that evaluation samples its actions,
+# as gymnax-blines' does (utils/ppo.py: batch_evaluate acts through select_action, which
+# samples pi), over 64 episodes: a greedy Breakout policy can keep the paddle in a loop that
+# its sampling escapes, so the mode's return understates the policy the anchor measures. An evaluation plays
 # whole episodes of 10 envs (at most the env's time limit of sequential steps, against an
 # update's rollout and minibatch steps: a small part of these runs), and it leaves training
 # bit for bit as it is (the Pendulum preset's metrics and parameters checked equal).
@@ -24,6 +27,8 @@ MINATAR_PRESET: dict[str, Any] = {
     "activation": "relu",
     "hidden_sizes": (256, 256),
     "eval_every": 125,  # of 1220 updates
+    "eval_episodes": 64,
+    "eval_deterministic": False,
 }
 
 # gymnax-blines' PPO for classic control (github.com/RobertTLange/gymnax-blines,
