@@ -267,3 +267,40 @@ def test_runs_sharding_takes_the_most_devices_that_divide_the_runs():
         """
     )
     assert "runs sharding ok" in out
+
+
+def test_a_pbt_population_split_across_devices_equals_one_device():
+    """Four members on four CPU devices, an exploit after every update: each member's state
+    lives on one device, and the run (lineage, hyperparameters, metrics) is the one-device run."""
+    out = run_python(
+        """
+        import functools
+        from ppojax.ppo.pbt import pbt
+        search = {"learning_rate": (1e-4, 1e-2, "log"), "ent_coef": (0.0, 0.05)}
+        run = functools.partial(pbt, population=4, interval=1, search=search, fraction=0.25)
+        one = jax.jit(run)(config, jax.random.key(3))
+        four = jax.jit(functools.partial(run, mesh=make_mesh()))(config, jax.random.key(3))
+        params = jax.tree.leaves(four.state.params)[0]
+        assert len(params.sharding.device_set) == 4, params.sharding
+        assert params.addressable_shards[0].data.shape[0] == 1
+        # Every interval replaced a member: the exploit's copies crossed devices.
+        assert (np.asarray(four.lineage[:, :-1]) != np.arange(4)[:, None]).any()
+        np.testing.assert_array_equal(np.asarray(four.lineage), np.asarray(one.lineage))
+        # Two programs for other shardings round reductions differently by ulps of order-1
+        # terms (tests/tolerance.py); 1e-5 is ~80 ulps of 1, and a wrong copy or key moves
+        # these numbers by 1e-3 or more.
+        for name in ("policy_loss", "value_loss", "episode_return"):
+            np.testing.assert_allclose(four.metrics[name], one.metrics[name], rtol=1e-5,
+                                       atol=1e-5, err_msg=name)
+        for name in search:
+            np.testing.assert_allclose(four.hyperparams[name], one.hyperparams[name], rtol=1e-6)
+        try:
+            run(config, jax.random.key(3), population=6, mesh=make_mesh())
+        except ValueError as error:
+            assert "pbt population=6 cannot be split evenly over 4 devices" in str(error), error
+        else:
+            raise AssertionError("a population of 6 on 4 devices was not refused")
+        print("pbt split ok")
+        """
+    )
+    assert "pbt split ok" in out

@@ -13,6 +13,9 @@ arrays.
 Only traced ``PPOConfig`` fields can be searched: they are pytree leaves, so one program
 trains every value. Typical searches: learning_rate, ent_coef, clip_eps, gae_lambda, gamma,
 vf_coef, max_grad_norm.
+
+With a ``mesh`` the population is split over its devices: each member trains on one device,
+and only the exploit step's copies (a gather over members) cross between devices.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.sweeps import check_traced_field
 from ppojax.ppo.train import init_state, run_updates
 from ppojax.ppo.types import Metrics, TrainState
+from ppojax.runtime.sharding import check_divisible, constrain_axis
 
 EXPLORE = ("perturb", "resample")
 PERTURB_FACTORS = (0.8, 1.25)
@@ -161,7 +166,12 @@ def interval_scores(metrics: Metrics) -> jax.Array:
 
 
 def check_settings(
-    config: PPOConfig, population: int, interval: int, fraction: float, explore_mode: str
+    config: PPOConfig,
+    population: int,
+    interval: int,
+    fraction: float,
+    explore_mode: str,
+    mesh: Mesh | None = None,
 ) -> None:
     """A ``ValueError`` naming the argument that ``pbt`` cannot run with."""
     if explore_mode not in EXPLORE:
@@ -177,6 +187,8 @@ def check_settings(
             f"pbt interval={interval} must divide the run's {config.num_updates} updates "
             "(total_timesteps // (num_envs * num_steps))"
         )
+    if mesh is not None:
+        check_divisible(population, mesh, "pbt population")
 
 
 class PBTRecords(NamedTuple):
@@ -202,11 +214,28 @@ class PBTCarry(NamedTuple):
     records: PBTRecords
 
 
+def spread(carry: PBTCarry, mesh: Mesh | None) -> PBTCarry:
+    """Inside jit: the members' axis of ``carry`` split over ``mesh`` (states and
+    hyperparameters [P, ...], records [G, P, ...]); ``carry`` as it is without a mesh."""
+    if mesh is None:
+        return carry
+    return carry._replace(
+        states=constrain_axis(carry.states, mesh, 0),
+        hyperparams=constrain_axis(carry.hyperparams, mesh, 0),
+        records=constrain_axis(carry.records, mesh, 1),
+    )
+
+
 def pbt_start(
-    config: PPOConfig, key: jax.Array, population: int, interval: int, search: Mapping[str, Any]
+    config: PPOConfig,
+    key: jax.Array,
+    population: int,
+    interval: int,
+    search: Mapping[str, Any],
+    mesh: Mesh | None = None,
 ) -> PBTCarry:
     """The population before its first interval: hyperparameters drawn within the search's
-    bounds, one fresh training state per member, empty records."""
+    bounds, one fresh training state per member, empty records; split over ``mesh``."""
     bounds = parse_search(config, search)
     init_key, draw_key, loop_key = jax.random.split(key, 3)
     draw_keys = jax.random.split(draw_key, len(bounds))
@@ -238,7 +267,7 @@ def pbt_start(
         lineage=jnp.zeros((generations, population), jnp.int32),
         scores=jnp.full((generations, population), jnp.nan, jnp.float32),
     )
-    return PBTCarry(states, hyperparams, jnp.int32(0), loop_key, records)
+    return spread(PBTCarry(states, hyperparams, jnp.int32(0), loop_key, records), mesh)
 
 
 def pbt_intervals(
@@ -249,9 +278,11 @@ def pbt_intervals(
     search: Mapping[str, Any],
     fraction: float = 0.25,
     explore_mode: str = "perturb",
+    mesh: Mesh | None = None,
 ) -> PBTCarry:
     """``count`` more intervals of training, each followed by exploit and explore (except the
-    run's last). Running the intervals in pieces gives what one call gives."""
+    run's last), the population split over ``mesh``. Running the intervals in pieces gives
+    what one call gives."""
     bounds = parse_search(config, search)
     population = carry.records.lineage.shape[1]
     generations = config.num_updates // interval
@@ -284,9 +315,10 @@ def pbt_intervals(
             lineage=records.lineage.at[index].set(sources),
             scores=records.scores.at[index].set(scores),
         )
-        return PBTCarry(new_states, new_hyperparams, index + 1, carry.key, records), None
+        new_carry = PBTCarry(new_states, new_hyperparams, index + 1, carry.key, records)
+        return spread(new_carry, mesh), None
 
-    carry, _ = jax.lax.scan(generation, carry, None, length=count)
+    carry, _ = jax.lax.scan(generation, spread(carry, mesh), None, length=count)
     return carry
 
 
@@ -315,15 +347,19 @@ def pbt(
     search: Mapping[str, Any],
     fraction: float = 0.25,
     explore_mode: str = "perturb",
+    mesh: Mesh | None = None,
 ) -> PBTOutput:
     """Train a population with population-based training; see the module docstring. Pure:
     jit it with the integers and the search fixed, e.g.
     ``jax.jit(functools.partial(pbt, population=8, interval=10, search=search))(config, key)``.
     ``config.num_updates`` must be a multiple of ``interval``. ``pbt_start``,
     ``pbt_intervals`` and ``pbt_output`` are the same run in pieces (the run folder's
-    checkpoints)."""
-    check_settings(config, population, interval, fraction, explore_mode)
-    carry = pbt_start(config, key, population, interval, search)
+    checkpoints). With ``mesh`` the members are split over its devices (``population`` a
+    multiple of its device count)."""
+    check_settings(config, population, interval, fraction, explore_mode, mesh)
+    carry = pbt_start(config, key, population, interval, search, mesh)
     generations = config.num_updates // interval
-    carry = pbt_intervals(config, carry, generations, interval, search, fraction, explore_mode)
+    carry = pbt_intervals(
+        config, carry, generations, interval, search, fraction, explore_mode, mesh
+    )
     return pbt_output(carry)

@@ -12,6 +12,9 @@ pbt.png            every searched hyperparameter's schedule, one line per member
 summary.json       the best member (highest final return), its final return and
                    hyperparameters, every member's final return, timings, versions
 checkpoints/<n>/   the whole population after n intervals (``resume_pbt`` continues it)
+
+With several local devices the members are split over the most of them that divide the
+population evenly (``runtime.sharding.runs_sharding``), as a sweep's runs are.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ppojax.runs.loggers import (
     options_from_settings,
     wandb_settings,
 )
+from ppojax.runtime.sharding import runs_sharding
 
 PBT_FILE = "pbt.json"
 PBT_TABLE = "pbt.csv"
@@ -130,12 +134,23 @@ def resume_pbt(
     return train_population(Path(run_dir), config, settings, carry, progress)
 
 
+def population_mesh(settings: dict[str, Any]) -> jax.sharding.Mesh | None:
+    """The devices the members are split over: None (one device) where they do not divide."""
+    sharding = runs_sharding(settings["population"])
+    return None if sharding is None else sharding.mesh
+
+
 def start_program(config: PPOConfig, settings: dict[str, Any]):
     """``config -> PBTCarry``: the population before its first interval."""
     search = {name: tuple(spec) for name, spec in settings["search"].items()}
     key = jax.random.key(settings["seed"])
     return lambda config: pbt_start(
-        config, key, settings["population"], settings["interval"], search
+        config,
+        key,
+        settings["population"],
+        settings["interval"],
+        search,
+        population_mesh(settings),
     )
 
 
@@ -167,6 +182,7 @@ def train_population(
                 search=search,
                 fraction=settings["fraction"],
                 explore_mode=settings["explore_mode"],
+                mesh=population_mesh(settings),
             )
             programs[count] = jax.jit(step).lower(config, carry).compile()
         return programs[count]

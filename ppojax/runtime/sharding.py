@@ -1,10 +1,12 @@
 """Devices and hosts, through JAX's own machinery (``jax.sharding``, ``jax.distributed``).
 
-Two ways to use several devices:
+Three ways to use several devices:
 
 - independent runs (seeds, sweep points) split across devices: ``ppojax.sweep(..., mesh=mesh)``
   lays the [points, seeds] runs over the devices with a ``NamedSharding``; the runs never
   communicate and the results stay on the devices that computed them.
+- a PBT population split across devices: ``ppojax.pbt(..., mesh=mesh)`` keeps each member's
+  state on one device; only the exploit step's copies cross between devices.
 - one run's environments split across devices: ``ppojax.train(config, key, mesh=mesh)`` keeps
   every array with an env axis sharded over the mesh (``with_sharding_constraint``); XLA's
   partitioner runs each device's envs locally and all-reduces the gradients of the replicated
@@ -80,9 +82,15 @@ def check_divisible(size: int, mesh: Mesh, what: str) -> None:
 
 def constrain_env_axis(tree: Any, mesh: Mesh | None) -> Any:
     """Inside jit: keep the leading (env) axis of every leaf of ``tree`` split over ``mesh``."""
+    return constrain_axis(tree, mesh, 0)
+
+
+def constrain_axis(tree: Any, mesh: Mesh | None, axis: int) -> Any:
+    """Inside jit: keep axis ``axis`` of every leaf of ``tree`` split over all of ``mesh``'s
+    axes, the other axes replicated (``tree`` unchanged without a mesh)."""
     if mesh is None:
         return tree
-    sharding = leading_axis_sharding(mesh)
+    sharding = NamedSharding(mesh, PartitionSpec(*([None] * axis), mesh.axis_names))
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
 
 
