@@ -39,7 +39,7 @@ from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.pretrained import PretrainedLM, contract
 from ppojax.rlhf.models.tokenizer import Tokenizer
-from ppojax.rlhf.sampling import sample_full
+from ppojax.rlhf.sampling import SamplingSettings, sample_full
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
@@ -119,14 +119,11 @@ def time_generation(lm: PretrainedLM, repeats: int) -> dict:
     prompts = jax.random.randint(jax.random.key(7), (BATCH, PROMPT_LEN), 3, 288)
     mask = jnp.ones((BATCH, PROMPT_LEN), bool)
     cached = functools.partial(generate, lm, max_new_tokens=NEW_TOKENS, temperature=1.0)
-    full = functools.partial(
-        sample_full,
-        lm.policy_apply,
-        response_len=NEW_TOKENS,
-        temperature=1.0,
-        pad_id=lm.tokenizer.pad_id,
-        eos_id=lm.tokenizer.eos_id,
-    )
+    settings = SamplingSettings(NEW_TOKENS, 1.0, lm.tokenizer.pad_id, lm.tokenizer.eos_id)
+
+    def full(params, prompts, mask, key):
+        return sample_full(lm.policy_apply, params, prompts, mask, key, settings)
+
     return {
         "kv_cache": time_sampler(cached, lm.params, prompts, mask, repeats),
         "full_recompute": time_sampler(full, lm.params, prompts, mask, repeats),

@@ -36,7 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 from machine import machine_description
 
-from ppojax.rlhf import RLHFConfig, make_trainer, run_steps, sample_cached, tree_bytes
+from ppojax.rlhf import (
+    RLHFConfig,
+    SamplingSettings,
+    make_trainer,
+    run_steps,
+    sample_cached,
+    tree_bytes,
+)
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
@@ -116,10 +123,10 @@ def train(trainer, state, prompt_fn, key: jax.Array, steps: int) -> dict:
 def eval_samples(task: DigitTask, score_fn, params: dict, key: jax.Array):
     """Responses [EVAL_PROMPTS, R] of ``params`` at temperature 1 and their scores; one
     compile per task and score, whatever the params (each seed's policy reuses it)."""
-    options = dict(response_len=task.response_len, temperature=1.0, pad_id=PAD, eos_id=EOS)
+    settings = SamplingSettings(task.response_len, temperature=1.0, pad_id=PAD, eos_id=EOS)
     prompt_key, sample_key = jax.random.split(key)
     prompts, mask = task.prompts(prompt_key, EVAL_PROMPTS)
-    samples = sample_cached(task.model().kv_cache, params, prompts, mask, sample_key, **options)
+    samples = sample_cached(task.model().kv_cache, params, prompts, mask, sample_key, settings)
     return samples.tokens, score_fn(prompts, mask, samples.tokens, samples.mask)
 
 

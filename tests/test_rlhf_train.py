@@ -8,7 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppojax.rlhf import RLHFConfig, make_trainer, run_steps, sample_cached, sample_full
+from ppojax.rlhf import (
+    RLHFConfig,
+    SamplingSettings,
+    make_trainer,
+    run_steps,
+    sample_cached,
+    sample_full,
+)
 from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import transformer
 from ppojax.rlhf.objective import LossParts, rlhf_loss
@@ -106,11 +113,11 @@ def test_full_recompute_and_kv_cache_samplers_agree():
     lm = transformer(VOCAB, PROMPT_WIDTH + RESPONSE_LEN, d_model=16, num_heads=2, num_layers=1)
     params = lm.init(jax.random.key(0))
     prompts, mask = prompt_batch(jax.random.key(1), 8)
-    options = dict(response_len=RESPONSE_LEN, temperature=0.7, pad_id=PAD, eos_id=EOS)
+    settings = SamplingSettings(RESPONSE_LEN, temperature=0.7, pad_id=PAD, eos_id=EOS)
 
     def both(key):
-        full = sample_full(lm.policy_apply, params, prompts, mask, key, **options)
-        cached = sample_cached(lm.kv_cache, params, prompts, mask, key, **options)
+        full = sample_full(lm.policy_apply, params, prompts, mask, key, settings)
+        cached = sample_cached(lm.kv_cache, params, prompts, mask, key, settings)
         return full, cached
 
     full, cached = jax.jit(both)(jax.random.key(2))

@@ -112,17 +112,9 @@ def make_batch(
         gamma=config.gamma,
         gae_lambda=config.gae_lambda,
     )
-    batch = Batch(
-        obs=transitions.obs,
-        action=transitions.action,
-        log_prob=transitions.log_prob,
-        value=transitions.value,
-        policy_head=transitions.policy_head,
-        policy_log_std=transitions.policy_log_std,
-        advantage=advantages,
-        target=targets,
-        action_mask=transitions.action_mask,
-    )
+    # Every Batch field but the GAE outputs is the rollout's field of the same name.
+    carried = {k: v for k, v in transitions._asdict().items() if k in Batch._fields}
+    batch = Batch(**carried, advantage=advantages, target=targets)
     if start_hidden is not None:
         done = jnp.logical_or(transitions.terminated, transitions.truncated)
         starts = jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]])
@@ -174,8 +166,7 @@ def update_step(
         "repeated_starts": carry.repeated_starts,
     }
     new_state = TrainState(
-        params=optimized.params,
-        opt_state=optimized.opt_state,
+        **optimized._asdict(),  # params and opt_state
         env_state=carry.env_state,
         obs=carry.obs,
         obs_stats=carry.obs_stats,

@@ -38,6 +38,7 @@ from ppojax.rlhf.reward import bradley_terry_loss, reward_model
 from ppojax.rlhf.sampling import (
     KVCacheHook,
     Samples,
+    SamplingSettings,
     response_mask,
     response_stats,
     sample_cached,
@@ -64,6 +65,7 @@ __all__ = [
     "RLHFConfig",
     "RLHFState",
     "Samples",
+    "SamplingSettings",
     "Trainer",
     "TransformerLM",
     "aggregate",

@@ -27,22 +27,27 @@ def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, hea
     return KVCache(zeros, zeros, jnp.zeros((batch_size, length), bool), jnp.zeros(batch_size, int))
 
 
+class LayerKV(NamedTuple):
+    """One layer's slice of the cache: keys and values [B, L, H, Dh], which travel together."""
+
+    keys: jax.Array
+    values: jax.Array
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head attention of the chunk x [B, S, D] (at ``slot``) over the cache."""
 
     num_heads: int
 
     @nn.compact
-    def __call__(
-        self, x: jax.Array, keys: jax.Array, values: jax.Array, slot: Slot
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def __call__(self, x: jax.Array, kv: LayerKV, slot: Slot) -> tuple[jax.Array, LayerKV]:
         start, key_mask = slot.start, slot.key_mask
         batch_size, chunk, d_model = x.shape
         head_dim = d_model // self.num_heads
         qkv = nn.Dense(3 * d_model, use_bias=False, name="qkv")(x)
         qkv = qkv.reshape(batch_size, chunk, 3, self.num_heads, head_dim)
-        keys = jax.lax.dynamic_update_slice(keys, qkv[:, :, 1], (0, start, 0, 0))
-        values = jax.lax.dynamic_update_slice(values, qkv[:, :, 2], (0, start, 0, 0))
+        keys = jax.lax.dynamic_update_slice(kv.keys, qkv[:, :, 1], (0, start, 0, 0))
+        values = jax.lax.dynamic_update_slice(kv.values, qkv[:, :, 2], (0, start, 0, 0))
         query_index = (start + jnp.arange(chunk))[:, None]
         key_index = jnp.arange(keys.shape[1])[None, :]
         # Each query sees its own key too, so a padded query has a finite, unused output.
@@ -53,7 +58,7 @@ class CausalSelfAttention(nn.Module):
         weights = jax.nn.softmax(jnp.where(visible, scores, MASKED_SCORE), axis=-1)
         attended = jnp.einsum("bhsl,blhd->bshd", weights, values)
         out = nn.Dense(d_model, name="out")(attended.reshape(batch_size, chunk, d_model))
-        return out, keys, values
+        return out, LayerKV(keys, values)
 
 
 class Block(nn.Module):
@@ -62,15 +67,11 @@ class Block(nn.Module):
     num_heads: int
 
     @nn.compact
-    def __call__(
-        self, x: jax.Array, keys: jax.Array, values: jax.Array, slot: Slot
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        attended, keys, values = CausalSelfAttention(self.num_heads)(
-            nn.LayerNorm()(x), keys, values, slot
-        )
+    def __call__(self, x: jax.Array, kv: LayerKV, slot: Slot) -> tuple[jax.Array, LayerKV]:
+        attended, kv = CausalSelfAttention(self.num_heads)(nn.LayerNorm()(x), kv, slot)
         x = x + attended
         hidden = nn.gelu(nn.Dense(4 * x.shape[-1], name="mlp_in")(nn.LayerNorm()(x)))
-        return x + nn.Dense(x.shape[-1], name="mlp_out")(hidden), keys, values
+        return x + nn.Dense(x.shape[-1], name="mlp_out")(hidden), kv
 
 
 class TransformerLM(nn.Module):
@@ -101,16 +102,17 @@ class TransformerLM(nn.Module):
         )
         x = nn.Embed(self.vocab_size, self.d_model)(tokens) + positions[position_ids]
         slot = Slot(start, key_mask, position_ids)
-        new_keys, new_values = [], []
+        layers = []
         for layer in range(self.num_layers):
-            x, keys, values = Block(self.num_heads)(x, cache.keys[layer], cache.values[layer], slot)
-            new_keys.append(keys)
-            new_values.append(values)
+            kv = LayerKV(cache.keys[layer], cache.values[layer])
+            x, kv = Block(self.num_heads)(x, kv, slot)
+            layers.append(kv)
         x = nn.LayerNorm()(x)
         logits = nn.Dense(self.vocab_size, name="lm_head")(x)
         value = nn.Dense(1, kernel_init=nn.initializers.zeros, name="value_head")(x)[..., 0]
         count = cache.count + mask.sum(axis=1)
-        return logits, value, KVCache(jnp.stack(new_keys), jnp.stack(new_values), key_mask, count)
+        keys, values = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *layers)
+        return logits, value, KVCache(keys, values, key_mask, count)
 
 
 class LanguageModel(NamedTuple):

@@ -16,6 +16,7 @@ from ppojax.rlhf.sampling import (
     KVCacheHook,
     PolicyApply,
     Samples,
+    SamplingSettings,
     response_stats,
     response_values,
     sample_cached,
@@ -56,15 +57,12 @@ def sample(
     key: jax.Array,
 ) -> Samples:
     """Responses [N, R] from the model's KV-cache hook if it has one, else by recomputation."""
-    options = dict(
-        response_len=config.response_len,
-        temperature=config.temperature,
-        pad_id=config.pad_id,
-        eos_id=config.eos_id,
+    settings = SamplingSettings(
+        config.response_len, config.temperature, config.pad_id, config.eos_id
     )
     if kv_cache is not None:
-        return sample_cached(kv_cache, params, prompts, prompt_mask, key, **options)
-    return sample_full(policy_apply, params, prompts, prompt_mask, key, **options)
+        return sample_cached(kv_cache, params, prompts, prompt_mask, key, settings)
+    return sample_full(policy_apply, params, prompts, prompt_mask, key, settings)
 
 
 def score(

@@ -14,6 +14,7 @@ every row. Two samplers give the same tokens for the same key:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -35,6 +36,17 @@ class KVCacheHook(NamedTuple):
     decode: Callable[..., tuple[jax.Array, Any]]
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """What a sampler draws: ``response_len`` tokens at ``temperature`` (may be traced), a
+    response ending at its first ``eos_id`` and ``pad_id`` after it."""
+
+    response_len: int
+    temperature: Any
+    pad_id: int
+    eos_id: int
+
+
 class Samples(NamedTuple):
     """Responses [B, R] (pad_id after EOS), their sampling log-probs [B, R] (0 off the mask)
     and the response mask [B, R] (True up to and including the first EOS)."""
@@ -45,15 +57,15 @@ class Samples(NamedTuple):
 
 
 def choose(
-    logits: jax.Array, key: jax.Array, done: jax.Array, temperature: Any, pad_id: int
+    logits: jax.Array, key: jax.Array, done: jax.Array, settings: SamplingSettings
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """token ~ softmax(logits [B, V] / temperature), pad_id where ``done``; its log-prob (0
     where done) and whether it is real, each [B]."""
-    scaled = jax.nn.log_softmax(logits / temperature, axis=-1)
+    scaled = jax.nn.log_softmax(logits / settings.temperature, axis=-1)
     token = jax.random.categorical(key, scaled)
     log_prob = jnp.take_along_axis(scaled, token[:, None], axis=1)[:, 0]
     real = ~done
-    return jnp.where(real, token, pad_id), jnp.where(real, log_prob, 0.0), real
+    return jnp.where(real, token, settings.pad_id), jnp.where(real, log_prob, 0.0), real
 
 
 def sample_loop(
@@ -62,10 +74,7 @@ def sample_loop(
     state: Any,
     key: jax.Array,
     batch_size: int,
-    response_len: int,
-    temperature: Any,
-    pad_id: int,
-    eos_id: int,
+    settings: SamplingSettings,
 ) -> Samples:
     """R = ``response_len`` tokens, one per step t: ``logits_of(state, t)`` [B, V] is the
     next-token distribution, ``choose`` draws from it with step t's key, and ``state =
@@ -75,12 +84,13 @@ def sample_loop(
     def step(carry, inputs):
         state, done = carry
         index, step_key = inputs
-        token, log_prob, real = choose(logits_of(state, index), step_key, done, temperature, pad_id)
+        token, log_prob, real = choose(logits_of(state, index), step_key, done, settings)
         state = feed(state, index, token, real)
-        return (state, done | (token == eos_id)), (token, log_prob, real)
+        return (state, done | (token == settings.eos_id)), (token, log_prob, real)
 
     start = (state, jnp.zeros((batch_size,), bool))
-    inputs = (jnp.arange(response_len), jax.random.split(key, response_len))
+    steps = settings.response_len
+    inputs = (jnp.arange(steps), jax.random.split(key, steps))
     _, (sampled, log_probs, real) = jax.lax.scan(step, start, inputs)
     return Samples(sampled.T, log_probs.T, real.T)
 
@@ -91,20 +101,13 @@ def sample_full(
     prompts: jax.Array,
     prompt_mask: jax.Array,
     key: jax.Array,
-    *,
-    response_len: int,
-    temperature: Any,
-    pad_id: int,
-    eos_id: int,
+    settings: SamplingSettings,
 ) -> Samples:
     """Responses [B, R] by full recomputation: R forward passes over [B, P + R]."""
     batch_size, prompt_len = prompts.shape
-    tokens = jnp.concatenate(
-        [prompts, jnp.full((batch_size, response_len), pad_id, prompts.dtype)], axis=1
-    )
-    mask = jnp.concatenate(
-        [prompt_mask.astype(bool), jnp.zeros((batch_size, response_len), bool)], axis=1
-    )
+    response = (batch_size, settings.response_len)
+    tokens = jnp.concatenate([prompts, jnp.full(response, settings.pad_id, prompts.dtype)], axis=1)
+    mask = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros(response, bool)], axis=1)
 
     def logits_of(buffer: tuple[jax.Array, jax.Array], index: jax.Array) -> jax.Array:
         logits = policy_apply(params, *buffer)
@@ -116,9 +119,7 @@ def sample_full(
         mask = jax.lax.dynamic_update_index_in_dim(mask, real, prompt_len + index, 1)
         return tokens, mask
 
-    return sample_loop(
-        logits_of, feed, (tokens, mask), key, batch_size, response_len, temperature, pad_id, eos_id
-    )
+    return sample_loop(logits_of, feed, (tokens, mask), key, batch_size, settings)
 
 
 def sample_cached(
@@ -127,15 +128,11 @@ def sample_cached(
     prompts: jax.Array,
     prompt_mask: jax.Array,
     key: jax.Array,
-    *,
-    response_len: int,
-    temperature: Any,
-    pad_id: int,
-    eos_id: int,
+    settings: SamplingSettings,
 ) -> Samples:
     """Responses [B, R] through the model's KV cache: one prefill, then R one-token decodes."""
     batch_size, prompt_len = prompts.shape
-    logits, cache = hook.prefill(params, prompts, prompt_mask, prompt_len + response_len)
+    logits, cache = hook.prefill(params, prompts, prompt_mask, prompt_len + settings.response_len)
 
     def logits_of(state, index):
         return state[0]
@@ -143,9 +140,7 @@ def sample_cached(
     def feed(state, index, token, real):
         return hook.decode(params, state[1], token, prompt_len + index)
 
-    return sample_loop(
-        logits_of, feed, (logits, cache), key, batch_size, response_len, temperature, pad_id, eos_id
-    )
+    return sample_loop(logits_of, feed, (logits, cache), key, batch_size, settings)
 
 
 class TokenStats(NamedTuple):
