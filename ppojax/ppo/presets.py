@@ -12,9 +12,9 @@ from typing import Any
 # (the last after the final update), so the final policy's evaluation return, what
 # gymnax-blines publishes, is in the metrics. For MinAtar that evaluation samples its actions,
 # as gymnax-blines' does (utils/ppo.py: batch_evaluate acts through select_action, which
-# samples pi), over 64 episodes: a greedy Breakout policy can keep the paddle in a loop that
-# its sampling escapes, so the mode's return understates the policy the anchor measures. An evaluation plays
-# whole episodes of 10 envs (at most the env's time limit of sequential steps, against an
+# samples pi), over 64 episodes: the anchor measures the sampling policy, and its mode can
+# differ (a greedy policy can repeat a loop that sampling escapes). An evaluation plays
+# whole episodes of its envs (at most the env's time limit of sequential steps, against an
 # update's rollout and minibatch steps: a small part of these runs), and it leaves training
 # bit for bit as it is (the Pendulum preset's metrics and parameters checked equal).
 MINATAR_PRESET: dict[str, Any] = {
@@ -180,6 +180,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 3e-4,
         "ent_coef": 0.0,
         "normalize_observations": True,
+    },
+    # Locomotion on a CPU's budget: brax's hopper on its positional backend (~14k env steps/s
+    # on 2 cores against ~3k for halfcheetah). The MuJoCo PPO settings of Schulman et al. 2017
+    # and CleanRL's ppo_continuous_action (2048 steps per update, 10 epochs of 64-sample
+    # minibatches, lr 3e-4 annealed, no entropy bonus, normalized observations and rewards),
+    # over 16 envs x 128 steps; 1M steps, the MuJoCo benchmark's budget.
+    "brax/hopper": {
+        "num_envs": 16,
+        "num_steps": 128,
+        "total_timesteps": 1_000_000,
+        "update_epochs": 10,
+        "num_minibatches": 32,
+        "learning_rate": 3e-4,
+        "ent_coef": 0.0,
+        "normalize_observations": True,
+        "normalize_rewards": True,
+        "env_kwargs": {"backend": "positional"},
+        "eval_every": 61,  # of 488 updates
+        "eval_episodes": 16,
     },
     # DeepMind Control's cartpole on MJX: 1000-step episodes, rewards in [0, 1] every step;
     # Playground's own settings scaled down (a long horizon, gamma 0.995, normalized rewards,
