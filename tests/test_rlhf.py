@@ -12,6 +12,7 @@ from ppojax.ppo import losses
 from ppojax.ppo.config import ConfigError
 from ppojax.rlhf import (
     RLHFConfig,
+    Sequences,
     aggregate,
     bradley_terry_loss,
     group_advantages,
@@ -339,7 +340,7 @@ def test_reward_weights_and_missing_eos_penalty_make_the_score():
         return response_mask.sum(axis=1)
 
     rewards, scores, emitted_eos = score(
-        config, (first, second), (prompts, prompts > 0, responses, mask)
+        config, (first, second), Sequences(prompts, prompts > 0, responses, mask)
     )
     np.testing.assert_array_equal(rewards, [[1, 2, 3], [2, 3, 1]])
     np.testing.assert_array_equal(emitted_eos, [True, False, True])

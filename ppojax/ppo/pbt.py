@@ -20,6 +20,7 @@ and only the exploit step's copies (a gather over members) cross between devices
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -58,6 +59,23 @@ class PBTOutput(NamedTuple):
     hyperparams: dict[str, jax.Array]
     lineage: jax.Array
     scores: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTSettings:
+    """How ``pbt`` runs a population besides its ``PPOConfig``: ``population`` members, ranked
+    every ``interval`` updates; the bottom ``fraction`` copy the top's states and explore
+    (``explore_mode``) the ``search`` fields. ``search`` is kept as its (field, spec) items in
+    their order (which sets the key each field is drawn with), so the settings hash."""
+
+    population: int
+    interval: int
+    search: Mapping[str, Any] | tuple[tuple[str, Any], ...]
+    fraction: float = 0.25
+    explore_mode: str = "perturb"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "search", tuple(dict(self.search or {}).items()))
 
 
 def parse_search(config: PPOConfig, search: Mapping[str, Any]) -> dict[str, Bound]:
@@ -165,15 +183,10 @@ def interval_scores(metrics: Metrics) -> jax.Array:
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
 
 
-def check_settings(
-    config: PPOConfig,
-    population: int,
-    interval: int,
-    fraction: float,
-    explore_mode: str,
-    mesh: Mesh | None = None,
-) -> None:
+def check_settings(config: PPOConfig, settings: PBTSettings, mesh: Mesh | None = None) -> None:
     """A ``ValueError`` naming the argument that ``pbt`` cannot run with."""
+    population, interval = settings.population, settings.interval
+    fraction, explore_mode = settings.fraction, settings.explore_mode
     if explore_mode not in EXPLORE:
         raise ValueError(f"pbt explore_mode must be one of {EXPLORE}, got {explore_mode!r}")
     if population < 2 or interval < 1:
@@ -227,16 +240,12 @@ def spread(carry: PBTCarry, mesh: Mesh | None) -> PBTCarry:
 
 
 def pbt_start(
-    config: PPOConfig,
-    key: jax.Array,
-    population: int,
-    interval: int,
-    search: Mapping[str, Any],
-    mesh: Mesh | None = None,
+    config: PPOConfig, key: jax.Array, settings: PBTSettings, mesh: Mesh | None = None
 ) -> PBTCarry:
     """The population before its first interval: hyperparameters drawn within the search's
     bounds, one fresh training state per member, empty records; split over ``mesh``."""
-    bounds = parse_search(config, search)
+    bounds = parse_search(config, dict(settings.search))
+    population, interval = settings.population, settings.interval
     init_key, draw_key, loop_key = jax.random.split(key, 3)
     draw_keys = jax.random.split(draw_key, len(bounds))
     hyperparams = {
@@ -274,17 +283,15 @@ def pbt_intervals(
     config: PPOConfig,
     carry: PBTCarry,
     count: int,
-    interval: int,
-    search: Mapping[str, Any],
-    fraction: float = 0.25,
-    explore_mode: str = "perturb",
+    settings: PBTSettings,
     mesh: Mesh | None = None,
 ) -> PBTCarry:
     """``count`` more intervals of training, each followed by exploit and explore (except the
     run's last), the population split over ``mesh``. Running the intervals in pieces gives
     what one call gives."""
-    bounds = parse_search(config, search)
-    population = carry.records.lineage.shape[1]
+    bounds = parse_search(config, dict(settings.search))
+    population, interval = settings.population, settings.interval
+    fraction, explore_mode = settings.fraction, settings.explore_mode
     generations = config.num_updates // interval
     train_interval = jax.vmap(lambda c, s: run_updates(c, s, interval))
 
@@ -356,10 +363,8 @@ def pbt(
     ``pbt_intervals`` and ``pbt_output`` are the same run in pieces (the run folder's
     checkpoints). With ``mesh`` the members are split over its devices (``population`` a
     multiple of its device count)."""
-    check_settings(config, population, interval, fraction, explore_mode, mesh)
-    carry = pbt_start(config, key, population, interval, search, mesh)
-    generations = config.num_updates // interval
-    carry = pbt_intervals(
-        config, carry, generations, interval, search, fraction, explore_mode, mesh
-    )
+    settings = PBTSettings(population, interval, search, fraction, explore_mode)
+    check_settings(config, settings, mesh)
+    carry = pbt_start(config, key, settings, mesh)
+    carry = pbt_intervals(config, carry, config.num_updates // interval, settings, mesh)
     return pbt_output(carry)

@@ -18,7 +18,7 @@ import jax
 import optax
 
 from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
-from ppojax.rlhf.sampling import PolicyApply
+from ppojax.rlhf.sampling import PolicyApply, Sequences
 from ppojax.rlhf.sft import sft_loss
 
 
@@ -56,7 +56,8 @@ def make_sft_step(
     one optimizer step on the mean cross-entropy of the completion tokens. Pure; jit it."""
 
     def step(params: Any, opt_state: optax.OptState, batch: CompletionData):
-        loss, grads = jax.value_and_grad(sft_loss, argnums=1)(policy_apply, params, *batch)
+        targets = Sequences(*batch)
+        loss, grads = jax.value_and_grad(sft_loss, argnums=1)(policy_apply, params, targets)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss}
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from ppojax.ppo import losses
 from ppojax.rlhf.advantages import kl_estimate
 from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.sampling import PolicyApply, response_stats, response_values
+from ppojax.rlhf.sampling import PolicyApply, Sequences, response_stats, response_values
 
 
 class RLHFBatch(NamedTuple):
@@ -27,6 +27,10 @@ class RLHFBatch(NamedTuple):
     advantages: jax.Array
     values: jax.Array  # the critic's at sampling time (zeros without a critic)
     returns: jax.Array
+
+    @property
+    def sequences(self) -> Sequences:
+        return Sequences(self.prompts, self.prompt_mask, self.responses, self.mask)
 
 
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
@@ -58,13 +62,7 @@ def policy_terms(
     - ent_coef H, and its metrics."""
     mask = batch.mask
     stats = response_stats(
-        parts.policy_apply,
-        parts.policy_params(params),
-        batch.prompts,
-        batch.prompt_mask,
-        batch.responses,
-        mask,
-        config.temperature,
+        parts.policy_apply, parts.policy_params(params), batch.sequences, config.temperature
     )
     log_ratio = jnp.where(mask, stats.log_probs - batch.log_probs, 0.0)
     per_token = -losses.clipped_objective(
@@ -96,14 +94,7 @@ def rlhf_loss(
     if parts.critic_apply is None:
         return total, metrics
     critic_params = params["critic"] if "critic" in params else parts.policy_params(params)
-    values = response_values(
-        parts.critic_apply,
-        critic_params,
-        batch.prompts,
-        batch.prompt_mask,
-        batch.responses,
-        batch.mask,
-    )
+    values = response_values(parts.critic_apply, critic_params, batch.sequences)
     value_loss = losses.value_loss(
         values, batch.values, batch.returns, config.vf_clip_eps, batch.mask
     )

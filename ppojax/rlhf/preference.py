@@ -24,7 +24,7 @@ import optax
 
 from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
-from ppojax.rlhf.sampling import PolicyApply, response_stats
+from ppojax.rlhf.sampling import PolicyApply, Sequences, response_stats
 
 LOSS_TYPES = ("sigmoid", "ipo")
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -41,6 +41,14 @@ class PairData(NamedTuple):
     chosen_mask: jax.Array
     rejected: jax.Array
     rejected_mask: jax.Array
+
+    @property
+    def chosen_sequences(self) -> Sequences:
+        return Sequences(self.prompts, self.prompt_mask, self.chosen, self.chosen_mask)
+
+    @property
+    def rejected_sequences(self) -> Sequences:
+        return Sequences(self.prompts, self.prompt_mask, self.rejected, self.rejected_mask)
 
 
 def load_pairs(
@@ -68,18 +76,11 @@ def load_pairs(
 
 
 def sequence_log_probs(
-    policy_apply: PolicyApply,
-    params: Any,
-    prompts: jax.Array,
-    prompt_mask: jax.Array,
-    responses: jax.Array,
-    response_mask: jax.Array,
-    average: bool = False,
+    policy_apply: PolicyApply, params: Any, sequences: Sequences, average: bool = False
 ) -> jax.Array:
     """log pi(response | prompt) [N]: the sum over real response tokens, or their mean."""
-    stats = response_stats(
-        policy_apply, params, prompts, prompt_mask, responses, response_mask, 1.0
-    )
+    stats = response_stats(policy_apply, params, sequences, 1.0)
+    response_mask = sequences.response_mask
     total = jnp.where(response_mask, stats.log_probs, 0.0).sum(axis=1)
     return total / jnp.maximum(response_mask.sum(axis=1), 1) if average else total
 
@@ -89,13 +90,12 @@ def pair_log_probs(
 ) -> tuple[jax.Array, jax.Array]:
     """(chosen [N], rejected [N]) sequence log-probs from one forward pass over 2N rows."""
     rows = pairs.prompts.shape[0]
-    prompts = jnp.concatenate([pairs.prompts, pairs.prompts])
-    prompt_mask = jnp.concatenate([pairs.prompt_mask, pairs.prompt_mask])
-    responses = jnp.concatenate([pairs.chosen, pairs.rejected])
-    mask = jnp.concatenate([pairs.chosen_mask, pairs.rejected_mask])
-    log_probs = sequence_log_probs(
-        policy_apply, params, prompts, prompt_mask, responses, mask, average
+    both = jax.tree.map(
+        lambda chosen, rejected: jnp.concatenate([chosen, rejected]),
+        pairs.chosen_sequences,
+        pairs.rejected_sequences,
     )
+    log_probs = sequence_log_probs(policy_apply, params, both, average)
     return log_probs[:rows], log_probs[rows:]
 
 
@@ -161,12 +161,8 @@ def pair_scores(
     value_apply: Callable[[Any, jax.Array, jax.Array], jax.Array], params: Any, pairs: PairData
 ) -> tuple[jax.Array, jax.Array]:
     """A reward model's scores at the last real token of chosen and rejected, [N] each."""
-    chosen = last_token_scores(
-        value_apply, params, pairs.prompts, pairs.prompt_mask, pairs.chosen, pairs.chosen_mask
-    )
-    rejected = last_token_scores(
-        value_apply, params, pairs.prompts, pairs.prompt_mask, pairs.rejected, pairs.rejected_mask
-    )
+    chosen = last_token_scores(value_apply, params, pairs.chosen_sequences)
+    rejected = last_token_scores(value_apply, params, pairs.rejected_sequences)
     return chosen, rejected
 
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.ppo import losses
-from ppojax.rlhf.sampling import sequence
+from ppojax.rlhf.sampling import Sequences
 
 
 def bradley_terry_loss(
@@ -22,16 +22,12 @@ def bradley_terry_loss(
 def last_token_scores(
     value_apply: Callable[[Any, jax.Array, jax.Array], jax.Array],
     params: Any,
-    prompts: jax.Array,
-    prompt_mask: jax.Array,
-    responses: jax.Array,
-    response_mask: jax.Array,
+    sequences: Sequences,
 ) -> jax.Array:
     """Scores [B]: ``value_apply``'s output [B, P + R] at the last real response token (the
     last prompt position for an empty response)."""
-    tokens, mask = sequence(prompts, prompt_mask, responses, response_mask)
-    values = value_apply(params, tokens, mask)
-    last = prompts.shape[1] + response_mask.sum(axis=1) - 1
+    values = value_apply(params, *sequences.model_input())
+    last = sequences.prompts.shape[1] + sequences.response_mask.sum(axis=1) - 1
     return jnp.take_along_axis(values, last[:, None].astype(jnp.int32), axis=1)[:, 0]
 
 
@@ -41,8 +37,7 @@ def reward_model(
     """A ``reward_fn`` from a trained reward model, its params closed over."""
 
     def reward_model_score(prompts, prompt_mask, responses, response_mask):
-        return last_token_scores(
-            value_apply, params, prompts, prompt_mask, responses, response_mask
-        )
+        sequences = Sequences(prompts, prompt_mask, responses, response_mask)
+        return last_token_scores(value_apply, params, sequences)
 
     return reward_model_score

@@ -17,6 +17,7 @@ from ppojax.rlhf.sampling import (
     PolicyApply,
     Samples,
     SamplingSettings,
+    Sequences,
     response_stats,
     response_values,
     sample_cached,
@@ -66,27 +67,23 @@ def sample(
 
 
 def score(
-    config: RLHFConfig,
-    reward_fns: tuple[Callable[..., jax.Array], ...],
-    batch: tuple[jax.Array, jax.Array, jax.Array, jax.Array],
+    config: RLHFConfig, reward_fns: tuple[Callable[..., jax.Array], ...], sequences: Sequences
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Unweighted rewards [F, N], the weighted score minus the missing-EOS penalty [N], and
     which responses emitted EOS [N]."""
-    prompts, prompt_mask, responses, mask = batch
-    rewards = jnp.stack([reward_column(fn, batch) for fn in reward_fns])
+    rewards = jnp.stack([reward_column(fn, sequences) for fn in reward_fns])
     weights = config.reward_weights or (1.0,) * len(reward_fns)
-    emitted_eos = ((responses == config.eos_id) & mask).any(axis=1)
+    emitted_eos = ((sequences.responses == config.eos_id) & sequences.response_mask).any(axis=1)
     penalty = jnp.where(emitted_eos, 0.0, config.missing_eos_penalty)
     return rewards, jnp.asarray(weights, jnp.float32) @ rewards - penalty, emitted_eos
 
 
-def reward_column(
-    fn: Callable[..., jax.Array], batch: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
-) -> jax.Array:
-    """``fn``'s rewards [N] as float32; a ``ValueError`` naming ``fn`` at trace time for any
-    other shape (a scalar would be broadcast to every response)."""
-    rewards = jnp.asarray(fn(*batch), jnp.float32)
-    rows = batch[2].shape[0]
+def reward_column(fn: Callable[..., jax.Array], sequences: Sequences) -> jax.Array:
+    """``fn``'s rewards [N] as float32, ``fn`` called with the four arrays of ``sequences``
+    (the reward contract); a ``ValueError`` naming ``fn`` at trace time for any other shape
+    (a scalar would be broadcast to every response)."""
+    rewards = jnp.asarray(fn(*sequences), jnp.float32)
+    rows = sequences.responses.shape[0]
     if rewards.shape != (rows,):
         name = getattr(fn, "__name__", repr(fn))
         raise ValueError(
@@ -141,23 +138,23 @@ def collect(
     prompt_mask = jnp.repeat(prompt_mask.astype(bool), config.group_size, axis=0)
     policy = full_policy(state.params)
     samples = sample(config, policy_apply, kv_cache, policy, prompts, prompt_mask, key)
-    rows = (prompts, prompt_mask, samples.tokens, samples.mask)
+    sequences = Sequences(prompts, prompt_mask, samples.tokens, samples.mask)
     mask = samples.mask
-    stats = response_stats(policy_apply, policy, *rows, config.temperature)
-    reference = response_stats(policy_apply, state.reference, *rows, config.temperature)
+    stats = response_stats(policy_apply, policy, sequences, config.temperature)
+    reference = response_stats(policy_apply, state.reference, sequences, config.temperature)
     if critic_apply is not None:
         critic = state.params.get("critic", policy)
-        values = response_values(critic_apply, critic, *rows)
+        values = response_values(critic_apply, critic, sequences)
     else:
         values = jnp.zeros(mask.shape, jnp.float32)
-    rewards, scores, emitted_eos = score(config, reward_fns, rows)
+    rewards, scores, emitted_eos = score(config, reward_fns, sequences)
     penalty_kl = jnp.where(
         mask, adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator), 0.0
     )
     advantages, returns = advantages_and_returns(
         config, scores, penalty_kl, values, mask, state.kl_coef
     )
-    batch = RLHFBatch(*rows, stats.log_probs, reference.log_probs, advantages, values, returns)
+    batch = RLHFBatch(*sequences, stats.log_probs, reference.log_probs, advantages, values, returns)
     kl = jnp.where(mask, stats.log_probs - reference.log_probs, 0.0)
     return Rollout(batch, rewards, scores, kl, penalty_kl, stats.entropy, emitted_eos)
 

@@ -143,6 +143,29 @@ def sample_cached(
     return sample_loop(logits_of, feed, (logits, cache), key, batch_size, settings)
 
 
+class Sequences(NamedTuple):
+    """What a model reads to judge responses: prompts [B, P] left-padded and their mask, each
+    followed by its response [B, R] and the response mask (True on its real tokens). A
+    pytree, so it crosses jit and vmap as one argument."""
+
+    prompts: jax.Array
+    prompt_mask: jax.Array
+    responses: jax.Array
+    response_mask: jax.Array
+
+    def model_input(self) -> tuple[jax.Array, jax.Array]:
+        """The model's input: tokens [B, P + R] and mask [B, P + R]."""
+        prompts, prompt_mask, responses, response_mask = self
+        tokens = jnp.concatenate([prompts, responses.astype(prompts.dtype)], axis=1)
+        mask = jnp.concatenate([prompt_mask.astype(bool), response_mask.astype(bool)], axis=1)
+        return tokens, mask
+
+    def response_positions(self, values: jax.Array) -> jax.Array:
+        """``values`` [B, P + R, ...] at the positions P - 1 + t that predict response token t."""
+        prompt_len, response_len = self.prompts.shape[1], self.responses.shape[1]
+        return values[:, prompt_len - 1 : prompt_len - 1 + response_len]
+
+
 class TokenStats(NamedTuple):
     """Per response token [B, R]: log pi(token) at the temperature, and the entropy of pi."""
 
@@ -150,31 +173,14 @@ class TokenStats(NamedTuple):
     entropy: jax.Array
 
 
-def sequence(
-    prompts: jax.Array, prompt_mask: jax.Array, responses: jax.Array, response_mask: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """The model's input: tokens [B, P + R] and mask [B, P + R]."""
-    tokens = jnp.concatenate([prompts, responses.astype(prompts.dtype)], axis=1)
-    mask = jnp.concatenate([prompt_mask.astype(bool), response_mask.astype(bool)], axis=1)
-    return tokens, mask
-
-
 def response_stats(
-    policy_apply: PolicyApply,
-    params: Any,
-    prompts: jax.Array,
-    prompt_mask: jax.Array,
-    responses: jax.Array,
-    response_mask: jax.Array,
-    temperature: Any,
+    policy_apply: PolicyApply, params: Any, sequences: Sequences, temperature: Any
 ) -> TokenStats:
     """One forward pass over [prompt, response]: log softmax(logits / temperature) of each
     response token and its entropy, both [B, R] (the logits at P - 1 + t predict token t)."""
-    prompt_len, response_len = prompts.shape[1], responses.shape[1]
-    tokens, mask = sequence(prompts, prompt_mask, responses, response_mask)
-    logits = policy_apply(params, tokens, mask)[:, prompt_len - 1 : prompt_len - 1 + response_len]
+    logits = sequences.response_positions(policy_apply(params, *sequences.model_input()))
     log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
-    log_probs = jnp.take_along_axis(log_softmax, responses[..., None], axis=-1)[..., 0]
+    log_probs = jnp.take_along_axis(log_softmax, sequences.responses[..., None], axis=-1)[..., 0]
     entropy = -(jnp.exp(log_softmax) * log_softmax).sum(axis=-1)
     return TokenStats(log_probs, entropy)
 
@@ -182,16 +188,10 @@ def response_stats(
 def response_values(
     critic_apply: Callable[[Any, jax.Array, jax.Array], jax.Array],
     params: Any,
-    prompts: jax.Array,
-    prompt_mask: jax.Array,
-    responses: jax.Array,
-    response_mask: jax.Array,
+    sequences: Sequences,
 ) -> jax.Array:
     """V of the state before each response token [B, R]: the critic's values at P - 1 + t."""
-    prompt_len, response_len = prompts.shape[1], responses.shape[1]
-    tokens, mask = sequence(prompts, prompt_mask, responses, response_mask)
-    values = critic_apply(params, tokens, mask)
-    return values[:, prompt_len - 1 : prompt_len - 1 + response_len]
+    return sequences.response_positions(critic_apply(params, *sequences.model_input()))
 
 
 def response_mask(responses: jax.Array, eos_id: int) -> jax.Array:

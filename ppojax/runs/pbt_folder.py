@@ -32,6 +32,7 @@ from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.pbt import (
     PBTCarry,
     PBTOutput,
+    PBTSettings,
     check_settings,
     parse_search,
     pbt_intervals,
@@ -77,7 +78,7 @@ def run_pbt(
     far and the whole population is checkpointed (the newest ``keep_checkpoints``; None or 0
     keeps all), so ``resume_pbt`` continues a stopped run to exactly the same result.
     """
-    check_settings(config, population, interval, fraction, explore_mode)
+    check_settings(config, PBTSettings(population, interval, search, fraction, explore_mode))
     parse_search(config, search)  # a bad search fails before the folder is made
     every = config.num_updates if checkpoint_every is None else checkpoint_every
     if every < interval or every % interval:
@@ -140,18 +141,22 @@ def population_mesh(settings: dict[str, Any]) -> jax.sharding.Mesh | None:
     return None if sharding is None else sharding.mesh
 
 
-def start_program(config: PPOConfig, settings: dict[str, Any]):
-    """``config -> PBTCarry``: the population before its first interval."""
+def pbt_settings(settings: dict[str, Any]) -> PBTSettings:
+    """The ``PBTSettings`` of pbt.json's settings."""
     search = {name: tuple(spec) for name, spec in settings["search"].items()}
-    key = jax.random.key(settings["seed"])
-    return lambda config: pbt_start(
-        config,
-        key,
+    return PBTSettings(
         settings["population"],
         settings["interval"],
         search,
-        population_mesh(settings),
+        settings["fraction"],
+        settings["explore_mode"],
     )
+
+
+def start_program(config: PPOConfig, settings: dict[str, Any]):
+    """``config -> PBTCarry``: the population before its first interval."""
+    key = jax.random.key(settings["seed"])
+    return lambda config: pbt_start(config, key, pbt_settings(settings), population_mesh(settings))
 
 
 def train_population(
@@ -165,7 +170,6 @@ def train_population(
     updates at a time, writing the tables and a checkpoint after each; then the plots and
     summary.json."""
     interval = settings["interval"]
-    search = {name: tuple(spec) for name, spec in settings["search"].items()}
     generations = config.num_updates // interval
     piece = settings["checkpoint_every"] // interval
     began = time.perf_counter()
@@ -178,10 +182,7 @@ def train_population(
             step = functools.partial(
                 pbt_intervals,
                 count=count,
-                interval=interval,
-                search=search,
-                fraction=settings["fraction"],
-                explore_mode=settings["explore_mode"],
+                settings=pbt_settings(settings),
                 mesh=population_mesh(settings),
             )
             programs[count] = jax.jit(step).lower(config, carry).compile()

@@ -20,6 +20,7 @@ from flax import struct
 
 from ppojax.checks import ConfigError, check_positive_int, static
 from ppojax.rlhf.model import LanguageModel, transformer
+from ppojax.rlhf.sampling import Sequences
 from ppojax.rlhf.sft import train_sft
 
 PAD = 0
@@ -166,7 +167,7 @@ def sft_start(expected: Expected, task: DigitTask, key: jax.Array) -> tuple[dict
 
     def data(step_key: jax.Array):
         prompts, prompt_mask = task.prompts(step_key, task.sft_batch_size)
-        return (prompts, prompt_mask, *targets(expected, task, prompts, prompt_mask))
+        return Sequences(prompts, prompt_mask, *targets(expected, task, prompts, prompt_mask))
 
     return train_sft(
         lm.policy_apply,

@@ -22,7 +22,7 @@ from ppojax.checks import ConfigError, check_positive_int, static
 from ppojax.ppo import losses
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
-from ppojax.rlhf.sampling import SamplingSettings, sample_cached
+from ppojax.rlhf.sampling import SamplingSettings, Sequences, sample_cached
 from ppojax.rlhf.sft import make_adam
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask, scorer, sft_start, targets
 
@@ -126,7 +126,8 @@ def ranking_loss(task: DigitTask, params: dict, ranked: RankedSamples):
         x.reshape(batch_size * samples, response_len)
         for x in (ranked.responses, ranked.response_mask)
     )
-    scores = last_token_scores(task.model().critic_apply, params, repeated, repeated_mask, *flat)
+    sequences = Sequences(repeated, repeated_mask, *flat)
+    scores = last_token_scores(task.model().critic_apply, params, sequences)
     margins, counted = pair_margins(scores.reshape(batch_size, samples), ranked.gold)
     accuracy = losses.masked_mean((margins > 0).astype(jnp.float32), counted)
     return bradley_terry_loss(margins, jnp.zeros_like(margins), counted), accuracy
