@@ -1,6 +1,8 @@
 """What the suite adapters share: a gymnax ``Environment`` around another suite's env.
 
-An adapter implements gymnax's ``reset_env`` / ``step_env`` and keeps the suite's own state
+``Adapter`` implements gymnax's ``reset_env`` / ``step_env`` once, and each suite's adapter
+only translates its library: ``reset_suite`` gives the first observation, the suite's own
+state and the action mask, ``step_suite`` a ``SuiteStep``. ``Adapter`` keeps the suite's state
 in ``AdapterState`` together with the flags gymnax's API needs and other suites fold into one
 ``done``: whether the last step ended the episode by a time limit (``truncated``, read by
 ``is_truncated``) rather than by reaching a terminal state (``terminated``, returned by
@@ -14,7 +16,7 @@ This module imports gymnax, so it is imported only by the adapters, when a suite
 from __future__ import annotations
 
 import difflib
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,18 @@ class AdapterState:
     time: jax.Array  # steps since the reset
 
 
+class SuiteStep(NamedTuple):
+    """One step of a suite in gymnax's terms: ``terminated`` where the episode reached a
+    terminal state, ``truncated`` where a time limit ended it."""
+
+    obs: Any
+    inner: Any  # the suite's new state
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    action_mask: Any = None
+
+
 @struct.dataclass
 class NoParams:
     """Env params of suites whose settings all go to the constructor (``env_kwargs``)."""
@@ -41,8 +55,8 @@ class NoParams:
 class Adapter(environment.Environment):
     """Base of the adapters: the suite's env ``env`` under the id ``<suite>/<env_name>``;
     ``is_truncated`` reads the flag ``step_env`` stored. Each adapter sets ``suite`` (its id
-    prefix) and gives ``time_limit(params)``, the most steps of an episode (``ppojax eval``
-    runs episodes that long)."""
+    prefix) and gives ``reset_suite``, ``step_suite`` and ``time_limit(params)``, the most steps
+    of an episode (``ppojax eval`` runs episodes that long)."""
 
     suite: ClassVar[str]
 
@@ -57,25 +71,28 @@ class Adapter(environment.Environment):
     def is_truncated(self, state: AdapterState, params: Any) -> jax.Array:
         return state.truncated
 
-    @staticmethod
-    def start(inner: Any, action_mask: Any = None) -> AdapterState:
-        return AdapterState(inner, action_mask, jnp.bool_(False), jnp.int32(0))
+    def reset_env(self, key: jax.Array, params: Any) -> tuple[Any, AdapterState]:
+        obs, inner, action_mask = self.reset_suite(key, params)
+        return obs, AdapterState(inner, action_mask, jnp.bool_(False), jnp.int32(0))
 
-    @staticmethod
-    def step_result(
-        state: AdapterState,
-        obs: Any,
-        inner: Any,
-        reward: jax.Array,
-        terminated: jax.Array,
-        truncated: jax.Array,
-        action_mask: Any = None,
+    def step_env(
+        self, key: jax.Array, state: AdapterState, action: jax.Array, params: Any
     ) -> tuple[Any, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
-        """What ``step_env`` returns after ``state``: gymnax's (obs, state, reward as float32,
-        terminated, info), the suite's new state ``inner`` kept with the step's flags."""
-        truncated = jnp.asarray(truncated, jnp.bool_)
-        next_state = AdapterState(inner, action_mask, truncated, state.time + 1)
-        return obs, next_state, jnp.asarray(reward, jnp.float32), terminated, {}
+        """gymnax's (obs, state, reward as float32, terminated, info) of the suite's step."""
+        step = self.step_suite(key, state, action, params)
+        truncated = jnp.asarray(step.truncated, jnp.bool_)
+        next_state = AdapterState(step.inner, step.action_mask, truncated, state.time + 1)
+        return step.obs, next_state, jnp.asarray(step.reward, jnp.float32), step.terminated, {}
+
+    def reset_suite(self, key: jax.Array, params: Any) -> tuple[Any, Any, Any]:
+        """The suite's reset: (first observation, its state, the action mask or None)."""
+        raise NotImplementedError
+
+    def step_suite(
+        self, key: jax.Array, state: AdapterState, action: jax.Array, params: Any
+    ) -> SuiteStep:
+        """The suite's step from ``state.inner`` (``state.time`` counts the steps so far)."""
+        raise NotImplementedError
 
 
 def box_like(leaf: Any) -> spaces.Box:

@@ -23,7 +23,13 @@ from brax import envs
 from flax import struct
 from gymnax.environments import spaces
 
-from ppojax.envs.suites.adapter import Adapter, AdapterState, observation_space_of, unknown_name
+from ppojax.envs.suites.adapter import (
+    Adapter,
+    AdapterState,
+    SuiteStep,
+    observation_space_of,
+    unknown_name,
+)
 
 
 @struct.dataclass
@@ -32,21 +38,21 @@ class BraxParams:
 
 
 class Brax(Adapter):
-    """A brax env with gymnax's ``reset_env`` / ``step_env`` and a time limit."""
+    """A brax env with a time limit."""
 
     suite = "brax"  # the ids' prefix; suites with brax's interface (Playground) subclass this
 
-    def reset_env(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, AdapterState]:
+    def reset_suite(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, Any, None]:
         inner = self.env.reset(key)
-        return inner.obs, self.start(inner)
+        return inner.obs, inner, None
 
-    def step_env(
+    def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: BraxParams
-    ) -> tuple[jax.Array, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
+    ) -> SuiteStep:
         inner = self.env.step(state.inner, action)
         terminated = inner.done > 0.5
         truncated = ~terminated & (state.time + 1 >= params.max_steps_in_episode)
-        return self.step_result(state, inner.obs, inner, inner.reward, terminated, truncated)
+        return SuiteStep(inner.obs, inner, inner.reward, terminated, truncated)
 
     def time_limit(self, params: BraxParams) -> int:
         return int(params.max_steps_in_episode)

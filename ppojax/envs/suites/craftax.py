@@ -18,7 +18,7 @@ import jax
 from craftax.craftax_env import make_craftax_env_from_name
 from gymnax.environments import spaces
 
-from ppojax.envs.suites.adapter import Adapter, AdapterState, unknown_name
+from ppojax.envs.suites.adapter import Adapter, AdapterState, SuiteStep, unknown_name
 
 NAMES = (
     "Craftax-Classic-Symbolic-v1",
@@ -34,17 +34,17 @@ class Craftax(Adapter):
 
     suite = "craftax"
 
-    def reset_env(self, key: jax.Array, params: Any) -> tuple[jax.Array, AdapterState]:
+    def reset_suite(self, key: jax.Array, params: Any) -> tuple[jax.Array, Any, None]:
         obs, inner = self.env.reset_env(key, params)
-        return obs, self.start(inner)
+        return obs, inner, None
 
-    def step_env(
+    def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: Any
-    ) -> tuple[jax.Array, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
+    ) -> SuiteStep:
         obs, inner, reward, done, _ = self.env.step_env(key, state.inner, action, params)
         terminated = self.env.is_terminal(inner, params.replace(max_timesteps=NO_TIME_LIMIT))
         truncated = done & ~terminated
-        return self.step_result(state, obs, inner, reward, terminated, truncated)
+        return SuiteStep(obs, inner, reward, terminated, truncated)
 
     def time_limit(self, params: Any) -> int:
         return int(params.max_timesteps)

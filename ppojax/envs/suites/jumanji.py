@@ -35,6 +35,7 @@ from ppojax.envs.suites.adapter import (
     Adapter,
     AdapterState,
     NoParams,
+    SuiteStep,
     observation_space_of,
     unknown_name,
 )
@@ -52,7 +53,7 @@ def split_observation(observation: Any) -> tuple[Any, Any]:
 
 
 class Jumanji(Adapter):
-    """A jumanji env with gymnax's ``reset_env`` / ``step_env`` and ``action_mask``."""
+    """A jumanji env, its observation split into what the network sees and the action mask."""
 
     suite = "jumanji"
 
@@ -68,20 +69,20 @@ class Jumanji(Adapter):
         self.joint = isinstance(spec, specs.MultiDiscreteArray) and self.mask_shape == nvec
         self.nvec = nvec
 
-    def reset_env(self, key: jax.Array, params: Any) -> tuple[Any, AdapterState]:
-        state, timestep = self.env.reset(key)
+    def reset_suite(self, key: jax.Array, params: Any) -> tuple[Any, Any, Any]:
+        inner, timestep = self.env.reset(key)
         obs, mask = split_observation(timestep.observation)
-        return obs, self.start(state, mask)
+        return obs, inner, mask
 
-    def step_env(
+    def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: Any
-    ) -> tuple[Any, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
+    ) -> SuiteStep:
         inner, timestep = self.env.step(state.inner, self.env_action(action))
         obs, mask = split_observation(timestep.observation)
         last = timestep.last()
         truncated = last & ((timestep.discount > 0) | self.timed_out(inner))
         terminated = last & ~truncated
-        return self.step_result(state, obs, inner, timestep.reward, terminated, truncated, mask)
+        return SuiteStep(obs, inner, timestep.reward, terminated, truncated, mask)
 
     def timed_out(self, inner: Any) -> jax.Array:
         """Whether the env's own time limit ended the episode (False for envs without one)."""

@@ -20,29 +20,36 @@ import jax
 import navix
 from gymnax.environments import spaces
 
-from ppojax.envs.suites.adapter import Adapter, AdapterState, NoParams, box_like, unknown_name
+from ppojax.envs.suites.adapter import (
+    Adapter,
+    AdapterState,
+    NoParams,
+    SuiteStep,
+    box_like,
+    unknown_name,
+)
 
 TERMINATION = 2
 TRUNCATION = 1
 
 
 class Navix(Adapter):
-    """A NAVIX env with gymnax's ``reset_env`` / ``step_env``."""
+    """A NAVIX env, stepped without its own reset."""
 
     suite = "navix"
 
-    def reset_env(self, key: jax.Array, params: NoParams) -> tuple[jax.Array, AdapterState]:
+    def reset_suite(self, key: jax.Array, params: NoParams) -> tuple[jax.Array, Any, None]:
         timestep = self.env.reset(key)
-        return timestep.observation, self.start(timestep)
+        return timestep.observation, timestep, None
 
-    def step_env(
+    def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: NoParams
-    ) -> tuple[jax.Array, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
+    ) -> SuiteStep:
         timestep = self.env._step(state.inner, action)  # the transition, without the reset
         terminated = timestep.step_type == TERMINATION
         truncated = timestep.step_type == TRUNCATION
         obs, reward = timestep.observation, timestep.reward
-        return self.step_result(state, obs, timestep, reward, terminated, truncated)
+        return SuiteStep(obs, timestep, reward, terminated, truncated)
 
     def time_limit(self, params: NoParams) -> int:
         return int(self.env.max_steps)

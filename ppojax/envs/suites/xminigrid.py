@@ -20,27 +20,27 @@ import jax
 import xminigrid
 from gymnax.environments import spaces
 
-from ppojax.envs.suites.adapter import Adapter, AdapterState, box_like, unknown_name
+from ppojax.envs.suites.adapter import Adapter, AdapterState, SuiteStep, box_like, unknown_name
 
 
 class XMiniGrid(Adapter):
-    """An xminigrid env with gymnax's ``reset_env`` / ``step_env``."""
+    """An xminigrid env, its TimeStep's ``discount`` telling the two ends apart."""
 
     suite = "xminigrid"
 
-    def reset_env(self, key: jax.Array, params: Any) -> tuple[jax.Array, AdapterState]:
+    def reset_suite(self, key: jax.Array, params: Any) -> tuple[jax.Array, Any, None]:
         timestep = self.env.reset(params, key)
-        return timestep.observation, self.start(timestep)
+        return timestep.observation, timestep, None
 
-    def step_env(
+    def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: Any
-    ) -> tuple[jax.Array, AdapterState, jax.Array, jax.Array, dict[str, Any]]:
+    ) -> SuiteStep:
         timestep = self.env.step(params, state.inner, action)
         last = timestep.last()
         terminated = last & (timestep.discount == 0)
         truncated = last & (timestep.discount > 0)
         obs, reward = timestep.observation, timestep.reward
-        return self.step_result(state, obs, timestep, reward, terminated, truncated)
+        return SuiteStep(obs, timestep, reward, terminated, truncated)
 
     def time_limit(self, params: Any) -> int:
         return int(params.max_steps)
