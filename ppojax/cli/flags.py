@@ -120,11 +120,15 @@ def add_wandb_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_repeatable(parser: argparse.ArgumentParser, flag: str, metavar: str, help: str) -> None:
+    """A flag that may be given several times: the list of its values, [] when it is absent."""
+    parser.add_argument(flag, action="append", default=[], metavar=metavar, help=help)
+
+
 def add_env_module_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--env-module",
-        action="append",
-        default=[],
         metavar="MODULE",
         help="import MODULE (a module name such as mypackage.envs, or the path of a .py file) "
         "first, which registers envs with ppojax.register_env; repeatable; the run folder "

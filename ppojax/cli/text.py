@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ppojax.cli.flags import add_repeatable
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
 from ppojax.rlhf.config import RLHFConfig, add_config_flags
 
@@ -78,10 +79,9 @@ def build_parser(command: str) -> Parser:
 
 
 def add_rlhf_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    add_repeatable(
+        parser,
         "--reward",
-        action="append",
-        default=[],
         metavar="MODULE:FUNCTION",
         help="reward(prompts, responses, **columns) -> list[float]; repeatable",
     )
