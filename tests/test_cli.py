@@ -512,6 +512,24 @@ def test_cpu_settings_auto_split_runs_over_devices_and_give_small_configs_one_th
         plan_for(cpu_plan, "train", "--seeds", "4", "--cpu-devices", "3")
 
 
+def test_cpu_settings_split_a_pbt_population_over_devices_like_a_sweep(cpu_plan, tmp_path):
+    search = ("--interval", "1", "--search", "learning_rate=1e-4:1e-3:log")
+    assert plan_for(cpu_plan, "pbt", "--population", "8", *search) == [("devices", 2)]
+    assert plan_for(cpu_plan, "pbt", "--population", "3", *search) == [("threads", 1)]
+    assert plan_for(cpu_plan, "pbt", "--population", "8", "--cpu-devices", "1", *search) == [
+        ("devices", 1),
+        ("threads", 1),
+    ]
+    with pytest.raises(ValueError, match="--cpu-devices 3: the 8 runs cannot be split evenly"):
+        plan_for(cpu_plan, "pbt", "--population", "8", "--cpu-devices", "3", *search)
+    # --resume reads the population from the run folder's pbt.json
+    (tmp_path / "config.json").write_text(json.dumps({"env_id": "CartPole-v1"}))
+    (tmp_path / "pbt.json").write_text(json.dumps({"population": 6}))
+    assert plan_for(cpu_plan, "pbt", "--resume", str(tmp_path)) == [("devices", 2)]
+    (tmp_path / "pbt.json").write_text(json.dumps({"members": 6}))
+    assert plan_for(cpu_plan, "pbt", "--resume", str(tmp_path)) == []  # resume reports it
+
+
 def test_cpu_settings_leave_accelerators_and_a_set_device_count_alone(cpu_plan, monkeypatch):
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "4")
     assert plan_for(cpu_plan, "train", "--seeds", "8") == [("threads", 1)]

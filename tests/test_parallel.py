@@ -304,3 +304,44 @@ def test_a_pbt_population_split_across_devices_equals_one_device():
         """
     )
     assert "pbt split ok" in out
+
+
+SPLIT_PBT = """
+import shutil, sys
+from pathlib import Path
+import ppojax
+assert ppojax.use_cpu_devices(2)
+import jax
+from ppojax.cli.commands import main
+from ppojax.runs.pbt_folder import population_mesh, run_pbt
+config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=1,
+                          num_minibatches=2, hidden_sizes=(8,))
+run_dir = Path(sys.argv[1]) / "pbt"
+search = {"learning_rate": (1e-4, 3e-3, "log")}
+assert population_mesh({"population": 4}).devices.size == 2
+run_pbt(config, search, 4, 1, run_dir, checkpoint_every=2, keep_checkpoints=0)
+whole = {name: (run_dir / name).read_text() for name in ("metrics.csv", "pbt.csv")}
+shutil.rmtree(run_dir / "checkpoints" / "4")
+assert main(["pbt", "--resume", str(run_dir), "--no-progress"]) == 0
+for name, text in whole.items():
+    assert (run_dir / name).read_text() == text, name
+print("split pbt ok", jax.device_count())
+"""
+
+
+def test_a_pbt_run_folder_splits_its_members_over_cpu_devices_and_resumes_exactly(tmp_path):
+    """Four members over two CPU devices (``population_mesh``; ``pbt(mesh=...)`` is checked
+    above), and a resume from the middle (the same programs on the same devices) writes the
+    same tables, every character."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    child = subprocess.run(
+        [sys.executable, "-c", SPLIT_PBT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "split pbt ok 2" in child.stdout

@@ -291,26 +291,40 @@ def use_cpu_settings(args: argparse.Namespace, grid: dict[str, tuple[float, ...]
 def planned_settings(
     args: argparse.Namespace, grid: dict[str, tuple[float, ...]]
 ) -> tuple[dict[str, Any], int] | None:
-    """The PPOConfig fields and the number of runs this command trains, read without building
-    the PPOConfig (its env check imports gymnax, which computes at import and so starts JAX);
-    None where the files cannot be read (the PPOConfig built next reports why)."""
+    """The PPOConfig fields and the number of runs this command trains (a PBT run's members),
+    read without building the PPOConfig (its env check imports gymnax, which computes at import
+    and so starts JAX); None where the files cannot be read (the PPOConfig built next, or the
+    resume, reports why)."""
     from ppojax.runs import folder
-    from ppojax.runs.settings import num_runs, read_run_settings
 
     try:
         if args.resume is not None:
             settings = folder.read_json_object(args.resume / folder.CONFIG_FILE, "PPOConfig fields")
-            run = read_run_settings(args.resume / folder.RUN_FILE)
-            runs = num_runs(run["seeds"], run["grid"])
         else:
             settings = folder.read_config_file(args.config) if args.config is not None else {}
             settings = {**settings, **flag_settings(args)}
-            runs = num_runs(args.seeds, grid)
-    except ValueError:
+        runs = planned_runs(args, grid)
+    except (ValueError, KeyError, TypeError):
         return None
     defaults = {field.name: field.default for field in dataclasses.fields(PPOConfig)}
     preset = PRESETS.get(settings.get("env_id", defaults["env_id"]), {})
     return {**defaults, **preset, **settings}, runs
+
+
+def planned_runs(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> int:
+    """The runs of a train or sweep command (seeds x grid points), or a PBT run's members."""
+    from ppojax.runs import folder
+    from ppojax.runs.pbt_folder import PBT_FILE
+    from ppojax.runs.settings import num_runs, read_run_settings
+
+    if args.command == "pbt":
+        if args.resume is None:
+            return int(args.population)
+        return int(folder.read_json_object(args.resume / PBT_FILE, "PBT settings")["population"])
+    if args.resume is None:
+        return num_runs(args.seeds, grid)
+    run = read_run_settings(args.resume / folder.RUN_FILE)
+    return num_runs(run["seeds"], run["grid"])
 
 
 def check_seed_flags(args: argparse.Namespace) -> None:
@@ -467,6 +481,7 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         if args.command == "eval":
             return run_eval(args)
         if args.command == "pbt":
+            use_cpu_settings(args, {})  # the members split over CPU devices, as a sweep's runs
             return run_pbt_command(args, build_config, wandb_options)
         grid = dict(args.grid) if args.command == "sweep" else {}
         return run_train(args, grid)

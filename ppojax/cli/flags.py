@@ -76,6 +76,16 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     add_env_module_flag(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cache_flag(parser)
+    add_cpu_flags(parser, "runs (seeds x grid points)")
+    parser.add_argument(
+        "--tensorboard", action="store_true", help="also write TensorBoard event files"
+    )
+    add_wandb_flags(parser)
+    add_config_flags(parser)
+
+
+def add_cpu_flags(parser: argparse.ArgumentParser, runs: str) -> None:
+    """--cpu-threads and --cpu-devices; ``runs`` names what is split over the devices."""
     parser.add_argument(
         "--cpu-threads",
         type=parse_cpu_threads,
@@ -90,15 +100,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         type=parse_cpu_devices,
         default="auto",
         metavar="N",
-        help="CPU devices to split the runs (seeds x grid points) over, each training its "
-        "share: a number that divides the runs, or auto (default: the most, up to one per "
-        "core, that divide the runs; one device where an accelerator is installed)",
+        help=f"CPU devices to split the {runs} over, each training its share: a number that "
+        "divides them, or auto (default: the most, up to one per core, that divide them; one "
+        "device where an accelerator is installed)",
     )
-    parser.add_argument(
-        "--tensorboard", action="store_true", help="also write TensorBoard event files"
-    )
-    add_wandb_flags(parser)
-    add_config_flags(parser)
 
 
 def add_shared_flags(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ppojax.cli.flags import add_cpu_flags
 from ppojax.cli.values import DEFAULT_OUT, parse_int
 from ppojax.ppo.config import PPOConfig
 
@@ -63,6 +64,7 @@ def add_pbt_parser(commands: Any, add_shared_flags: Callable[[Any], None]) -> An
         help="continue the PBT run RUN_DIR from its last checkpoint, to the same result",
     )
     pbt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cpu_flags(pbt, "members")
     add_shared_flags(pbt)
     return pbt
 

@@ -33,7 +33,7 @@ from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.sweeps import check_traced_field
 from ppojax.ppo.train import init_state, run_updates
 from ppojax.ppo.types import Metrics, TrainState
-from ppojax.runtime.sharding import check_divisible, constrain_axis
+from ppojax.runtime.sharding import axis_sharding, check_divisible
 
 EXPLORE = ("perturb", "resample")
 PERTURB_FACTORS = (0.8, 1.25)
@@ -228,14 +228,26 @@ class PBTCarry(NamedTuple):
 
 
 def spread(carry: PBTCarry, mesh: Mesh | None) -> PBTCarry:
-    """Inside jit: the members' axis of ``carry`` split over ``mesh`` (states and
-    hyperparameters [P, ...], records [G, P, ...]); ``carry`` as it is without a mesh."""
+    """Inside jit: ``carry`` laid out as ``carry_shardings`` says; as it is without a mesh."""
     if mesh is None:
         return carry
-    return carry._replace(
-        states=constrain_axis(carry.states, mesh, 0),
-        hyperparams=constrain_axis(carry.hyperparams, mesh, 0),
-        records=constrain_axis(carry.records, mesh, 1),
+    return jax.lax.with_sharding_constraint(carry, carry_shardings(carry, mesh))
+
+
+def carry_shardings(carry: PBTCarry, mesh: Mesh) -> PBTCarry:
+    """The members' axis of ``carry`` split over ``mesh`` (states and hyperparameters
+    [P, ...], records [G, P, ...]), the interval count and key replicated: where a carry
+    read back from a checkpoint goes (``jax.device_put``) before it trains on."""
+
+    def along(tree: Any, axis: int) -> Any:
+        return jax.tree.map(lambda _: axis_sharding(mesh, axis), tree)
+
+    return PBTCarry(
+        states=along(carry.states, 0),
+        hyperparams=along(carry.hyperparams, 0),
+        generation=axis_sharding(mesh, None),
+        key=axis_sharding(mesh, None),
+        records=along(carry.records, 1),
     )
 
 

@@ -33,6 +33,7 @@ from ppojax.ppo.pbt import (
     PBTCarry,
     PBTOutput,
     PBTSettings,
+    carry_shardings,
     check_settings,
     parse_search,
     pbt_intervals,
@@ -175,6 +176,9 @@ def train_population(
     began = time.perf_counter()
     if carry is None:
         carry = jax.jit(start_program(config, settings))(config)
+    mesh = population_mesh(settings)
+    if mesh is not None:  # a carry read back from a checkpoint sits on one device
+        carry = jax.device_put(carry, carry_shardings(carry, mesh))
     programs: dict[int, Any] = {}
 
     def program(count: int) -> Any:
@@ -183,7 +187,7 @@ def train_population(
                 pbt_intervals,
                 count=count,
                 settings=pbt_settings(settings),
-                mesh=population_mesh(settings),
+                mesh=mesh,
             )
             programs[count] = jax.jit(step).lower(config, carry).compile()
         return programs[count]

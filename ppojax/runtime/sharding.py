@@ -82,16 +82,18 @@ def check_divisible(size: int, mesh: Mesh, what: str) -> None:
 
 def constrain_env_axis(tree: Any, mesh: Mesh | None) -> Any:
     """Inside jit: keep the leading (env) axis of every leaf of ``tree`` split over ``mesh``."""
-    return constrain_axis(tree, mesh, 0)
-
-
-def constrain_axis(tree: Any, mesh: Mesh | None, axis: int) -> Any:
-    """Inside jit: keep axis ``axis`` of every leaf of ``tree`` split over all of ``mesh``'s
-    axes, the other axes replicated (``tree`` unchanged without a mesh)."""
     if mesh is None:
         return tree
-    sharding = NamedSharding(mesh, PartitionSpec(*([None] * axis), mesh.axis_names))
+    sharding = leading_axis_sharding(mesh)
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+
+
+def axis_sharding(mesh: Mesh, axis: int | None) -> NamedSharding:
+    """Axis ``axis`` of an array split over all of ``mesh``'s axes, the rest replicated (all
+    replicated for None)."""
+    if axis is None:
+        return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, PartitionSpec(*([None] * axis), mesh.axis_names))
 
 
 def put_global(tree: Any, sharding: NamedSharding) -> Any:
