@@ -8,8 +8,10 @@
 (the default configs; ``cartpole-65536`` and ``breakout-1024`` are GPU sizes, run by
 ``benchmarks/gpu.sh``)
 
-For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled once
-(compile time measured apart), each the way the library compiles its own runs: ppojax with
+For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled
+``--pairs`` times, alternating which goes first, each time from a fresh lowering with JAX's
+caches cleared and after one throwaway compile that sets up the compiler (compile time is the
+median, measured apart from run time), each the way the library compiles its own runs: ppojax with
 ``ppojax.compiler_options()`` (on CPU: LLVM level 2 and copy insertion's region analysis),
 rejax with XLA's defaults; ``--jax-defaults`` compiles ppojax with XLA's defaults too, the
 program a user gets from ``jax.jit(jax.vmap(ppojax.train))`` in Python. Each is then compiled
@@ -244,21 +246,31 @@ def compare_pair(
     options = {"ppojax": None if jax_defaults else ppojax.compiler_options(), "rejax": None}
     for name, make in RUNNERS.items():
         lower, run, act, training_returns = make(config)
-        lowered = lower(keys_for(seeds, 0))
-        start = time.perf_counter()
-        compiled = lowered.compile(compiler_options=options[name])
-        compile_seconds = time.perf_counter() - start
         libraries[name] = {
-            "lowered": lowered,
-            "compiled": compiled,
+            "lower": lower,
             "run": run,
             "act": act,
             "training_returns": training_returns,
-            "compile_seconds": compile_seconds,
-            "program": program_size(compiled),
+            "compile_times": [],
             "run_seconds": [],
             "out": None,
         }
+    # The process's first compile also sets up the compiler (~0.5 s on a 2-core CPU): a
+    # throwaway compile takes that, then each library compiles ``pairs`` times, alternating,
+    # each from a fresh lowering with JAX's caches cleared (a Lowered compiles only once).
+    jax.jit(lambda x: jnp.sin(x) * 2.0).lower(1.0).compile()
+    for repeat in range(pairs):
+        order = list(RUNNERS) if repeat % 2 == 0 else list(reversed(RUNNERS))
+        for name in order:
+            library = libraries[name]
+            jax.clear_caches()
+            library["lowered"] = library["lower"](keys_for(seeds, 0))
+            start = time.perf_counter()
+            library["compiled"] = library["lowered"].compile(compiler_options=options[name])
+            library["compile_times"].append(time.perf_counter() - start)
+    for library in libraries.values():
+        library["compile_seconds"] = statistics.median(library["compile_times"])
+        library["program"] = program_size(library["compiled"])
     for name, library in libraries.items():
         other = ppojax.compiler_options() if options[name] is None else None
         start = time.perf_counter()
@@ -294,6 +306,7 @@ def compare_pair(
         result[name] = {
             "compile_options": options[name],
             "compile_seconds": round(library["compile_seconds"], 2),
+            "compile_seconds_each": [round(value, 2) for value in library["compile_times"]],
             "compile_seconds_other_options": round(library["compile_seconds_other_options"], 2),
             "program": library["program"],
             "run_seconds": [round(value, 3) for value in library["run_seconds"]],
