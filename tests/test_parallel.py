@@ -33,6 +33,23 @@ def run_python(code: str, devices: int = 4, timeout: int = 400) -> str:
     return result.stdout
 
 
+def run_fresh_process(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """``script`` in a new Python on the CPU with JAX's device count unset (the script sets
+    it), ``tmp_path`` as its argument; it must exit 0."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    child = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    return child
+
+
 def test_independent_runs_split_across_devices_equal_one_device():
     out = run_python(
         """
@@ -224,17 +241,7 @@ def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_
     import ppojax
     from ppojax.runs import checkpoints, experiment, folder
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    child = subprocess.run(
-        [sys.executable, "-c", SPLIT_EXPERIMENT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env=env,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
+    child = run_fresh_process(SPLIT_EXPERIMENT, tmp_path)
     assert "split experiment ok 2" in child.stdout
     config = ppojax.PPOConfig(
         num_envs=4, num_steps=16, total_timesteps=4 * 16 * 3, update_epochs=2, num_minibatches=2
@@ -333,15 +340,5 @@ def test_a_pbt_run_folder_splits_its_members_over_cpu_devices_and_resumes_exactl
     """Four members over two CPU devices (``population_mesh``; ``pbt(mesh=...)`` is checked
     above), and a resume from the middle (the same programs on the same devices) writes the
     same tables, every character."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
-    env.pop("JAX_NUM_CPU_DEVICES", None)
-    child = subprocess.run(
-        [sys.executable, "-c", SPLIT_PBT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env=env,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
+    child = run_fresh_process(SPLIT_PBT, tmp_path)
     assert "split pbt ok 2" in child.stdout
