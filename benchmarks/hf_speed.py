@@ -9,7 +9,7 @@ full recomputation, on this machine's CPU.
    ``from_pretrained`` of it, timed ``--repeats`` times (the first, cold, apart).
 2. Generation: 8 prompts of 16 tokens, 64 new tokens at temperature 1, through
    ``generate`` (KV cache: one prefill, then one-token decodes) and through
-   ``ppojax.rlhf.sampling.sample_full`` with the model's ``policy_apply`` (each new token
+   ``ppojax.rlhf.sampling.sample_responses`` with the model's ``policy_apply`` (each new token
    recomputes the whole [8, 80] buffer). Compile time (lower + compile) apart from run time;
    tokens/s = 8 x 64 / the median run time of ``--repeats`` runs with fresh keys.
 
@@ -39,7 +39,7 @@ from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.pretrained import PretrainedLM, contract
 from ppojax.rlhf.models.tokenizer import Tokenizer
-from ppojax.rlhf.sampling import SamplingSettings, sample_full
+from ppojax.rlhf.sampling import SamplingSettings, sample_responses
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
@@ -115,14 +115,15 @@ def time_sampler(fn, params, prompts, mask, repeats: int) -> dict:
 
 
 def time_generation(lm: PretrainedLM, repeats: int) -> dict:
-    """KV cache (``generate``) against full recomputation (``sample_full``)."""
+    """KV cache (``generate``) against full recomputation (``sample_responses`` given the
+    ``policy_apply``)."""
     prompts = jax.random.randint(jax.random.key(7), (BATCH, PROMPT_LEN), 3, 288)
     mask = jnp.ones((BATCH, PROMPT_LEN), bool)
     cached = functools.partial(generate, lm, max_new_tokens=NEW_TOKENS, temperature=1.0)
     settings = SamplingSettings(NEW_TOKENS, 1.0, lm.tokenizer.pad_id, lm.tokenizer.eos_id)
 
     def full(params, prompts, mask, key):
-        return sample_full(lm.policy_apply, params, prompts, mask, key, settings)
+        return sample_responses(lm.policy_apply, params, prompts, mask, key, settings)
 
     return {
         "kv_cache": time_sampler(cached, lm.params, prompts, mask, repeats),

@@ -41,7 +41,7 @@ from ppojax.rlhf import (
     SamplingSettings,
     make_trainer,
     run_steps,
-    sample_cached,
+    sample_responses,
     tree_bytes,
 )
 from ppojax.rlhf.model import zero_value_head
@@ -126,7 +126,7 @@ def eval_samples(task: DigitTask, score_fn, params: dict, key: jax.Array):
     settings = SamplingSettings(task.response_len, temperature=1.0, pad_id=PAD, eos_id=EOS)
     prompt_key, sample_key = jax.random.split(key)
     prompts, mask = task.prompts(prompt_key, EVAL_PROMPTS)
-    samples = sample_cached(task.model().kv_cache, params, prompts, mask, sample_key, settings)
+    samples = sample_responses(task.model().kv_cache, params, prompts, mask, sample_key, settings)
     return samples.tokens, score_fn(prompts, mask, samples.tokens, samples.mask)
 
 

@@ -13,8 +13,7 @@ from ppojax.rlhf import (
     SamplingSettings,
     make_trainer,
     run_steps,
-    sample_cached,
-    sample_full,
+    sample_responses,
 )
 from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import transformer
@@ -116,8 +115,8 @@ def test_full_recompute_and_kv_cache_samplers_agree():
     settings = SamplingSettings(RESPONSE_LEN, temperature=0.7, pad_id=PAD, eos_id=EOS)
 
     def both(key):
-        full = sample_full(lm.policy_apply, params, prompts, mask, key, settings)
-        cached = sample_cached(lm.kv_cache, params, prompts, mask, key, settings)
+        full = sample_responses(lm.policy_apply, params, prompts, mask, key, settings)
+        cached = sample_responses(lm.kv_cache, params, prompts, mask, key, settings)
         return full, cached
 
     full, cached = jax.jit(both)(jax.random.key(2))

@@ -42,8 +42,7 @@ from ppojax.rlhf.sampling import (
     Sequences,
     response_mask,
     response_stats,
-    sample_cached,
-    sample_full,
+    sample_responses,
 )
 from ppojax.rlhf.sft import sft_loss, train_sft
 from ppojax.rlhf.text_rewards import (
@@ -99,8 +98,7 @@ __all__ = [
     "response_stats",
     "reward_model",
     "run_steps",
-    "sample_cached",
-    "sample_full",
+    "sample_responses",
     "save_pretrained",
     "sft_loss",
     "split_held_out",

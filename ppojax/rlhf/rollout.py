@@ -20,8 +20,7 @@ from ppojax.rlhf.sampling import (
     Sequences,
     response_stats,
     response_values,
-    sample_cached,
-    sample_full,
+    sample_responses,
 )
 
 
@@ -61,9 +60,8 @@ def sample(
     settings = SamplingSettings(
         config.response_len, config.temperature, config.pad_id, config.eos_id
     )
-    if kv_cache is not None:
-        return sample_cached(kv_cache, params, prompts, prompt_mask, key, settings)
-    return sample_full(policy_apply, params, prompts, prompt_mask, key, settings)
+    model = policy_apply if kv_cache is None else kv_cache
+    return sample_responses(model, params, prompts, prompt_mask, key, settings)
 
 
 def score(

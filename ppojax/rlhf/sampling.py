@@ -3,13 +3,14 @@
 A policy is ``policy_apply(params, tokens [B, L], mask [B, L]) -> logits [B, L, V]``, causal:
 logits at position i depend on tokens[: i + 1] only. Sequences are a left-padded prompt [B, P]
 followed by the response [B, R], so the logits at P - 1 + t predict response token t for
-every row. Two samplers give the same tokens for the same key:
+every row. ``sample_responses`` decodes in one of two ways, which give the same tokens for
+the same key:
 
-- ``sample_full``: at each of the R steps one forward pass over the whole [B, P + R] buffer
-  (not yet sampled positions hold pad_id with mask 0; causality keeps them out). Correct for
-  every model, at R full passes.
-- ``sample_cached``: a ``KVCacheHook`` the model provides, ``prefill`` once over the prompt
-  and ``decode`` one token per step.
+- full recomputation (``model`` a ``policy_apply``): at each of the R steps one forward pass
+  over the whole [B, P + R] buffer (not yet sampled positions hold pad_id with mask 0;
+  causality keeps them out). Correct for every model, at R full passes.
+- through the KV cache (``model`` a ``KVCacheHook`` the model provides): ``prefill`` once
+  over the prompt and ``decode`` one token per step.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def sample_loop(
 ) -> Samples:
     """R = ``response_len`` tokens, one per step t: ``logits_of(state, t)`` [B, V] is the
     next-token distribution, ``choose`` draws from it with step t's key, and ``state =
-    feed(state, t, token, real)``. Both samplers run this loop, so for the same key they draw
+    feed(state, t, token, real)``. Both decodings run this loop, so for the same key they draw
     from the same keys and stop at the same EOS."""
 
     def step(carry, inputs):
@@ -95,52 +96,46 @@ def sample_loop(
     return Samples(sampled.T, log_probs.T, real.T)
 
 
-def sample_full(
-    policy_apply: PolicyApply,
+def sample_responses(
+    model: KVCacheHook | PolicyApply,
     params: Any,
     prompts: jax.Array,
     prompt_mask: jax.Array,
     key: jax.Array,
     settings: SamplingSettings,
 ) -> Samples:
-    """Responses [B, R] by full recomputation: R forward passes over [B, P + R]."""
+    """Responses [B, R] through the model's KV cache when ``model`` is a ``KVCacheHook`` (one
+    prefill, then R one-token decodes), else by full recomputation with ``model`` as the
+    ``policy_apply`` (R forward passes over [B, P + R])."""
     batch_size, prompt_len = prompts.shape
+    if isinstance(model, KVCacheHook):
+        hook = model
+        total_len = prompt_len + settings.response_len
+        start = hook.prefill(params, prompts, prompt_mask, total_len)
+
+        def logits_of(state, index):
+            return state[0]
+
+        def feed(state, index, token, real):
+            return hook.decode(params, state[1], token, prompt_len + index)
+
+        return sample_loop(logits_of, feed, start, key, batch_size, settings)
+
     response = (batch_size, settings.response_len)
     tokens = jnp.concatenate([prompts, jnp.full(response, settings.pad_id, prompts.dtype)], axis=1)
     mask = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros(response, bool)], axis=1)
 
-    def logits_of(buffer: tuple[jax.Array, jax.Array], index: jax.Array) -> jax.Array:
-        logits = policy_apply(params, *buffer)
+    def recomputed_logits(buffer: tuple[jax.Array, jax.Array], index: jax.Array) -> jax.Array:
+        logits = model(params, *buffer)
         return jax.lax.dynamic_index_in_dim(logits, prompt_len - 1 + index, 1, keepdims=False)
 
-    def feed(buffer, index, token, real):
+    def write(buffer, index, token, real):
         tokens, mask = buffer
         tokens = jax.lax.dynamic_update_index_in_dim(tokens, token, prompt_len + index, 1)
         mask = jax.lax.dynamic_update_index_in_dim(mask, real, prompt_len + index, 1)
         return tokens, mask
 
-    return sample_loop(logits_of, feed, (tokens, mask), key, batch_size, settings)
-
-
-def sample_cached(
-    hook: KVCacheHook,
-    params: Any,
-    prompts: jax.Array,
-    prompt_mask: jax.Array,
-    key: jax.Array,
-    settings: SamplingSettings,
-) -> Samples:
-    """Responses [B, R] through the model's KV cache: one prefill, then R one-token decodes."""
-    batch_size, prompt_len = prompts.shape
-    logits, cache = hook.prefill(params, prompts, prompt_mask, prompt_len + settings.response_len)
-
-    def logits_of(state, index):
-        return state[0]
-
-    def feed(state, index, token, real):
-        return hook.decode(params, state[1], token, prompt_len + index)
-
-    return sample_loop(logits_of, feed, (logits, cache), key, batch_size, settings)
+    return sample_loop(recomputed_logits, write, (tokens, mask), key, batch_size, settings)
 
 
 class Sequences(NamedTuple):

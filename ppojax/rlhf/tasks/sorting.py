@@ -22,7 +22,7 @@ from ppojax.checks import ConfigError, check_positive_int, static
 from ppojax.ppo import losses
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
-from ppojax.rlhf.sampling import SamplingSettings, Sequences, sample_cached
+from ppojax.rlhf.sampling import SamplingSettings, Sequences, sample_responses
 from ppojax.rlhf.sft import make_adam
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask, scorer, sft_start, targets
 
@@ -92,7 +92,7 @@ def ranked_samples(
     prompts, prompt_mask = task.prompts(prompt_key, batch_size)
     repeated, repeated_mask = (jnp.repeat(x, samples, axis=0) for x in (prompts, prompt_mask))
     settings = SamplingSettings(task.response_len, temperature=1.0, pad_id=PAD, eos_id=EOS)
-    drawn = sample_cached(
+    drawn = sample_responses(
         task.model().kv_cache, sft_params, repeated, repeated_mask, sample_key, settings
     )
     scores = gold(repeated, repeated_mask, drawn.tokens, drawn.mask)
