@@ -295,7 +295,7 @@ def test_divergence_lines_name_the_seed_and_grid_point_of_each_run(capsys):
     experiment = Experiment(config, seeds=2, grid={"learning_rate": (2.5e-4, 1e30)})
     skipped = np.array([[0, 0, 0], [0, 1, 0], [0, 4, 4], [4, 4, 4]], np.float32)
     result = RunResult(
-        experiment, None, run_table(experiment), None, {"nonfinite_steps": skipped}, 0, 0, 0
+        experiment, None, run_table(experiment), None, {"nonfinite_steps": skipped}, 0, 0
     )
     print_divergence(result)
     lines = capsys.readouterr().out.splitlines()

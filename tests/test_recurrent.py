@@ -107,7 +107,7 @@ def test_replay_resets_the_state_where_an_episode_started():
     starts = jnp.asarray([[0, 0], [1, 0], [0, 0], [0, 1], [1, 1]], bool)
     hidden = jax.random.normal(jax.random.key(2), (2, 16))
     zeros = jnp.zeros((5, 2))
-    data = Batch(obs, zeros, zeros, zeros, zeros, None, zeros, zeros)
+    data = Batch(obs, zeros, zeros, zeros, zeros, zeros, zeros, None)
     heads, _, values = replay_sequences(agent, params, SequenceBatch(data, starts, hidden))
     state = hidden
     for t in range(5):
@@ -151,7 +151,7 @@ def test_replaying_the_first_minibatch_reproduces_the_rollout_exactly():
 def test_sequence_minibatches_shuffle_whole_envs():
     t, b = 3, 4
     steps = jnp.arange(t)[:, None] * 10 + jnp.arange(b)[None, :]  # 10 t + env
-    data = Batch(steps, steps, steps, steps, steps, None, steps, steps)
+    data = Batch(steps, steps, steps, steps, steps, steps, steps, None)
     hidden = jnp.arange(b)[:, None] * jnp.ones((1, 5))
     batch = SequenceBatch(data, jnp.zeros((t, b), bool), hidden)
     mini = shuffle_sequences(jax.random.key(0), batch, 2)

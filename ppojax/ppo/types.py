@@ -70,16 +70,17 @@ class Transition(NamedTuple):
 
 class Batch(NamedTuple):
     """Training data for the update: every field is [N, ...] (flattened steps), or [T, B, ...]
-    inside a ``SequenceBatch``."""
+    inside a ``SequenceBatch``. The step taken, what GAE made of it, then what pi_old said at
+    the step (its log-prob of the action, value and outputs: the rollout's fields)."""
 
     obs: jax.Array
     action: jax.Array
+    advantage: jax.Array
+    target: jax.Array
     log_prob: jax.Array
     value: jax.Array
     policy_head: jax.Array
     policy_log_std: jax.Array | None
-    advantage: jax.Array
-    target: jax.Array
     action_mask: jax.Array | None = None
 
 

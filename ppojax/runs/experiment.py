@@ -208,8 +208,14 @@ class RunResult:
     metrics: dict[str, np.ndarray]
     compile_seconds: float
     run_seconds: float
-    env_steps: int
     resumed_from: int | None = None
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps of the updates this call trained, over all runs."""
+        config = self.experiment.config
+        updates = config.num_updates - (self.resumed_from or 0)
+        return updates * self.experiment.num_runs * config.batch_size
 
     @property
     def divergence(self) -> list[dict[str, Any]]:
@@ -326,16 +332,8 @@ def continue_experiment(
         name: np.concatenate([history[name], values], 1) if name in history else values
         for name, values in trained.items()
     } or history
-    result = RunResult(
-        experiment=experiment,
-        run_dir=run_dir,
-        runs=runs,
-        state=state,
-        metrics=metrics,
-        compile_seconds=compile_seconds,
-        run_seconds=run_seconds,
-        env_steps=(num_updates - start) * experiment.num_runs * experiment.config.batch_size,
-        resumed_from=start or None,
+    result = RunResult(  # each local is named as the field it fills
+        experiment, run_dir, runs, state, metrics, compile_seconds, run_seconds, start or None
     )
     handler.finish_wandb(result.metrics, result.diverged_runs)
     if run_dir is not None:
