@@ -70,6 +70,10 @@ PUBLISHED: dict[str, tuple[float, int]] = {
     "SpaceInvaders-MinAtar": (131, 10_000_000),
 }
 PUBLISHED_SOURCE = "gymnax-blines PPO, evaluation return, MLP"
+# Returns reported as a share of the most an episode can score, as the Craftax paper reports
+# them: Craftax-Classic pays 1 for each of its 22 achievements, the first time in an episode
+# (its +-0.1 health changes sum to about 0 over an episode).
+MAX_RETURN: dict[str, float] = {"craftax/Craftax-Classic-Symbolic-v1": 22.0}
 TASKS = tuple(PUBLISHED)  # the default: the nine gymnax tasks, each with its preset's encoder
 ENCODERS = ("mlp", "cnn")
 CURVE_POINTS = 100
@@ -326,6 +330,7 @@ def run_task(
             if row["final_eval_return_mean"] is not None
             else row["final_training_return_mean"],
             "mean_of": "eval" if row["final_eval_return_mean"] is not None else "training",
+            "max_return": MAX_RETURN.get(env_id),
             "published": None
             if published is None
             else {"return": published[0], "env_steps": published[1], "source": PUBLISHED_SOURCE},
@@ -490,6 +495,8 @@ def markdown_table(rows: list[dict], link: str) -> str:
         if published is not None and row["encoder"] != "mlp":
             shown += " (MLP)"
         mean = "-" if row["mean"] is None else f"{row['mean']:.1f} ({row['mean_of']})"
+        if row["mean"] is not None and row.get("max_return"):
+            mean += f", {100 * row['mean'] / row['max_return']:.1f}% of max"
         lines.append(
             f"| {row['task']} | {steps_text(row['budget'])} | {mean} | {seeds_text(row)} "
             f"| {shown} | {hardware(row)} | [{Path(link).name}]({link}) |"

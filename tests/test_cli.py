@@ -245,7 +245,7 @@ def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
     result = run_cli(
         "sweep",
         "--grid",
-        "learning_rate=1e-3,2.5e-4",
+        "learning_rate=2.5e-4,1e-3",
         "--seeds",
         "2",
         *TINY,
@@ -257,9 +257,9 @@ def test_sweep_trains_every_grid_point_in_one_program(trained, tmp_path):
     assert "learning_rate=0.001:" in result.stdout and "learning_rate=0.00025:" in result.stdout
     run_dir = run_folder(result.stdout)
     runs, metrics = folder.read_metrics(run_dir / "metrics.csv")
-    assert [float(run["grid_learning_rate"]) for run in runs] == [1e-3, 1e-3, 2.5e-4, 2.5e-4]
+    assert [float(run["grid_learning_rate"]) for run in runs] == [2.5e-4, 2.5e-4, 1e-3, 1e-3]
     assert len(folder.read_json(run_dir / "summary.json")["final_return"]) == 2
-    # The default-lr point reproduces the plain two-seed run, computed by another program (the
+    # The preset's lr (1e-3) reproduces the plain two-seed run, computed by another program (the
     # swept learning rate is an array in it rather than a constant): parameters of order 1
     # after 12 Adam steps, to float32 rounding (see tests/tolerance.py).
     swept, _ = final_state(run_dir)
@@ -503,7 +503,8 @@ def test_cpu_settings_auto_split_runs_over_devices_and_give_small_configs_one_th
         ("devices", 2),
         ("threads", 1),
     ]
-    assert plan_for(cpu_plan, "train", "--seeds", "8", "--cpu-devices", "1") == [
+    classic = ("--num-envs", "4")  # PureJaxRL's CartPole rollout: 8 runs x 4 envs x 64 is small
+    assert plan_for(cpu_plan, "train", "--seeds", "8", "--cpu-devices", "1", *classic) == [
         ("devices", 1),
         ("threads", 1),
     ]
@@ -516,7 +517,8 @@ def test_cpu_settings_split_a_pbt_population_over_devices_like_a_sweep(cpu_plan,
     search = ("--interval", "1", "--search", "learning_rate=1e-4:1e-3:log")
     assert plan_for(cpu_plan, "pbt", "--population", "8", *search) == [("devices", 2)]
     assert plan_for(cpu_plan, "pbt", "--population", "3", *search) == [("threads", 1)]
-    assert plan_for(cpu_plan, "pbt", "--population", "8", "--cpu-devices", "1", *search) == [
+    one_device = ("--cpu-devices", "1", "--num-envs", "4")
+    assert plan_for(cpu_plan, "pbt", "--population", "8", *one_device, *search) == [
         ("devices", 1),
         ("threads", 1),
     ]
@@ -532,10 +534,10 @@ def test_cpu_settings_split_a_pbt_population_over_devices_like_a_sweep(cpu_plan,
 
 def test_cpu_settings_leave_accelerators_and_a_set_device_count_alone(cpu_plan, monkeypatch):
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "4")
-    assert plan_for(cpu_plan, "train", "--seeds", "8") == [("threads", 1)]
+    assert plan_for(cpu_plan, "train", "--seeds", "8", "--num-envs", "4") == [("threads", 1)]
     monkeypatch.delenv("JAX_NUM_CPU_DEVICES")
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-    assert plan_for(cpu_plan, "train", "--seeds", "8") == [("threads", 1)]
+    assert plan_for(cpu_plan, "train", "--seeds", "8", "--num-envs", "4") == [("threads", 1)]
     monkeypatch.delenv("XLA_FLAGS")
     monkeypatch.setenv("JAX_PLATFORMS", "cuda")
     assert plan_for(cpu_plan, "train", "--seeds", "8") == []
