@@ -142,6 +142,30 @@ def config_fields(config: Any) -> dict[str, Any]:
     return fields
 
 
+def json_value(value: Any) -> Any:
+    """``value`` as the result file stores it (tuples as lists)."""
+    return json.loads(json.dumps(value, default=list))
+
+
+def preset_drift(row: dict) -> dict[str, Any]:
+    """The fields whose value in today's preset differs from the config the row was measured
+    with, as recorded then: {name: recorded value}. Read from ``ppojax.PRESETS`` and the
+    config's defaults, without building the config (that would import the env's suite)."""
+    import ppojax
+
+    env_id, encoder = parse_task(row["task"])
+    today = {f.name: f.default for f in dataclasses.fields(ppojax.PPOConfig)}
+    today.update(ppojax.PRESETS.get(env_id, {}), env_id=env_id)
+    if encoder is not None:
+        today["encoder"] = encoder
+    recorded = row.get("preset", {})
+    return {
+        name: recorded[name]
+        for name, value in today.items()
+        if name in recorded and json_value(value) != json_value(recorded[name])
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Numbers from the metrics
 
@@ -293,7 +317,6 @@ def run_task(
 
     import ppojax
 
-    env_id, _ = parse_task(task)
     config = task_config(task, total_timesteps, changes)
     train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
     keys = jax.random.split(jax.random.key(seed), seeds)
@@ -303,12 +326,21 @@ def run_task(
     start = time.perf_counter()
     out = jax.block_until_ready(compiled(config, keys))
     run_s = time.perf_counter() - start
+    metrics = {name: np.asarray(values, np.float64) for name, values in out.metrics.items()}
+    return make_row(task_name(task), config, metrics, compile_s, run_s)
+
+
+def make_row(
+    name: str, config: Any, metrics: dict[str, np.ndarray], compile_s: float, run_s: float
+) -> dict:
+    """The JSON's row for task ``name`` trained with ``config``: ``metrics`` [seeds, updates]."""
+    returns = metrics["episode_return"]
+    seeds = returns.shape[0]
     budget = config.num_updates * config.batch_size
-    returns = np.asarray(out.metrics["episode_return"], np.float64)  # [seeds, updates]
     training = final_training_returns(returns)
     row: dict[str, Any] = {
-        "task": task_name(task),
-        "env_id": env_id,
+        "task": name,
+        "env_id": config.env_id,
         "encoder": config.encoder,
         "seeds": seeds,
         "budget": budget,
@@ -318,11 +350,11 @@ def run_task(
         "final_eval_return_mean": None,
     }
     if config.eval_every is not None:
-        evals = np.asarray(out.metrics["eval_return"], np.float64)
+        evals = metrics["eval_return"]
         finals = final_eval_returns(evals)
         row["final_eval_return_per_seed"] = [rounded(v, 2) for v in finals]
         row["final_eval_return_mean"] = rounded(nanmean(finals), 2)
-    published = PUBLISHED.get(env_id)
+    published = PUBLISHED.get(config.env_id)
     row.update(
         {
             # the headline: the evaluation's return where there is one (as published)
@@ -330,7 +362,7 @@ def run_task(
             if row["final_eval_return_mean"] is not None
             else row["final_training_return_mean"],
             "mean_of": "eval" if row["final_eval_return_mean"] is not None else "training",
-            "max_return": MAX_RETURN.get(env_id),
+            "max_return": MAX_RETURN.get(config.env_id),
             "published": None
             if published is None
             else {"return": published[0], "env_steps": published[1], "source": PUBLISHED_SOURCE},
@@ -341,9 +373,34 @@ def run_task(
             "curve": training_curve(returns, config.batch_size),
             "eval_curve": None
             if config.eval_every is None
-            else eval_curve(np.asarray(out.metrics["eval_return"], np.float64), config.batch_size),
+            else eval_curve(metrics["eval_return"], config.batch_size),
         }
     )
+    return row
+
+
+def row_from_run(run_dir: Path) -> dict:
+    """The row of a ``ppojax train ENV --seeds N`` run folder of a preset, computed as for a
+    run of this script from its metrics.csv and summary.json: for runs made elsewhere (a
+    GPU machine, a CLI run). Refused unless the folder's config is today's preset."""
+    from ppojax.runs import folder
+    from ppojax.runs.settings import read_experiment
+
+    experiment, _ = read_experiment(run_dir)
+    config = experiment.config
+    if experiment.grid:
+        raise SystemExit(f"--from-run {run_dir}: a sweep's folder; a row is one preset's seeds")
+    _, metrics = folder.read_metrics(Path(run_dir) / folder.METRICS_FILE)
+    summary = folder.read_json(Path(run_dir) / folder.SUMMARY_FILE)
+    metrics = {name: np.asarray(values, np.float64) for name, values in metrics.items()}
+    name = task_name(f"{config.env_id}:{config.encoder}")
+    row = make_row(name, config, metrics, summary["compile_seconds"], summary["run_seconds"])
+    drift = preset_drift(row)
+    if drift:
+        raise SystemExit(
+            f"--from-run {run_dir}: its config differs from the {name} preset in "
+            f"{', '.join(sorted(drift))}; a row is the preset's result"
+        )
     return row
 
 
@@ -480,7 +537,10 @@ def seeds_text(row: dict) -> str:
 
 
 def markdown_table(rows: list[dict], link: str) -> str:
-    """task | budget | mean | per seed | published | hardware | link, one line per task."""
+    """task | budget | mean | per seed | published | hardware | link, one line per task; a
+    task measured with an earlier version of its preset is marked *, and a line under the
+    table gives the values it was measured with where today's preset differs."""
+    earlier: list[str] = []
     lines = [
         "| task | budget | mean of 4 seeds | per seed | published PPO | hardware | plot |",
         "|---|---|---|---|---|---|---|",
@@ -495,12 +555,22 @@ def markdown_table(rows: list[dict], link: str) -> str:
         if published is not None and row["encoder"] != "mlp":
             shown += " (MLP)"
         mean = "-" if row["mean"] is None else f"{row['mean']:.1f} ({row['mean_of']})"
+        drift = preset_drift(row)
+        if drift:
+            earlier.append(
+                f"{row['task']}: "
+                + ", ".join(f"{name} {json.dumps(value)}" for name, value in drift.items())
+            )
         if row["mean"] is not None and row.get("max_return"):
             mean += f", {100 * row['mean'] / row['max_return']:.1f}% of max"
+        task = row["task"] + (" *" if drift else "")
         lines.append(
-            f"| {row['task']} | {steps_text(row['budget'])} | {mean} | {seeds_text(row)} "
+            f"| {task} | {steps_text(row['budget'])} | {mean} | {seeds_text(row)} "
             f"| {shown} | {hardware(row)} | [{Path(link).name}]({link}) |"
         )
+    if earlier:
+        note = "\\* measured with an earlier preset, where it differed: "
+        lines += ["", note + "; ".join(earlier)]
     return "\n".join(lines)
 
 
@@ -653,6 +723,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="2 updates per task, 2 seeds, results in a temporary folder unless --out",
     )
+    parser.add_argument(
+        "--from-run",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="merge the rows of `ppojax train ENV --seeds N` run folders of presets",
+    )
+    parser.add_argument("--run-command", help="with --from-run: the command that made them")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     parser.add_argument("--table", action="store_true", help="print the JSON as markdown")
     parser.add_argument(
@@ -686,6 +764,16 @@ def main(argv: list[str] | None = None) -> int:
             print(table)
         return 0
     if args.plot_only:
+        plot(args.out, figure_path)
+        return 0
+    if args.from_run:
+        for run_dir in args.from_run:
+            row = row_from_run(run_dir)
+            made_by = args.run_command or f"ppojax train {row['env_id']} --seeds {row['seeds']}"
+            row = finish_row(row, made_by, args)
+            row["task_command"] = made_by
+            merge_row(args.out, row, args.mirror)
+            print(describe(row), flush=True)
         plot(args.out, figure_path)
         return 0
     if args.worker:  # one task, its row to --row-out for the parent to merge

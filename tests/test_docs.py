@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import ppojax
@@ -189,3 +190,41 @@ def test_learning_py_runs_a_preset_with_changes_for_other_scripts_ablations():
     preset = ppojax.PPOConfig.preset("MountainCarContinuous-v0")
     assert config == preset.replace(total_timesteps=2048, init_log_std=0.5)
     assert learning.task_config("MountainCarContinuous-v0") == preset
+
+
+def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_preset(
+    tmp_path, monkeypatch
+):
+    """``learning.py --from-run``: a ``ppojax train`` folder of today's preset gives the row a
+    run of learning.py computes (final training return over the last 5% of updates, the last
+    evaluation); one whose config differs from the preset is refused by field, and a row whose
+    preset has changed since is marked in the table with the values it was measured with."""
+    from ppojax.runs import folder
+    from ppojax.runs.experiment import Experiment, run_experiment
+
+    learning = load_benchmark("learning")
+    tiny = {"num_envs": 2, "num_steps": 8, "total_timesteps": 320, "num_minibatches": 1}
+    monkeypatch.setitem(ppojax.PRESETS, "CartPole-v1", {**tiny, "eval_every": 10})
+    run_dir = tmp_path / "run"
+    run_experiment(Experiment(ppojax.PPOConfig.preset("CartPole-v1"), seeds=2), run_dir)
+    row = learning.row_from_run(run_dir)
+    _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
+    returns = np.asarray(metrics["episode_return"], np.float64)  # [2, 20]: the last update
+    expected = returns[:, -1]
+
+    def per_seed(name):  # JSON has no NaN: None where no episode ended
+        return np.asarray([np.nan if v is None else v for v in row[name]], np.float64)
+
+    np.testing.assert_allclose(per_seed("final_training_return_per_seed"), expected, atol=0.005)
+    evals = np.asarray(metrics["eval_return"], np.float64)
+    np.testing.assert_allclose(per_seed("final_eval_return_per_seed"), evals[:, -1], atol=0.005)
+    assert row["task"] == "CartPole-v1" and row["seeds"] == 2 and row["budget"] == 320
+    assert learning.preset_drift(row) == {}
+
+    monkeypatch.setitem(ppojax.PRESETS, "CartPole-v1", {**tiny, "eval_every": 10, "gamma": 0.9})
+    assert learning.preset_drift(row) == {"gamma": 0.99}
+    with pytest.raises(SystemExit, match="differs from the CartPole-v1 preset in gamma"):
+        learning.row_from_run(run_dir)
+    table = learning.markdown_table([row], "learning.png")
+    assert "| CartPole-v1 * | 320 |" in table
+    assert table.endswith("earlier preset, where it differed: CartPole-v1: gamma 0.99")
