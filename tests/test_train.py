@@ -13,7 +13,9 @@ def test_metrics_have_every_name_and_one_row_per_update(tiny_config, tiny_train)
     assert set(out.metrics) == set(ppojax.METRIC_NAMES)
     for name, values in out.metrics.items():
         chex.assert_shape(values, (tiny_config.num_updates,))
-        if name not in ("episode_return", "episode_length"):  # NaN where no episode ended
+        if name in ("kl", "penalty_kl"):  # PPO-Clip computes no analytic KL
+            assert np.isnan(values).all(), name
+        elif name not in ("episode_return", "episode_length"):  # NaN where no episode ended
             assert np.isfinite(values).all(), name
     np.testing.assert_array_equal(
         out.metrics["env_steps"], np.arange(1, 4) * tiny_config.batch_size
@@ -143,6 +145,7 @@ def test_penalty_coefficient_follows_the_adaptive_rule_during_training(tiny_conf
     config = tiny_config.replace(policy_objective="penalty", penalty_target=0.001)
     out = tiny_train(config, jax.random.key(0))
     beta, kl = np.asarray(out.metrics["kl_coef"]), np.asarray(out.metrics["kl"])
+    assert np.isfinite(kl).all() and np.isfinite(out.metrics["penalty_kl"]).all()
     assert beta[0] == config.penalty_coef
     for u in range(len(beta) - 1):
         expected = ppojax.adaptive_kl_update(beta[u], kl[u], config.penalty_target)

@@ -46,6 +46,7 @@ from ppojax.ppo.update import (
     make_optimizer,
     policy_kl,
     ppo_update,
+    uses_analytic_kl,
 )
 from ppojax.runtime.sharding import check_divisible, constrain_env_axis
 
@@ -151,8 +152,10 @@ def update_step(
             state.kl_coef,
             update_key,
         )
-    with jax.named_scope("post_update_kl"):
-        kl = policy_kl(agent, optimized.params, batch)
+    kl = jnp.float32(jnp.nan)
+    if uses_analytic_kl(config):
+        with jax.named_scope("post_update_kl"):
+            kl = policy_kl(agent, optimized.params, batch)
     env_steps = state.env_steps + config.batch_size
     samples = batch.data if isinstance(batch, SequenceBatch) else batch
     metrics = {

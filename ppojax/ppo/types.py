@@ -21,7 +21,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "value_loss",  # 0.5 * squared error (clipped when vf_clip_eps is set)
     "entropy",  # mean policy entropy over the minibatches
     "approx_kl",  # mean of (r - 1) - log r, an unbiased estimate of KL(pi_old || pi)
-    "penalty_kl",  # analytic KL(pi_old || pi) in the loss, mean over the minibatch steps
+    # analytic KL(pi_old || pi) in the loss, mean over the minibatch steps (NaN under PPO-Clip,
+    # whose loss has no KL term: approx_kl estimates the same KL)
+    "penalty_kl",
     "clip_fraction",  # fraction of samples with |r - 1| > clip_eps
     "explained_variance",  # 1 - Var(returns - values) / Var(returns) of the rollout
     "learning_rate",  # learning rate at the update's first gradient step
@@ -31,7 +33,7 @@ METRIC_NAMES: tuple[str, ...] = (
     # minibatch steps the divergence guard skipped: their loss, gradients, new parameters or
     # optimizer state held a NaN or inf (0 in a healthy run; all of them once it diverged)
     "nonfinite_steps",
-    "kl",  # analytic KL(pi_old || pi_new) after the update, mean over the rollout
+    "kl",  # analytic KL(pi_old || pi_new) after the update, over the rollout (NaN under clip)
     "kl_coef",  # the penalty coefficient beta used in this update
     # episodes of the rollout that started from a start another had used (0 unless
     # config.reset_pool is set and an env ended more episodes in a rollout than it holds)

@@ -56,10 +56,11 @@ def policy_objective_loss(
     config: PPOConfig,
     log_ratio: jax.Array,
     advantages: jax.Array,
-    kl: jax.Array,
+    kl: jax.Array | None,
     kl_coef: jax.Array,
 ) -> jax.Array:
-    """The policy term to minimize: -L_clip, -E[r A] + beta KL, or -L_clip + beta KL."""
+    """The policy term to minimize: -L_clip, -E[r A] + beta KL, or -L_clip + beta KL (``kl``
+    per sample, None for -L_clip)."""
     if config.policy_objective == "penalty":
         surrogate = losses.unclipped_surrogate_loss(log_ratio, advantages)
     else:
@@ -113,8 +114,12 @@ def ppo_loss(
     batch, head, log_std, values = policy_outputs(agent, params, batch)
     spec, mask = agent.env.spec, batch.action_mask
     distribution = policy_distribution(spec, head, log_std, mask)
-    old_distribution = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
-    kl = old_distribution.kl_divergence(distribution)
+    # The analytic KL is PPO-Penalty's term; PPO-Clip needs neither it nor pi_old's
+    # distribution (the ratio uses the stored log-probs), and approx_kl tracks its KL.
+    kl = None
+    if uses_analytic_kl(config):
+        old = policy_distribution(spec, batch.policy_head, batch.policy_log_std, mask)
+        kl = old.kl_divergence(distribution)
     log_ratio = distribution.log_prob(batch.action) - batch.log_prob
     advantages = batch.advantage
     if config.normalize_advantages:
@@ -130,10 +135,16 @@ def ppo_loss(
         "value_loss": value_loss,
         "entropy": entropy,
         "approx_kl": jax.lax.stop_gradient(losses.approx_kl(log_ratio)),
-        "penalty_kl": jax.lax.stop_gradient(kl.mean()),
+        "penalty_kl": jnp.float32(jnp.nan) if kl is None else jax.lax.stop_gradient(kl.mean()),
         "clip_fraction": losses.clip_fraction(log_ratio, config.clip_eps),
     }
     return total, parts
+
+
+def uses_analytic_kl(config: PPOConfig) -> bool:
+    """Whether the objective has a KL penalty: only then is the analytic KL(pi_old || pi)
+    computed, in the loss (``penalty_kl``) and after each update (``kl``, which adapts beta)."""
+    return config.policy_objective != "clip"
 
 
 def policy_kl(agent: Agent, params: Params, batch: Batch | SequenceBatch) -> jax.Array:
