@@ -215,6 +215,7 @@ def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_pres
     def per_seed(name):  # JSON has no NaN: None where no episode ended
         return np.asarray([np.nan if v is None else v for v in row[name]], np.float64)
 
+    # the row keeps 2 decimals (learning.rounded): equal to within half a unit of the last
     np.testing.assert_allclose(per_seed("final_training_return_per_seed"), expected, atol=0.005)
     evals = np.asarray(metrics["eval_return"], np.float64)
     np.testing.assert_allclose(per_seed("final_eval_return_per_seed"), evals[:, -1], atol=0.005)

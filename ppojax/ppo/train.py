@@ -125,7 +125,7 @@ def make_batch(
 
 def next_kl_coef(config: PPOConfig, kl_coef: jax.Array, kl: jax.Array) -> jax.Array:
     """beta for the next update: the adaptive rule when PPO-Penalty adapts it, else unchanged."""
-    if config.policy_objective == "clip" or not config.adaptive_penalty:
+    if not uses_analytic_kl(config) or not config.adaptive_penalty:
         return kl_coef
     return adaptive_kl_update(kl_coef, kl, config.penalty_target)
 
