@@ -3,7 +3,8 @@ random configurations trained for the same env steps, on the same search space, 
 
     python benchmarks/pbt.py [--tasks Pendulum-v1 Asterix-MinAtar] [--reps 4]
         [--population 16] [--total-timesteps N] [--interval K] [--fraction 0.25]
-        [--explore perturb|resample] [--label NAME] [--out benchmarks/results/pbt.json]
+        [--explore perturb|resample] [--label NAME] [--cpu-devices N]
+        [--out benchmarks/results/pbt.json]
     python benchmarks/pbt.py --smoke          two tiny repetitions, results in a temporary folder
     python benchmarks/pbt.py --plot-only      redraw pbt.png from pbt.json
     python benchmarks/pbt.py --table          print the results as a markdown table
@@ -94,7 +95,9 @@ def compiled_pbt(config: Any, population: int, interval: int, search: dict, args
     import jax
 
     import ppojax
+    from ppojax.runtime.sharding import runs_sharding
 
+    sharding = runs_sharding(population)  # None on one device
     program = functools.partial(
         ppojax.pbt,
         population=population,
@@ -102,6 +105,7 @@ def compiled_pbt(config: Any, population: int, interval: int, search: dict, args
         search=search,
         fraction=args.fraction,
         explore_mode=args.explore,
+        mesh=None if sharding is None else sharding.mesh,
     )
     start = time.perf_counter()
     compiled = jax.jit(program).lower(config, jax.random.key(0)).compile()
@@ -387,6 +391,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="take the random search from the task's unlabelled row when it matches",
     )
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
+    parser.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=1,
+        help="CPU devices the population is split over, as `ppojax pbt --cpu-devices` splits it",
+    )
     parser.add_argument("--smoke", action="store_true", help="2 tiny reps, temporary results")
     parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     parser.add_argument("--table", action="store_true", help="print the JSON as markdown")
@@ -409,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table(rows) + "\n\n" + repetitions_table(rows))
         return 0
     if not args.plot_only:
+        if args.cpu_devices > 1:
+            import ppojax
+
+            ppojax.use_cpu_devices(args.cpu_devices)
         command = shlex.join(["python", "benchmarks/pbt.py", *argv])
         for task in args.tasks:
             row = run_task(task, args)
