@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -229,3 +230,16 @@ def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_pres
     table = learning.markdown_table([row], "learning.png")
     assert "| CartPole-v1 * | 320 |" in table
     assert table.endswith("earlier preset, where it differed: CartPole-v1: gamma 0.99")
+
+
+def test_the_pbt_tables_in_the_docs_are_the_result_file_s(monkeypatch):
+    # the guide and benchmarks/README.md copy pbt.py's summary table: it must not go stale.
+    # pbt.py imports its sibling scripts as a run of it does (benchmarks/ first on the path;
+    # an installed package named ``learning`` must not stand in for benchmarks/learning.py).
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in ("learning", "machine"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    pbt = load_benchmark("pbt")
+    table = pbt.markdown_table(pbt.read_results(pbt.DEFAULT_OUT)["tasks"])
+    for doc in (ROOT / "docs" / "guide.md", ROOT / "benchmarks" / "README.md"):
+        assert table in doc.read_text(), f"{doc}: rerun `python benchmarks/pbt.py --table`"
