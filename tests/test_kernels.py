@@ -4,9 +4,16 @@ really swaps the plain form in."""
 import jax
 import numpy as np
 import pytest
-from tolerance import assert_close
+from tolerance import (
+    TRAINING_ULPS,
+    assert_close,
+    assert_states_close,
+    assert_trees_close,
+    assert_trees_equal,
+)
 
 import ppojax
+from ppojax.ppo.train import init_state, make_agent
 from ppojax.runtime import kernels
 
 
@@ -50,3 +57,126 @@ def test_rollouts_with_per_step_draws_run_and_restart_episodes(tiny_config, rese
     assert finished.sum() >= 3  # 192 steps of a random CartPole policy: episodes of ~20 steps
     returns = np.asarray(out.metrics["episode_return"])[finished > 0]
     assert np.isfinite(returns).all() and (returns >= 1).all()
+
+
+def test_use_chooses_the_candidates_and_only_inside_its_block():
+    assert not any(kernels.stand_in(name) for name in kernels.CANDIDATES)  # off by default
+    with kernels.use("gather_once"):
+        assert kernels.stand_in("gather_once") and not kernels.stand_in("fused_actor_critic")
+    with kernels.use():
+        assert all(kernels.stand_in(name) for name in kernels.CANDIDATES)
+    assert not kernels.stand_in("gather_once")
+    with pytest.raises(ValueError, match="no candidate named"):
+        with kernels.use("noise"):
+            pass
+    with pytest.raises(ValueError, match="no stand-in named"):
+        kernels.stand_in("fused")
+
+
+def test_candidates_from_the_environment_name_the_variable_when_wrong(monkeypatch):
+    monkeypatch.setenv("PPOJAX_KERNELS", "gather_once, fused_actor_critic")
+    assert kernels._chosen_from_environment() == frozenset(kernels.CANDIDATES)
+    monkeypatch.setenv("PPOJAX_KERNELS", "gather_once,pallas")
+    with pytest.raises(ValueError, match="PPOJAX_KERNELS names \\['pallas'\\]"):
+        kernels._chosen_from_environment()
+
+
+def top_level_primitives(fn, *args) -> set[str]:
+    return {eqn.primitive.name for eqn in jax.make_jaxpr(fn)(*args).jaxpr.eqns}
+
+
+def test_scan_epochs_gathers_every_epoch_at_once_or_in_each_epoch():
+    data = jax.numpy.arange(12.0)
+
+    def shuffle(key):
+        return data[jax.random.permutation(key, 12)].reshape(3, 4)
+
+    def epoch(carry, minibatches):  # a running record of what each epoch saw
+        return carry * 100.0 + minibatches[0, 0]
+
+    keys = jax.random.split(jax.random.key(3), 4)
+    plain = kernels.scan_epochs(epoch, 0.0, keys, shuffle)
+    with kernels.use("gather_once"):
+        once = kernels.scan_epochs(epoch, 0.0, keys, shuffle)
+        gathered_ahead = top_level_primitives(
+            lambda k: kernels.scan_epochs(epoch, 0.0, k, shuffle), keys
+        )
+    assert plain == once  # same permutations, same epochs
+    assert "gather" in gathered_ahead  # the gather left the loop...
+    assert "gather" not in top_level_primitives(
+        lambda k: kernels.scan_epochs(epoch, 0.0, k, shuffle), keys
+    )  # ...which the plain form gathers in
+
+
+@pytest.mark.parametrize("recurrent", [None, "gru"])
+def test_gather_once_trains_bit_for_bit_as_the_plain_shuffle(tiny_config, recurrent):
+    # the same samples in the same minibatches and the same arithmetic on them: every bit
+    # equal (measured), though the two are different programs
+    config = tiny_config.replace(recurrent=recurrent)
+    plain = jax.jit(ppojax.train)(config, jax.random.key(0))
+    with kernels.use("gather_once"):
+        once = jax.jit(lambda c, k: ppojax.train(c, k))(config, jax.random.key(0))
+    assert_trees_equal(once.state.params, plain.state.params)
+    assert_trees_equal(once.metrics, plain.metrics)
+
+
+def dot_count(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).as_text().count("stablehlo.dot_general")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"env_id": "CartPole-v1"},
+        {"env_id": "Pendulum-v1"},
+        {"env_id": "Pendulum-v1", "state_dependent_std": True, "hidden_sizes": (32, 48, 16)},
+    ],
+)
+def test_fused_actor_critic_computes_both_networks_in_half_the_products(settings):
+    config = ppojax.PPOConfig(**settings)
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    params = state.params
+    obs = jax.random.normal(jax.random.key(1), (8, *state.obs.shape[1:]))
+
+    def loss(params):  # every output, and a gradient through all of them
+        head, log_std, value, _ = agent.network.apply(params, obs, None)
+        return (head**2).sum() + (value**2).sum() + (0.0 if log_std is None else log_std.sum())
+
+    def outputs(params):
+        return agent.network.apply(params, obs, None), jax.grad(loss)(params)
+
+    plain = jax.jit(outputs)(params)
+    plain_dots = dot_count(lambda p: agent.network.apply(p, obs, None), params)
+    with kernels.use("fused_actor_critic"):
+        fused = jax.jit(lambda p: outputs(p))(params)
+        fused_dots = dot_count(lambda p: agent.network.apply(p, obs, None), params)
+    # one product per layer and head of each network against one per layer for both
+    depth = len(config.hidden_sizes)
+    assert (plain_dots, fused_dots) == (2 * depth + 2 + config.state_dependent_std, depth + 1)
+    # Sums of <= 64 products of order-1 terms (unit-scale inputs, orthogonal kernels) in
+    # another order, with exact zeros added: a few ulps of the terms; gradients sum 8 rows more.
+    assert_trees_close(fused, plain, ulps=64, scale=4.0)
+
+
+def test_fused_actor_critic_trains_as_the_two_networks(tiny_config):
+    # TRAINING_ULPS: the two programs' sums differ by ulps, which 6 Adam steps carry on
+    plain = jax.jit(ppojax.train)(tiny_config, jax.random.key(0))
+    with kernels.use("fused_actor_critic"):
+        fused = jax.jit(lambda c, k: ppojax.train(c, k))(tiny_config, jax.random.key(0))
+    assert_states_close(fused.state, plain.state, ulps=TRAINING_ULPS)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"shared_torso": True},
+        {"recurrent": "gru"},
+        {"env_id": "Breakout-MinAtar", "encoder": "cnn"},
+    ],
+)
+def test_fused_actor_critic_leaves_other_networks_as_they_are(tiny_config, settings):
+    network = make_agent(tiny_config).network
+    with kernels.use("fused_actor_critic"):
+        assert network.fusable()
+        assert not make_agent(tiny_config.replace(**settings)).network.fusable()

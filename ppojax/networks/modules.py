@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.envs import EnvSpec
+from ppojax.networks.fused import fused_actor_critic
+from ppojax.runtime import kernels
 
 ACTIVATION_FNS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "tanh": jnp.tanh,
@@ -233,6 +235,19 @@ class ActorCritic(nn.Module):
     def __call__(
         self, obs: Any, hidden: jax.Array | None
     ) -> tuple[jax.Array, jax.Array | None, jax.Array, jax.Array | None]:
+        if self.fusable() and not self.is_initializing():
+            s = self.settings
+            head, log_std, value = fused_actor_critic(
+                self.variables["params"],
+                flatten_observation(obs),
+                len(s.hidden_sizes),
+                ACTIVATION_FNS[s.activation],
+                self.spec.action_dim,
+                s.state_dependent_std and not self.spec.discrete,
+            )
+            if log_std is None and not self.spec.discrete:
+                log_std = self.log_std
+            return head, log_std, value, None
         if self.settings.shared_torso:
             features, hidden = self.torso(obs, hidden)
             actor_features, critic_features = features, features
@@ -244,6 +259,17 @@ class ActorCritic(nn.Module):
         head = self.actor_head(actor_features)
         value = self.critic_head(critic_features)[..., 0]
         return head, self.policy_log_std(actor_features), value, hidden
+
+    def fusable(self) -> bool:
+        """Whether the kernels candidate "fused_actor_critic" is chosen and applies: two
+        MLP torsos and no recurrent core."""
+        s = self.settings
+        return (
+            kernels.stand_in("fused_actor_critic")
+            and not s.shared_torso
+            and s.encoder == "mlp"
+            and s.recurrent is None
+        )
 
     def policy_log_std(self, actor_features: jax.Array) -> jax.Array | None:
         if self.spec.discrete:

@@ -22,6 +22,7 @@ from ppojax.ppo import losses
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.rollout import Agent
 from ppojax.ppo.types import Batch, Params, SequenceBatch
+from ppojax.runtime import kernels
 
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -299,15 +300,17 @@ def run_epochs(
         }
         return (state, jax.tree.map(jnp.add, totals, added)), None
 
-    def epoch(carry: tuple[EpochCarry, dict[str, jax.Array]], epoch_key: jax.Array):
+    def epoch(carry: tuple[EpochCarry, dict[str, jax.Array]], minibatches: Any):
+        return jax.lax.scan(summed_step, carry, minibatches)[0]
+
+    def shuffle(epoch_key: jax.Array) -> Any:
         with jax.named_scope("shuffle"):
-            minibatches = shuffle_any(epoch_key, batch, num_minibatches)
-        return jax.lax.scan(summed_step, carry, minibatches)[0], None
+            return shuffle_any(epoch_key, batch, num_minibatches)
 
     start = EpochCarry(carry, jnp.bool_(False))
-    shapes = jax.eval_shape(lambda: shuffle_any(key, batch, num_minibatches))
-    zeros = zero_metrics(step, start, shapes)
-    (end, totals), _ = jax.lax.scan(epoch, (start, zeros), jax.random.split(key, num_epochs))
+    zeros = zero_metrics(step, start, jax.eval_shape(shuffle, key))
+    keys = jax.random.split(key, num_epochs)
+    end, totals = kernels.scan_epochs(epoch, (start, zeros), keys, shuffle)
     count = totals.pop("gradient_steps")
     skipped = totals.pop("nonfinite_steps")
     means = jax.tree.map(

@@ -15,6 +15,20 @@ metrics packed one array per dtype: -4% to +8%) were removed for the plain calls
 ``plain()`` (or the environment variable PPOJAX_PLAIN_KERNELS=1, or a comma-separated list of
 names) turns the stand-ins off, all or by name (``STAND_INS``). The switch is read when a
 program is traced: a program compiled under one setting keeps it.
+
+``CANDIDATES`` are the other way round: off unless chosen, with ``use(*names)`` or the
+environment variable PPOJAX_KERNELS (a comma-separated list). They aim at GPUs, where the
+update is most of a step's time and a small network's kernels are launch- and memory-bound;
+benchmarks/gpu.py measures each one on and off, paired, and one that earns 10% there becomes
+a stand-in for that backend, while the others go. Each computes what its plain form computes
+(tests/test_kernels.py):
+
+- "gather_once": the minibatches of all epochs of an update gathered in one batched gather
+  per leaf, before the epochs, instead of one gather per leaf and epoch (same permutations,
+  same samples, same steps);
+- "fused_actor_critic": the actor's and the critic's MLP torsos and heads as one MLP of
+  block-diagonal layers (``ppojax.networks.fused``): one matrix product per layer for both
+  instead of two, in the forward and the backward pass (the same parameters and outputs).
 """
 
 from __future__ import annotations
@@ -27,6 +41,20 @@ from typing import Any
 import jax
 
 STAND_INS = ("noise",)
+CANDIDATES = ("gather_once", "fused_actor_critic")
+
+
+def _chosen_from_environment() -> frozenset[str]:
+    value = os.environ.get("PPOJAX_KERNELS", "").strip()
+    if not value:
+        return frozenset()
+    names = frozenset(name.strip() for name in value.split(","))
+    unknown = names - set(CANDIDATES)
+    if unknown:
+        raise ValueError(
+            f"PPOJAX_KERNELS names {sorted(unknown)}: use a comma-separated list of {CANDIDATES}"
+        )
+    return names
 
 
 def _plain_from_environment() -> frozenset[str]:
@@ -45,10 +73,16 @@ def _plain_from_environment() -> frozenset[str]:
 
 
 _plain = _plain_from_environment()
+_chosen = _chosen_from_environment()
 
 
 def stand_in(name: str) -> bool:
-    """Whether programs traced now use the stand-in ``name`` (one of STAND_INS)."""
+    """Whether programs traced now use the stand-in ``name``: one of STAND_INS (on unless
+    ``plain``) or of CANDIDATES (off unless chosen by ``use``)."""
+    if name in CANDIDATES:
+        return name in _chosen
+    if name not in STAND_INS:
+        raise ValueError(f"no stand-in named {name!r}; they are {STAND_INS + CANDIDATES}")
     return name not in _plain
 
 
@@ -73,6 +107,21 @@ def plain(*names: str) -> Iterator[None]:
         _plain = before
 
 
+@contextlib.contextmanager
+def use(*names: str) -> Iterator[None]:
+    """Trace programs with the CANDIDATES ``names`` (default: all of them) inside this block."""
+    global _chosen
+    unknown = set(names) - set(CANDIDATES)
+    if unknown:
+        raise ValueError(f"no candidate named {sorted(unknown)}; they are {CANDIDATES}")
+    before = _chosen
+    _chosen = before | frozenset(names or CANDIDATES)
+    try:
+        yield
+    finally:
+        _chosen = before
+
+
 def scan_drawing(
     step: Callable[[Any, Any], tuple[Any, Any]],
     carry: Any,
@@ -91,3 +140,18 @@ def scan_drawing(
 
         return jax.lax.scan(drawing_step, carry, jax.random.split(key, length))
     return jax.lax.scan(step, carry, draw(key, length))
+
+
+def scan_epochs(
+    epoch: Callable[[Any, Any], Any],
+    carry: Any,
+    keys: jax.Array,
+    shuffle: Callable[[jax.Array], Any],
+) -> Any:
+    """The carry after one ``epoch(carry, minibatches)`` per key of ``keys`` [E], each epoch's
+    minibatches ``shuffle(key)``. The plain form shuffles (gathers) at the start of each
+    epoch; "gather_once" shuffles for all E keys at once, before the first: one gather per
+    leaf of [E, ...] indices instead of E, and E times the memory of one shuffled batch."""
+    if stand_in("gather_once"):
+        return jax.lax.scan(lambda c, x: (epoch(c, x), None), carry, jax.vmap(shuffle)(keys))[0]
+    return jax.lax.scan(lambda c, key: (epoch(c, shuffle(key)), None), carry, keys)[0]
