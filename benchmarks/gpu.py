@@ -1,7 +1,17 @@
 """ppojax against rejax 0.1.3 on one GPU: env steps/s of each library's own jit(vmap(train)).
 
-    python benchmarks/gpu.py [--works NAME ...] [--out benchmarks/results/gpu.json]
-        [--mirror DIR] [--smoke]
+    python benchmarks/gpu.py [--parts works inside rlhf] [--works NAME ...]
+        [--out benchmarks/results/gpu.json] [--mirror DIR] [--smoke]
+
+Parts (``--parts``, default ``works``; a run of some parts keeps the others' sections of an
+existing ``--out``, each section with its own date and command):
+
+- ``works``: the works and ceilings below (``works``, ``ceilings``; ~4-5 min on an H200);
+- ``inside``: ppojax's update from inside (benchmarks/gpu_parts.py): one update split into
+  rollout (the "rollout alone" ceiling), GAE and epochs at 8192 and 65536 envs; one minibatch
+  step's kernels, flops and bytes; each kernels candidate on and off, paired (``inside``);
+- ``rlhf``: ``ppojax.rlhf``'s PPO and GRPO steps on a GPT-2-small-shaped model: seconds per
+  step, response tokens/s, TFLOP/s (benchmarks/rlhf_speed.py; ``rlhf``).
 
 The works, all on CartPole-v1 with PureJaxRL's classic PPO config (4 envs x 128 steps, 4
 epochs x 4 minibatches, lr 2.5e-4 annealed in ppojax (rejax 0.1.3 has no annealing), 64-64
@@ -439,10 +449,6 @@ def header(argv: list[str]) -> dict[str, Any]:
         ],
         "works": [],
         "ceilings": [],
-        "skipped": {
-            "rollout alone": "ppojax exposes no rollout function in its public API",
-            "RLHF PPO/GRPO steps": "benchmarks/rlhf.py has no GPT-2-small step timing to reuse",
-        },
     }
 
 
@@ -511,8 +517,76 @@ def plot(report: dict, path: Path) -> None:
     print(f"wrote {path}", flush=True)
 
 
+# --------------------------------------------------------------------------------------------
+# The parts beside the works
+
+PARTS = ("works", "inside", "rlhf")
+# envs of the phase split and the minibatch step; (envs, updates) of the candidate pairs
+INSIDE_ENVS, SMOKE_INSIDE_ENVS = (8192, 65536), (16,)
+CANDIDATE_WORKS = ((4, 100), (8192, 20), (65536, 8))
+SMOKE_CANDIDATE_WORKS = ((4, 2),)
+
+
+def kept_sections(report: dict, args: argparse.Namespace) -> dict:
+    """``report`` over an existing ``--out``: the sections of the parts not run are kept, the
+    header (date, versions) is this run's, and so are the works unless ``works`` runs."""
+    if not args.out.exists():
+        return report
+    kept = json.loads(args.out.read_text())
+    if "works" not in args.parts:
+        report["works"] = kept.get("works", [])
+        report["ceilings"] = kept.get("ceilings", [])
+        report["works_date"] = kept.get("works_date", kept.get("date"))
+        report["works_command"] = kept.get("works_command", kept.get("command"))
+    for part in ("inside", "rlhf"):
+        if part not in args.parts and part in kept:
+            report[part] = kept[part]
+    return report
+
+
+def inside_rows(smoke: bool) -> list[dict]:
+    """benchmarks/gpu_parts.py's rows: phases and minibatch steps, then the candidates."""
+    import gpu_parts
+
+    rows: list[dict] = []
+    for envs in SMOKE_INSIDE_ENVS if smoke else INSIDE_ENVS:
+        rows.append(gpu_parts.phases(envs, repeats=2 if smoke else 5))
+        rows.append(gpu_parts.minibatch_step(envs, repeats=3 if smoke else 20))
+        print(json.dumps(rows[-2:]), flush=True)
+    for envs, updates in SMOKE_CANDIDATE_WORKS if smoke else CANDIDATE_WORKS:
+        for names in gpu_parts.candidate_sets():
+            rows.append(gpu_parts.candidate_pair(envs, updates, names, pairs=1 if smoke else 3))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def rlhf_rows(smoke: bool) -> list[dict]:
+    import rlhf_speed
+
+    return rlhf_speed.rlhf_step_times(smoke=smoke)
+
+
+def measure_part(part: str, report: dict, args: argparse.Namespace, argv: list[str]) -> int:
+    """Run ``part`` into ``report[part]`` (saved); 1 if it failed (its error recorded)."""
+    section: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": report["gpu"],
+        "command": report["command"],
+    }
+    began = time.perf_counter()
+    try:
+        section["rows"] = (inside_rows if part == "inside" else rlhf_rows)(args.smoke)
+    except Exception as error:  # the other parts go on
+        section["error"] = failure(error)
+    section["wall_s"] = round(time.perf_counter() - began, 1)
+    report[part] = section
+    save(report, args.out, args.mirror)
+    return 1 if "error" in section else 0
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=["works"])
     parser.add_argument("--works", nargs="+", choices=list(WORKS), default=list(WORKS))
     parser.add_argument("--no-ceilings", action="store_true")
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
@@ -533,7 +607,14 @@ def main(argv: list[str] | None = None) -> int:
     episodes = 2 if args.smoke else EVAL_EPISODES
     report = header(argv)
     print(f"{report['gpu']} ({report['backend']}), driver {report['driver']}, jax {report['jax']}")
+    report = kept_sections(report, args)
     failed = 0
+    for part in ("inside", "rlhf"):
+        if part in args.parts:
+            failed += measure_part(part, report, args, argv)
+    if "works" not in args.parts:
+        print(f"wrote {args.out}", flush=True)
+        return 1 if failed else 0
     # the ceilings first: seconds in all, so a part cut off by its timeout still has them
     for name, (envs, steps) in ({} if args.no_ceilings else ceilings).items():
         try:

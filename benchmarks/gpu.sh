@@ -3,13 +3,18 @@
 # python3 with jax, flax, optax, chex and matplotlib, plus the wheels benchmarks/gpu_wheels.sh
 # put in .whl/ (gymnax, rejax and what they import), installed into /tmp/site.
 #
-#   bash benchmarks/gpu.sh            both parts (about 10-13 minutes: more than one 10-minute
+#   bash benchmarks/gpu.sh            (a) and (b) (about 10-13 minutes: more than one 10-minute
 #                                     device command; run the parts apart there)
 #   bash benchmarks/gpu.sh learning   (a) benchmarks/learning.py: the 9 gymnax tasks and the 4
 #                                     MinAtar games with a CNN, 4 seeds, 6 jobs at once ->
 #                                     benchmarks/results/learning.json and .png (~6-8 min)
 #   bash benchmarks/gpu.sh speed      (b) benchmarks/gpu.py: ppojax vs rejax steps/s ->
 #                                     benchmarks/results/gpu.json and .png (~4-5 min)
+#   bash benchmarks/gpu.sh inside     (c) gpu.py --parts inside: one update split into phases,
+#                                     a minibatch step's kernels and bytes, each kernels
+#                                     candidate on and off -> gpu.json's "inside" (~4-5 min)
+#   bash benchmarks/gpu.sh rlhf       (d) gpu.py --parts rlhf: ppojax.rlhf's PPO and GRPO steps
+#                                     at GPT-2-small shape -> gpu.json's "rlhf" (~3 min)
 #
 # Each part runs under its own timeout (LEARNING_TIMEOUT, SPEED_TIMEOUT seconds; LEARNING_TASKS
 # and LEARNING_JOBS change (a)'s tasks, space-separated, and its processes) and writes its
@@ -24,6 +29,8 @@ cd "$(dirname "$0")/.."
 PART="${1:-all}"
 LEARNING_TIMEOUT="${LEARNING_TIMEOUT:-540}"
 SPEED_TIMEOUT="${SPEED_TIMEOUT:-330}"
+INSIDE_TIMEOUT="${INSIDE_TIMEOUT:-330}"
+RLHF_TIMEOUT="${RLHF_TIMEOUT:-300}"
 LEARNING_JOBS="${LEARNING_JOBS:-6}"
 ALL_TASKS="CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 MountainCar-v0
     Asterix-MinAtar Breakout-MinAtar Freeway-MinAtar SpaceInvaders-MinAtar
@@ -35,8 +42,8 @@ SMOKE_FLAG=()
 RESULTS=benchmarks/results
 [[ -n "${SMOKE:-}" ]] && RESULTS=/tmp/ppojax-smoke
 case "$PART" in
-    all | learning | speed) ;;
-    *) echo "usage: bash benchmarks/gpu.sh [all|learning|speed]" >&2; exit 2 ;;
+    all | learning | speed | inside | rlhf) ;;
+    *) echo "usage: bash benchmarks/gpu.sh [all|learning|speed|inside|rlhf]" >&2; exit 2 ;;
 esac
 MIRROR=()
 if [[ -n "${OUT:-}" ]]; then
@@ -112,6 +119,18 @@ if [[ "$PART" == all || "$PART" == speed ]]; then
     }
     echo "(b) done at $(($(date +%s) - began)) s"
 fi
+for part in inside rlhf; do
+    [[ "$PART" == "$part" ]] || continue
+    limit=$INSIDE_TIMEOUT
+    [[ "$part" == rlhf ]] && limit=$RLHF_TIMEOUT
+    echo "== $part: timeout ${limit} s"
+    timeout -k 15 "$limit" "$PYTHON" benchmarks/gpu.py --parts "$part" "${SMOKE_FLAG[@]}" \
+        "${MIRROR[@]}" || {
+        status=$?
+        echo "gpu.py --parts $part stopped (exit $status: 124 is the timeout)" >&2
+    }
+    echo "$part done at $(($(date +%s) - began)) s"
+done
 if [[ -n "${OUT:-}" ]]; then
     for file in learning.json learning.png gpu.json gpu.png; do
         [[ -f "$RESULTS/$file" ]] && cp -f "$RESULTS/$file" "$OUT/"

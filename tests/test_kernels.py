@@ -74,11 +74,18 @@ def test_use_chooses_the_candidates_and_only_inside_its_block():
 
 
 def test_candidates_from_the_environment_name_the_variable_when_wrong(monkeypatch):
-    monkeypatch.setenv("PPOJAX_KERNELS", "gather_once, fused_actor_critic")
-    assert kernels._chosen_from_environment() == frozenset(kernels.CANDIDATES)
+    def chosen():
+        return kernels._names_from_environment("PPOJAX_KERNELS", kernels.CANDIDATES)
+
+    monkeypatch.setenv("PPOJAX_KERNELS", " gather_once, fused_actor_critic")
+    assert chosen() == frozenset(kernels.CANDIDATES)
+    monkeypatch.setenv("PPOJAX_KERNELS", "fused_actor_critic")
+    assert chosen() == {"fused_actor_critic"}
+    monkeypatch.setenv("PPOJAX_KERNELS", "1")
+    assert chosen() == frozenset(kernels.CANDIDATES)
     monkeypatch.setenv("PPOJAX_KERNELS", "gather_once,pallas")
     with pytest.raises(ValueError, match="PPOJAX_KERNELS names \\['pallas'\\]"):
-        kernels._chosen_from_environment()
+        chosen()
 
 
 def top_level_primitives(fn, *args) -> set[str]:

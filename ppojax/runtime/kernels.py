@@ -17,11 +17,11 @@ names) turns the stand-ins off, all or by name (``STAND_INS``). The switch is re
 program is traced: a program compiled under one setting keeps it.
 
 ``CANDIDATES`` are the other way round: off unless chosen, with ``use(*names)`` or the
-environment variable PPOJAX_KERNELS (a comma-separated list). They aim at GPUs, where the
-update is most of a step's time and a small network's kernels are launch- and memory-bound;
-benchmarks/gpu.py measures each one on and off, paired, and one that earns 10% there becomes
-a stand-in for that backend, while the others go. Each computes what its plain form computes
-(tests/test_kernels.py):
+environment variable PPOJAX_KERNELS (1 for all, or a comma-separated list). They aim at GPUs,
+where the update is most of a step's time and a small network's kernels are launch- and
+memory-bound; ``benchmarks/gpu.py --parts inside`` measures each one on and off, paired, and
+one that earns 10% there becomes a stand-in for that backend, while the others go. Each
+computes what its plain form computes (tests/test_kernels.py):
 
 - "gather_once": the minibatches of all epochs of an update gathered in one batched gather
   per leaf, before the epochs, instead of one gather per leaf and epoch (same permutations,
@@ -44,82 +44,68 @@ STAND_INS = ("noise",)
 CANDIDATES = ("gather_once", "fused_actor_critic")
 
 
-def _chosen_from_environment() -> frozenset[str]:
-    value = os.environ.get("PPOJAX_KERNELS", "").strip()
-    if not value:
-        return frozenset()
-    names = frozenset(name.strip() for name in value.split(","))
-    unknown = names - set(CANDIDATES)
-    if unknown:
-        raise ValueError(
-            f"PPOJAX_KERNELS names {sorted(unknown)}: use a comma-separated list of {CANDIDATES}"
-        )
-    return names
-
-
-def _plain_from_environment() -> frozenset[str]:
-    value = os.environ.get("PPOJAX_PLAIN_KERNELS", "").strip()
+def _names_from_environment(variable: str, allowed: tuple[str, ...]) -> frozenset[str]:
+    """The names ``variable`` lists: empty or 0 none, 1 all of ``allowed``, else a
+    comma-separated list of them."""
+    value = os.environ.get(variable, "").strip()
     if value in ("", "0"):
         return frozenset()
     if value == "1":
-        return frozenset(STAND_INS)
+        return frozenset(allowed)
     names = frozenset(name.strip() for name in value.split(","))
-    unknown = names - set(STAND_INS)
+    unknown = names - set(allowed)
     if unknown:
-        raise ValueError(
-            f"PPOJAX_PLAIN_KERNELS names {sorted(unknown)}: use 1 (all), or some of {STAND_INS}"
-        )
+        raise ValueError(f"{variable} names {sorted(unknown)}: use 1 (all), or some of {allowed}")
     return names
 
 
-_plain = _plain_from_environment()
-_chosen = _chosen_from_environment()
+# The two switches, read when a program is traced: "plain" holds the STAND_INS turned off,
+# "chosen" the CANDIDATES turned on.
+_switches = {
+    "plain": _names_from_environment("PPOJAX_PLAIN_KERNELS", STAND_INS),
+    "chosen": _names_from_environment("PPOJAX_KERNELS", CANDIDATES),
+}
 
 
 def stand_in(name: str) -> bool:
     """Whether programs traced now use the stand-in ``name``: one of STAND_INS (on unless
     ``plain``) or of CANDIDATES (off unless chosen by ``use``)."""
     if name in CANDIDATES:
-        return name in _chosen
+        return name in _switches["chosen"]
     if name not in STAND_INS:
         raise ValueError(f"no stand-in named {name!r}; they are {STAND_INS + CANDIDATES}")
-    return name not in _plain
+    return name not in _switches["plain"]
 
 
 def stand_ins_on() -> bool:
     """Whether programs traced now use every stand-in (the default)."""
-    return not _plain
+    return not _switches["plain"]
 
 
 @contextlib.contextmanager
-def plain(*names: str) -> Iterator[None]:
+def _adding(switch: str, names: tuple[str, ...], allowed: tuple[str, ...]) -> Iterator[None]:
+    """``names`` (default: all ``allowed``) added to the switch ``switch`` inside the block."""
+    unknown = set(names) - set(allowed)
+    if unknown:
+        kind = "stand-in" if switch == "plain" else "candidate"
+        raise ValueError(f"no {kind} named {sorted(unknown)}; they are {allowed}")
+    before = _switches[switch]
+    _switches[switch] = before | frozenset(names or allowed)
+    try:
+        yield
+    finally:
+        _switches[switch] = before
+
+
+def plain(*names: str) -> contextlib.AbstractContextManager[None]:
     """Trace programs with the plain forms of ``names`` (default: all STAND_INS) inside this
     block."""
-    global _plain
-    unknown = set(names) - set(STAND_INS)
-    if unknown:
-        raise ValueError(f"no stand-in named {sorted(unknown)}; they are {STAND_INS}")
-    before = _plain
-    _plain = before | frozenset(names or STAND_INS)
-    try:
-        yield
-    finally:
-        _plain = before
+    return _adding("plain", names, STAND_INS)
 
 
-@contextlib.contextmanager
-def use(*names: str) -> Iterator[None]:
+def use(*names: str) -> contextlib.AbstractContextManager[None]:
     """Trace programs with the CANDIDATES ``names`` (default: all of them) inside this block."""
-    global _chosen
-    unknown = set(names) - set(CANDIDATES)
-    if unknown:
-        raise ValueError(f"no candidate named {sorted(unknown)}; they are {CANDIDATES}")
-    before = _chosen
-    _chosen = before | frozenset(names or CANDIDATES)
-    try:
-        yield
-    finally:
-        _chosen = before
+    return _adding("chosen", names, CANDIDATES)
 
 
 def scan_drawing(

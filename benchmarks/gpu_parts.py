@@ -1,0 +1,265 @@
+"""The parts of benchmarks/gpu.py that look inside ppojax's update: where its time goes, what
+one minibatch step costs, and what each kernels candidate is worth.
+
+- ``phases(envs)``: one update of the classic CartPole config at ``envs`` envs split into its
+  phases, each compiled alone and timed (best of a few runs): the rollout (env, forward pass,
+  sampling: the "rollout alone" ceiling), GAE (with V(next_obs)), the epochs, and the whole
+  update; steps/s of each.
+- ``minibatch_step(envs)``: one gradient step on one minibatch (batch / num_minibatches
+  samples): the kernels of its compiled program (instructions of the entry computation and of
+  its loops that launch work, an upper bound where XLA runs a fusion in place), XLA's cost
+  analysis (flops, bytes accessed) and its time, so the bytes it moves per sample can be put
+  against the device's copy bandwidth.
+- ``candidates(works)``: each kernels candidate (``ppojax.runtime.kernels.CANDIDATES``), and
+  all of them together, against the plain program: both compiled, then runs alternating,
+  steps/s of each and the ratio, and the largest difference of their final parameters (the
+  candidates compute what the plain forms compute: 0 for gather_once, float32 rounding for
+  fused_actor_critic).
+
+These use ppojax's internal modules (``ppojax.ppo.train``, ``ppojax.ppo.update``), which is
+what they measure. ``SMOKE`` sizes run in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gpu import classic_config
+
+import ppojax
+from ppojax.ppo.rollout import collect_rollout, rollout_start
+from ppojax.ppo.train import init_state, make_agent, make_batch, update_step
+from ppojax.ppo.update import (
+    EpochCarry,
+    OptimizerCarry,
+    gradient_step,
+    make_optimizer,
+    ppo_loss,
+    ppo_update,
+    shuffle_into_minibatches,
+)
+from ppojax.runtime import kernels
+
+# instructions that launch no kernel of their own
+NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
+
+
+def classic(envs: int, updates: int = 1) -> ppojax.PPOConfig:
+    """PureJaxRL's classic CartPole config (benchmarks/gpu.py's) at ``envs`` envs."""
+    return classic_config(envs, updates, final_return=False)
+
+
+def best_seconds(compiled: Callable[..., Any], args: tuple, repeats: int) -> float:
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        seconds.append(time.perf_counter() - start)
+    return min(seconds)
+
+
+def compiled_timing(fn: Callable[..., Any], args: tuple, repeats: int) -> dict[str, float]:
+    """Compile ``jax.jit(fn)`` for ``args`` (timed), then its best run of ``repeats``."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile(compiler_options=ppojax.compiler_options())
+    compile_s = time.perf_counter() - start
+    return {"compile_s": round(compile_s, 2), "run_s": best_seconds(compiled, args, repeats)}
+
+
+def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
+    """One update at ``envs`` envs, phase by phase (see the module docstring)."""
+    config = classic(envs)
+    agent, optimizer = make_agent(config), make_optimizer(config)
+    state = init_state(config, jax.random.key(0))
+    steps = config.batch_size
+
+    def rollout(state: Any) -> Any:
+        return collect_rollout(agent, config, state.params, rollout_start(state))
+
+    def gae(state: Any, transitions: Any) -> Any:
+        return make_batch(agent, config, state.params, transitions, state.hidden)
+
+    def epochs(state: Any, batch: Any) -> Any:
+        carry = OptimizerCarry(state.params, state.opt_state)
+        return ppo_update(agent, config, optimizer, carry, batch, state.kl_coef, state.key)
+
+    def whole(state: Any) -> Any:
+        return update_step(agent, optimizer, config, state)
+
+    _, transitions = jax.jit(rollout)(state)
+    batch = jax.jit(gae)(state, transitions)
+    timings = {
+        "rollout": compiled_timing(rollout, (state,), repeats),
+        "gae": compiled_timing(gae, (state, transitions), repeats),
+        "epochs": compiled_timing(epochs, (state, batch), repeats),
+        "update": compiled_timing(whole, (state,), repeats),
+    }
+    parts = sum(timings[name]["run_s"] for name in ("rollout", "gae", "epochs"))
+    return {
+        "name": f"one update, 1 agent x {envs} envs",
+        "envs": envs,
+        "env_steps": steps,
+        **{
+            name: {
+                "run_s": round(timing["run_s"], 5),
+                "compile_s": timing["compile_s"],
+                "steps_per_s": round(steps / timing["run_s"]),
+                "share_of_parts": round(timing["run_s"] / parts, 3),
+            }
+            for name, timing in timings.items()
+        },
+    }
+
+
+def kernel_count(hlo: str) -> dict[str, int]:
+    """Instructions that launch work in a compiled HLO module's text: in the entry computation
+    and in the bodies and conditions of its while loops (a loop's body runs once per trip, so
+    this counts kernels per trip, not per step), by opcode."""
+    computations: dict[str, list[str]] = {}
+    name, entry = None, None
+    for line in hlo.splitlines():
+        header = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            name = header.group(2)
+            computations[name] = []
+            if header.group(1):
+                entry = name
+        elif name is not None and line.strip() == "}":
+            name = None
+        elif name is not None:
+            computations[name].append(line)
+    counts: dict[str, int] = {}
+    pending, seen = [entry], set()
+    while pending:
+        current = pending.pop()
+        if current is None or current in seen or current not in computations:
+            continue
+        seen.add(current)
+        for line in computations[current]:
+            found = re.search(r"= [^=]*? ([a-z][\w\-]*)\(", line)
+            if not found or found.group(1) in NO_KERNEL:
+                continue
+            opcode = found.group(1)
+            counts[opcode] = counts.get(opcode, 0) + 1
+            if opcode == "while":
+                pending += re.findall(r"(?:body|condition)=%?([\w.\-]+)", line)
+            if opcode == "call":
+                pending += re.findall(r"to_apply=%?([\w.\-]+)", line)
+    return dict(sorted(counts.items()))
+
+
+def minibatch_step(envs: int, repeats: int = 20) -> dict[str, Any]:
+    """One gradient step on one minibatch of the classic config at ``envs`` envs."""
+    config = classic(envs)
+    agent, optimizer = make_agent(config), make_optimizer(config)
+    state = init_state(config, jax.random.key(0))
+    _, transitions = jax.jit(lambda s: collect_rollout(agent, config, s.params, rollout_start(s)))(
+        state
+    )
+    batch = jax.jit(lambda s, t: make_batch(agent, config, s.params, t, s.hidden))(
+        state, transitions
+    )
+    minibatch = jax.tree.map(
+        lambda x: x[0], shuffle_into_minibatches(state.key, batch, config.num_minibatches)
+    )
+    loss_fn = lambda params, data: ppo_loss(agent, config, state.kl_coef, params, data)  # noqa: E731
+    carry = EpochCarry(OptimizerCarry(state.params, state.opt_state), jnp.bool_(False))
+
+    def step(carry: EpochCarry, minibatch: Any) -> Any:
+        return gradient_step(loss_fn, optimizer, None, carry, minibatch)
+
+    compiled = (
+        jax.jit(step).lower(carry, minibatch).compile(compiler_options=ppojax.compiler_options())
+    )
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    seconds = best_seconds(compiled, (carry, minibatch), repeats)
+    samples = jax.tree.leaves(minibatch)[0].shape[0]
+    accessed = float(cost.get("bytes accessed", float("nan")))
+    counts = kernel_count(compiled.as_text())
+    return {
+        "name": f"one minibatch step, 1 agent x {envs} envs",
+        "samples": samples,
+        "kernels": sum(counts.values()),
+        "kernels_by_opcode": counts,
+        "flops": float(cost.get("flops", float("nan"))),
+        "bytes_accessed": accessed,
+        "bytes_per_sample": round(accessed / samples, 1),
+        "run_s": round(seconds, 6),
+        "achieved_bytes_per_s": round(accessed / seconds),
+        "note": "XLA's cost analysis; run_s is one step's best of "
+        f"{repeats} dispatches from Python (dispatch included)",
+    }
+
+
+def largest_difference(a: Any, b: Any) -> float:
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def candidate_pair(envs: int, updates: int, names: tuple[str, ...], pairs: int) -> dict[str, Any]:
+    """The plain program against the one with the candidates ``names``: compiled apart (the
+    candidates are read while tracing), then ``pairs`` alternating runs of each."""
+    config = classic(envs, updates)
+    key = jax.random.key(0)
+    options = ppojax.compiler_options()
+
+    def compile_now() -> tuple[Any, float]:
+        start = time.perf_counter()
+        # a new function each time: jit's cache would otherwise return the other's trace
+        compiled = (
+            jax.jit(lambda k: ppojax.train(config, k)).lower(key).compile(compiler_options=options)
+        )
+        return compiled, time.perf_counter() - start
+
+    plain, plain_compile = compile_now()
+    with kernels.use(*names):
+        chosen, chosen_compile = compile_now()
+    seconds: dict[str, list[float]] = {"plain": [], "candidate": []}
+    outputs = {}
+    for repeat in range(pairs):
+        order = ("plain", "candidate") if repeat % 2 == 0 else ("candidate", "plain")
+        for which in order:
+            compiled = plain if which == "plain" else chosen
+            start = time.perf_counter()
+            outputs[which] = jax.block_until_ready(compiled(key))
+            seconds[which].append(time.perf_counter() - start)
+    steps = config.num_updates * config.batch_size
+    plain_rate = steps / min(seconds["plain"])
+    chosen_rate = steps / min(seconds["candidate"])
+    return {
+        "name": f"{'+'.join(names)}, 1 agent x {envs} envs",
+        "candidates": list(names),
+        "envs": envs,
+        "updates": config.num_updates,
+        "plain_steps_per_s": round(plain_rate),
+        "candidate_steps_per_s": round(chosen_rate),
+        "candidate_over_plain": round(chosen_rate / plain_rate, 3),
+        "plain_run_s": [round(s, 4) for s in seconds["plain"]],
+        "candidate_run_s": [round(s, 4) for s in seconds["candidate"]],
+        "plain_compile_s": round(plain_compile, 2),
+        "candidate_compile_s": round(chosen_compile, 2),
+        "largest_parameter_difference": largest_difference(
+            outputs["candidate"].state.params, outputs["plain"].state.params
+        ),
+        "median_ratio_of_pairs": round(
+            statistics.median(
+                p / c for p, c in zip(seconds["plain"], seconds["candidate"], strict=True)
+            ),
+            3,
+        ),
+    }
+
+
+def candidate_sets() -> list[tuple[str, ...]]:
+    """Each candidate alone, then all together."""
+    return [(name,) for name in kernels.CANDIDATES] + [tuple(kernels.CANDIDATES)]
