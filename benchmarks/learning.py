@@ -5,9 +5,10 @@
     python benchmarks/learning.py --plot-only      redraw learning.png from learning.json
     python benchmarks/learning.py --table          print the results as a markdown table
 
-A task is an env id with an optional encoder, ``ENV[:mlp|cnn]``: ``PPOConfig.preset(ENV)``,
-with ``encoder="cnn"`` for ``:cnn`` (the preset's hidden layers after MinAtar's one 3x3 conv
-of 16 channels). Each task runs ``jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))`` over
+A task is an env id with an optional variant, ``ENV[:mlp|cnn|bf16]``:
+``PPOConfig.preset(ENV)``, with ``encoder="cnn"`` for ``:cnn`` (the preset's hidden layers
+after MinAtar's one 3x3 conv of 16 channels), ``compute_dtype="bfloat16"`` for ``:bf16``.
+Each task runs ``jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))`` over
 ``--seeds`` keys at the preset's budget (``--total-timesteps`` overrides it, for smoke
 tests), compiled ahead of time (compile seconds apart from run seconds).
 
@@ -75,7 +76,12 @@ PUBLISHED_SOURCE = "gymnax-blines PPO, evaluation return, MLP"
 # (its +-0.1 health changes sum to about 0 over an episode).
 MAX_RETURN: dict[str, float] = {"craftax/Craftax-Classic-Symbolic-v1": 22.0}
 TASKS = tuple(PUBLISHED)  # the default: the nine gymnax tasks, each with its preset's encoder
-ENCODERS = ("mlp", "cnn")
+# a task's suffix -> the fields it sets on the preset
+VARIANTS: dict[str, dict[str, str]] = {
+    "mlp": {"encoder": "mlp"},
+    "cnn": {"encoder": "cnn"},
+    "bf16": {"compute_dtype": "bfloat16"},
+}
 CURVE_POINTS = 100
 FINAL_FRACTION = 0.05  # the final training return: the last 5% of updates
 
@@ -86,10 +92,21 @@ FINAL_FRACTION = 0.05  # the final training return: the last 5% of updates
 
 def parse_task(task: str) -> tuple[str, str | None]:
     """``"Breakout-MinAtar:cnn"`` -> ("Breakout-MinAtar", "cnn"); no suffix -> (id, None)."""
-    env_id, _, encoder = task.partition(":")
-    if encoder and encoder not in ENCODERS:
-        raise SystemExit(f"task {task!r}: encoder must be one of {ENCODERS}, got {encoder!r}")
-    return env_id, encoder or None
+    env_id, _, variant = task.partition(":")
+    if variant and variant not in VARIANTS:
+        raise SystemExit(
+            f"task {task!r}: the suffix must be one of {tuple(VARIANTS)}, got {variant!r}"
+        )
+    return env_id, variant or None
+
+
+def variant_fields(variant: str | None) -> dict[str, str]:
+    return VARIANTS[variant] if variant is not None else {}
+
+
+def config_variant(config: Any) -> str:
+    """The suffix that names ``config``'s variant of its preset: bf16, else its encoder."""
+    return "bf16" if config.compute_dtype == "bfloat16" else config.encoder
 
 
 def task_config(
@@ -98,10 +115,8 @@ def task_config(
     """The task's preset, with its encoder, the budget override and any other ``changes``."""
     import ppojax
 
-    env_id, encoder = parse_task(task)
-    overrides: dict[str, Any] = dict(changes or {})
-    if encoder is not None:
-        overrides["encoder"] = encoder
+    env_id, variant = parse_task(task)
+    overrides: dict[str, Any] = {**variant_fields(variant), **(changes or {})}
     if total_timesteps is not None:
         overrides["total_timesteps"] = total_timesteps
     return ppojax.PPOConfig.preset(env_id, **overrides)
@@ -120,11 +135,12 @@ def preset_value(env_id: str, name: str) -> Any:
 
 
 def task_name(task: str) -> str:
-    """The row's name: the env id when the encoder is the preset's own, else ``id:encoder``."""
-    env_id, encoder = parse_task(task)
-    if encoder is None or encoder == preset_value(env_id, "encoder"):
+    """The row's name: the env id when the variant is the preset itself, else ``id:variant``."""
+    env_id, variant = parse_task(task)
+    fields = variant_fields(variant)
+    if all(preset_value(env_id, name) == value for name, value in fields.items()):
         return env_id
-    return f"{env_id}:{encoder}"
+    return f"{env_id}:{variant}"
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -153,11 +169,9 @@ def preset_drift(row: dict) -> dict[str, Any]:
     config's defaults, without building the config (that would import the env's suite)."""
     import ppojax
 
-    env_id, encoder = parse_task(row["task"])
+    env_id, variant = parse_task(row["task"])
     today = {f.name: f.default for f in dataclasses.fields(ppojax.PPOConfig)}
-    today.update(ppojax.PRESETS.get(env_id, {}), env_id=env_id)
-    if encoder is not None:
-        today["encoder"] = encoder
+    today.update(ppojax.PRESETS.get(env_id, {}), env_id=env_id, **variant_fields(variant))
     recorded = row.get("preset", {})
     return {
         name: recorded[name]
@@ -393,7 +407,7 @@ def row_from_run(run_dir: Path) -> dict:
     _, metrics = folder.read_metrics(Path(run_dir) / folder.METRICS_FILE)
     summary = folder.read_json(Path(run_dir) / folder.SUMMARY_FILE)
     metrics = {name: np.asarray(values, np.float64) for name, values in metrics.items()}
-    name = task_name(f"{config.env_id}:{config.encoder}")
+    name = task_name(f"{config.env_id}:{config_variant(config)}")
     row = make_row(name, config, metrics, summary["compile_seconds"], summary["run_seconds"])
     drift = preset_drift(row)
     if drift:
@@ -425,10 +439,10 @@ def read_results(path: Path) -> dict:
 
 
 def row_order(name: str) -> tuple:
-    """Rows in TASKS' order, each env's MLP row before its CNN row, unknown tasks last."""
-    env_id, encoder = parse_task(name)
+    """Rows in TASKS' order, each env's preset row before its variants, unknown tasks last."""
+    env_id, variant = parse_task(name)
     position = TASKS.index(env_id) if env_id in TASKS else len(TASKS)
-    return (position, env_id, encoder or "")
+    return (position, env_id, variant or "")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -711,7 +725,7 @@ def finish_row(row: dict, command: str, args: argparse.Namespace) -> dict:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS), help="ENV[:mlp|cnn] ...")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), help="ENV[:mlp|cnn|bf16] ...")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0, help="keys split from key(seed)")
     parser.add_argument("--jobs", type=int, default=1, help="tasks in parallel subprocesses")

@@ -187,3 +187,19 @@ def test_fused_actor_critic_leaves_other_networks_as_they_are(tiny_config, setti
     with kernels.use("fused_actor_critic"):
         assert network.fusable()
         assert not make_agent(tiny_config.replace(**settings)).network.fusable()
+
+
+def test_fused_actor_critic_computes_in_the_encoder_dtype():
+    config = ppojax.PPOConfig(compute_dtype="bfloat16")
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    obs = jax.random.normal(jax.random.key(1), (8, *state.obs.shape[1:]))
+    plain = agent.network.apply(state.params, obs, None)
+    with kernels.use("fused_actor_critic"):
+        fused = jax.jit(lambda p: agent.network.apply(p, obs, None))(state.params)
+        text = jax.jit(lambda p: agent.network.apply(p, obs, None)).lower(state.params).as_text()
+    assert text.count("xbf16>") > 0  # the fused layers' products in bfloat16 too
+    # the same bfloat16 roundings, up to one of them in another place: 2^-8 relative, of
+    # outputs of order 1
+    for have, want in zip(jax.tree.leaves(fused), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_allclose(have, want, rtol=2**-6, atol=2**-6)

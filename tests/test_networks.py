@@ -324,3 +324,47 @@ def test_init_log_std_sets_the_initial_std(state_dependent):
     np.testing.assert_allclose(default, 0.0, atol=tolerance)
     np.testing.assert_allclose(log_std, -1.5, atol=tolerance)
     np.testing.assert_allclose(log_std - default, -1.5, atol=1e-6)  # the same kernels
+
+
+def encoder_dot_dtypes(network, params, obs, hidden):
+    """The operand dtypes of every matrix product in the lowered network, in order."""
+    text = jax.jit(lambda p: network.apply(p, obs, hidden)).lower(params).as_text()
+    return re.findall(r"stablehlo.dot_general.*\(tensor<[^>]*x(bf16|f32)>", text)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"env_id": "CartPole-v1"},
+        {"env_id": "Breakout-MinAtar", "encoder": "cnn", "hidden_sizes": (32,)},
+        {"env_id": "CartPole-v1", "recurrent": "gru", "recurrent_size": 16},
+    ],
+)
+def test_bfloat16_computes_the_encoder_in_bfloat16_and_the_rest_in_float32(settings):
+    network, observation = network_and_observation(**settings)
+    bf16, _ = network_and_observation(**settings, compute_dtype="bfloat16")
+    params = init_params(jax.random.key(0), network, observation)
+    obs = jax.random.uniform(jax.random.key(1), (6, *observation.shape))
+    hidden = None if settings.get("recurrent") is None else jnp.full((6, 32), 0.1)
+    full = network.apply(params, obs, hidden)
+    half = bf16.apply(params, obs, hidden)
+    # the same parameters serve both; every output and the recurrent state stay float32
+    for have, want in zip(jax.tree.leaves(half), jax.tree.leaves(full), strict=True):
+        assert have.dtype == jnp.float32 and have.shape == want.shape
+        # bfloat16 keeps 8 bits of mantissa (relative error 2^-9 per rounding): a few
+        # roundings per layer of unit-scale activations and outputs of order 1
+        np.testing.assert_allclose(have, want, rtol=0.05, atol=0.05)
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(half), jax.tree.leaves(full), strict=True)
+    )
+    # the encoder's products take bfloat16 operands, the core's and the heads' float32
+    depth = len(settings.get("hidden_sizes", (64, 64))) + (settings.get("encoder") == "cnn")
+    dtypes = encoder_dot_dtypes(bf16, params, obs, hidden)
+    assert dtypes.count("bf16") == 2 * depth  # actor's and critic's torsos
+    assert set(encoder_dot_dtypes(network, params, obs, hidden)) == {"f32"}
+
+
+def test_compute_dtype_must_be_a_known_name():
+    with pytest.raises(ppojax.ConfigError, match="compute_dtype"):
+        ppojax.PPOConfig(compute_dtype="float16")

@@ -72,14 +72,18 @@ def fused_actor_critic(
     activation: Callable[[jax.Array], jax.Array],
     action_dim: int,
     state_dependent_std: bool,
+    dtype: Any = jnp.float32,
 ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
     """(policy head [B, A], the log-std head's output [B, A] or None, value [B]) of the two
-    MLP torsos of ``depth`` layers and their heads, from flat features ``x`` [B, D]."""
+    MLP torsos of ``depth`` layers, computed in ``dtype``, and their float32 heads, from flat
+    features ``x`` [B, D]."""
     layers = fused_layers(
         torso_layers(params["actor_torso"], depth), torso_layers(params["critic_torso"], depth)
     )
+    x = x.astype(dtype)
     for kernel, bias in layers:
-        x = activation(x @ kernel + bias)
+        x = activation(x @ kernel.astype(dtype) + bias.astype(dtype))
+    x = x.astype(jnp.float32)
     kernel, bias = fused_heads(params, state_dependent_std)
     out = x @ kernel + bias
     head = out[:, :action_dim]

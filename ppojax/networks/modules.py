@@ -43,6 +43,7 @@ class NetworkSettings(NamedTuple):
     shared_torso: bool
     state_dependent_std: bool
     init_log_std: float
+    compute_dtype: str
 
     @classmethod
     def from_fields(cls, source: Any) -> NetworkSettings:
@@ -72,16 +73,18 @@ def flatten_observation(obs: Any) -> jax.Array:
 
 
 class MLP(nn.Module):
-    """Dense layers of ``hidden_sizes`` with ``activation`` on features [B, D]."""
+    """Dense layers of ``hidden_sizes`` with ``activation`` on features [B, D], computed in
+    ``dtype`` (float32 parameters, cast for the products)."""
 
     hidden_sizes: tuple[int, ...]
     activation: str
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATION_FNS[self.activation]
         for size in self.hidden_sizes:
-            x = act(nn.Dense(size)(x))
+            x = act(nn.Dense(size, dtype=self.dtype)(x))
         return x
 
 
@@ -97,9 +100,11 @@ class PatchConv(nn.Module):
     features: int
     kernel_size: int
     stride: int
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(self.dtype)
         k, stride = self.kernel_size, self.stride
         height, width, channels = x.shape[-3:]
         out_h, out_w = (height - k) // stride + 1, (width - k) // stride + 1
@@ -120,7 +125,8 @@ class PatchConv(nn.Module):
             ],
             axis=-1,
         )
-        return patches @ kernel.reshape(k * k * channels, self.features) + bias
+        kernel = kernel.reshape(k * k * channels, self.features).astype(self.dtype)
+        return patches @ kernel + bias.astype(self.dtype)
 
 
 class CNN(nn.Module):
@@ -133,16 +139,19 @@ class CNN(nn.Module):
     stride: int
     hidden_sizes: tuple[int, ...]
     activation: str
+    dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         act = ACTIVATION_FNS[self.activation]
         x = jnp.asarray(x, jnp.float32)
         for index, channels in enumerate(self.channels):
-            conv = PatchConv(channels, self.kernel_size, self.stride, name=f"Conv_{index}")
+            conv = PatchConv(
+                channels, self.kernel_size, self.stride, self.dtype, name=f"Conv_{index}"
+            )
             x = act(conv(x))
         x = x.reshape((x.shape[0], -1))
-        return MLP(self.hidden_sizes, self.activation)(x)
+        return MLP(self.hidden_sizes, self.activation, self.dtype)(x)
 
 
 class GRUCore(nn.Module):
@@ -194,11 +203,16 @@ class Torso(nn.Module):
     @nn.compact
     def __call__(self, obs: Any, state: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
         s = self.settings
+        dtype = jnp.dtype(s.compute_dtype)
         if s.encoder == "cnn":
-            cnn = CNN(s.cnn_channels, s.cnn_kernel_size, s.cnn_stride, s.hidden_sizes, s.activation)
+            cnn = CNN(
+                s.cnn_channels, s.cnn_kernel_size, s.cnn_stride, s.hidden_sizes, s.activation, dtype
+            )
             x = cnn(obs)
         else:
-            x = MLP(s.hidden_sizes, s.activation)(flatten_observation(obs))
+            x = MLP(s.hidden_sizes, s.activation, dtype)(flatten_observation(obs))
+        # the core and the heads compute in float32, whatever the encoder's dtype
+        x = x.astype(jnp.float32)
         if s.recurrent is None:
             return x, None
         return CORES[s.recurrent](s.recurrent_size, name="core")(x, state)
@@ -244,6 +258,7 @@ class ActorCritic(nn.Module):
                 ACTIVATION_FNS[s.activation],
                 self.spec.action_dim,
                 s.state_dependent_std and not self.spec.discrete,
+                jnp.dtype(s.compute_dtype),
             )
             if log_std is None and not self.spec.discrete:
                 log_std = self.log_std

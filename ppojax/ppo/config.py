@@ -32,6 +32,7 @@ ACTIVATIONS = ("tanh", "relu", "gelu", "silu", "elu")
 POLICY_OBJECTIVES = ("clip", "penalty", "clip_penalty")
 ENCODERS = ("mlp", "cnn")
 RECURRENT_CORES = ("gru", "lstm")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @register_config
@@ -67,7 +68,10 @@ class PPOConfig:
     env sequences (num_minibatches must divide num_envs). shared_torso: one encoder (and core)
     feeding both heads instead of one each; off by default, because the value loss then pulls
     on the policy's features and the balance depends on vf_coef and the reward scale, while
-    separate torsos train the classic-control presets as tuned.
+    separate torsos train the classic-control presets as tuned. compute_dtype: "float32", or
+    "bfloat16" for the encoder's layers (their matrix products and activations; half the
+    bytes an accelerator moves for them), the parameters, the recurrent core, the heads, the
+    optimizer and every loss term staying float32.
     Continuous actions (a diagonal Gaussian; both fields have no effect on discrete ones):
     state_dependent_std makes the log-std a dense head on the actor's features, so the
     policy can explore more in some states than in others, instead of one parameter per
@@ -144,6 +148,7 @@ class PPOConfig:
     state_dependent_std: bool = static(False)
     init_log_std: float = static(0.0)
     action_noise_correlation: float = static(0.0)
+    compute_dtype: str = static("float32")
 
     env_kwargs: EnvKwargs = static(EnvKwargs())
     reset_pool: int | None = static(None)
@@ -297,6 +302,7 @@ def check_network(config: PPOConfig) -> None:
     check_sizes("hidden_sizes", config.hidden_sizes, "(64, 64)")
     check_sizes("cnn_channels", config.cnn_channels, "(16,)")
     check_choice("PPOConfig", "encoder", config.encoder, ENCODERS)
+    check_choice("PPOConfig", "compute_dtype", config.compute_dtype, COMPUTE_DTYPES)
     check_log_std(config)
     if config.recurrent is None:
         return
