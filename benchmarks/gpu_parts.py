@@ -66,19 +66,31 @@ def best_seconds(compiled: Callable[..., Any], args: tuple, repeats: int) -> flo
     return min(seconds)
 
 
-def compiled_timing(fn: Callable[..., Any], args: tuple, repeats: int) -> dict[str, float]:
-    """Compile ``jax.jit(fn)`` for ``args`` (timed), then its best run of ``repeats``."""
+def compiled_timing(
+    fn: Callable[..., Any], args: tuple, repeats: int
+) -> tuple[dict[str, float], Any]:
+    """Compile ``jax.jit(fn)`` for ``args`` (timed), then its best run of ``repeats``; the
+    timings and the output of a first, untimed run."""
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile(compiler_options=ppojax.compiler_options())
     compile_s = time.perf_counter() - start
-    return {"compile_s": round(compile_s, 2), "run_s": best_seconds(compiled, args, repeats)}
+    output = jax.block_until_ready(compiled(*args))
+    return {
+        "compile_s": round(compile_s, 2),
+        "run_s": best_seconds(compiled, args, repeats),
+    }, output
+
+
+def update_parts(config: ppojax.PPOConfig) -> tuple[Any, Any, Any]:
+    """The agent, its optimizer and a fresh TrainState of ``config``."""
+    return make_agent(config), make_optimizer(config), init_state(config, jax.random.key(0))
 
 
 def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
-    """One update at ``envs`` envs, phase by phase (see the module docstring)."""
+    """One update at ``envs`` envs, phase by phase (see the module docstring); each phase's
+    input is the previous phase's output."""
     config = classic(envs)
-    agent, optimizer = make_agent(config), make_optimizer(config)
-    state = init_state(config, jax.random.key(0))
+    agent, optimizer, state = update_parts(config)
     steps = config.batch_size
 
     def rollout(state: Any) -> Any:
@@ -94,14 +106,11 @@ def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
     def whole(state: Any) -> Any:
         return update_step(agent, optimizer, config, state)
 
-    _, transitions = jax.jit(rollout)(state)
-    batch = jax.jit(gae)(state, transitions)
-    timings = {
-        "rollout": compiled_timing(rollout, (state,), repeats),
-        "gae": compiled_timing(gae, (state, transitions), repeats),
-        "epochs": compiled_timing(epochs, (state, batch), repeats),
-        "update": compiled_timing(whole, (state,), repeats),
-    }
+    timings = {}
+    timings["rollout"], (_, transitions) = compiled_timing(rollout, (state,), repeats)
+    timings["gae"], batch = compiled_timing(gae, (state, transitions), repeats)
+    timings["epochs"], _ = compiled_timing(epochs, (state, batch), repeats)
+    timings["update"], _ = compiled_timing(whole, (state,), repeats)
     parts = sum(timings[name]["run_s"] for name in ("rollout", "gae", "epochs"))
     return {
         "name": f"one update, 1 agent x {envs} envs",
@@ -159,14 +168,13 @@ def kernel_count(hlo: str) -> dict[str, int]:
 def minibatch_step(envs: int, repeats: int = 20) -> dict[str, Any]:
     """One gradient step on one minibatch of the classic config at ``envs`` envs."""
     config = classic(envs)
-    agent, optimizer = make_agent(config), make_optimizer(config)
-    state = init_state(config, jax.random.key(0))
-    _, transitions = jax.jit(lambda s: collect_rollout(agent, config, s.params, rollout_start(s)))(
-        state
-    )
-    batch = jax.jit(lambda s, t: make_batch(agent, config, s.params, t, s.hidden))(
-        state, transitions
-    )
+    agent, optimizer, state = update_parts(config)
+
+    def first_batch(state: Any) -> Any:
+        _, transitions = collect_rollout(agent, config, state.params, rollout_start(state))
+        return make_batch(agent, config, state.params, transitions, state.hidden)
+
+    batch = jax.jit(first_batch)(state)
     minibatch = jax.tree.map(
         lambda x: x[0], shuffle_into_minibatches(state.key, batch, config.num_minibatches)
     )
