@@ -9,7 +9,6 @@ from tolerance import (
     assert_close,
     assert_states_close,
     assert_trees_close,
-    assert_trees_equal,
 )
 
 import ppojax
@@ -116,15 +115,18 @@ def test_scan_epochs_gathers_every_epoch_at_once_or_in_each_epoch():
 
 
 @pytest.mark.parametrize("recurrent", [None, "gru"])
-def test_gather_once_trains_bit_for_bit_as_the_plain_shuffle(tiny_config, recurrent):
-    # the same samples in the same minibatches and the same arithmetic on them: every bit
-    # equal (measured), though the two are different programs
+def test_gather_once_trains_as_the_plain_shuffle(tiny_config, recurrent):
+    # The same samples in the same minibatches and the same arithmetic on them: every bit
+    # equal here, but two programs may fuse (and contract to FMAs) differently on another
+    # CPU, so the float leaves get TRAINING_ULPS (a few ulps per step, carried by 6 Adam
+    # steps) and every other leaf (counters, keys) must match exactly.
     config = tiny_config.replace(recurrent=recurrent)
     plain = jax.jit(ppojax.train)(config, jax.random.key(0))
     with kernels.use("gather_once"):
         once = jax.jit(lambda c, k: ppojax.train(c, k))(config, jax.random.key(0))
-    assert_trees_equal(once.state.params, plain.state.params)
-    assert_trees_equal(once.metrics, plain.metrics)
+    assert_states_close(once.state, plain.state, ulps=TRAINING_ULPS)
+    # metrics: losses and returns of order 1 to 100 (episode returns up to ~60 here)
+    assert_trees_close(once.metrics, plain.metrics, ulps=TRAINING_ULPS, scale=100.0)
 
 
 def dot_count(fn, *args) -> int:
