@@ -555,7 +555,10 @@ def inside_rows(smoke: bool) -> list[dict]:
         print(json.dumps(rows[-2:]), flush=True)
     for envs, updates in SMOKE_CANDIDATE_WORKS if smoke else CANDIDATE_WORKS:
         for names in gpu_parts.candidate_sets():
-            rows.append(gpu_parts.candidate_pair(envs, updates, names, pairs=1 if smoke else 3))
+            try:
+                rows.append(gpu_parts.candidate_pair(envs, updates, names, pairs=1 if smoke else 3))
+            except Exception as error:  # a candidate that fails there leaves the others' rows
+                rows.append({"candidates": list(names), "envs": envs, "error": failure(error)})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -2,6 +2,7 @@
 really swaps the plain form in."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from tolerance import (
@@ -13,7 +14,9 @@ from tolerance import (
 
 import ppojax
 from ppojax.ppo.train import init_state, make_agent
-from ppojax.runtime import kernels
+from ppojax.ppo.types import Batch
+from ppojax.ppo.update import pallas_loss_applies, ppo_loss_function
+from ppojax.runtime import kernels, pallas_ppo
 
 
 def test_plain_switches_the_stand_ins_off_and_back():
@@ -76,7 +79,7 @@ def test_candidates_from_the_environment_name_the_variable_when_wrong(monkeypatc
     def chosen():
         return kernels._names_from_environment("PPOJAX_KERNELS", kernels.CANDIDATES)
 
-    monkeypatch.setenv("PPOJAX_KERNELS", " gather_once, fused_actor_critic")
+    monkeypatch.setenv("PPOJAX_KERNELS", " gather_once, fused_actor_critic,pallas_ppo_loss")
     assert chosen() == frozenset(kernels.CANDIDATES)
     monkeypatch.setenv("PPOJAX_KERNELS", "fused_actor_critic")
     assert chosen() == {"fused_actor_critic"}
@@ -205,3 +208,131 @@ def test_fused_actor_critic_computes_in_the_encoder_dtype():
     # outputs of order 1
     for have, want in zip(jax.tree.leaves(fused), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(have, want, rtol=2**-6, atol=2**-6)
+
+
+def pallas_batch(config: ppojax.PPOConfig, rows: int):
+    """An agent, its initial parameters and a minibatch of ``rows`` made-up samples whose
+    ratios and value changes fall on both sides of the clip ranges."""
+    agent = make_agent(config)
+    state = init_state(config, jax.random.key(0))
+    keys = jax.random.split(jax.random.key(5), 6)
+    actions = agent.env.spec.action_dim
+    head = jax.random.normal(keys[0], (rows, actions))
+    batch = Batch(
+        obs=jax.random.normal(keys[1], (rows, *state.obs.shape[1:])),
+        action=jax.random.randint(keys[2], (rows,), 0, actions),
+        advantage=2.0 * jax.random.normal(keys[3], (rows,)),
+        target=jax.random.normal(keys[4], (rows,)),
+        # log pi_old 0.3 around log(1/2): ratios of 0.75 to 1.35 at the uniform initial policy
+        log_prob=-0.69 + 0.1 * jax.random.normal(keys[5], (rows,)),
+        value=0.1 * jax.random.normal(keys[0], (rows,)),
+        policy_head=head,
+        policy_log_std=None,
+    )
+    return agent, state.params, batch
+
+
+def pallas_and_plain(config: ppojax.PPOConfig, rows: int):
+    agent, params, batch = pallas_batch(config, rows)
+
+    def value_and_grad(params, batch):
+        loss_fn = ppo_loss_function(agent, config, jnp.float32(1.0))
+        return jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+
+    plain = jax.jit(value_and_grad)(params, batch)
+    with kernels.use("pallas_ppo_loss"):
+        assert pallas_loss_applies(agent, config)
+        pallas = jax.jit(lambda p, b: value_and_grad(p, b))(params, batch)
+    return pallas, plain
+
+
+@pytest.mark.parametrize(
+    "settings, rows",
+    [
+        ({}, 128),  # the classic CartPole config, one block
+        ({"activation": "relu", "hidden_sizes": (32, 48, 16), "vf_clip_eps": None}, 300),
+        ({"env_id": "Acrobot-v1", "normalize_advantages": False}, 64),
+    ],
+)
+def test_pallas_ppo_loss_gives_ppo_loss_and_its_gradient(settings, rows):
+    pallas, plain = pallas_and_plain(ppojax.PPOConfig(**settings), rows)
+    (loss, metrics), grads = pallas
+    (plain_loss, plain_metrics), plain_grads = plain
+    # Means of a few hundred terms of order 1 (ratios ~1, normalized advantages, unit
+    # targets), summed in another order and in blocks: a few ulps of 1. A wrong term or a
+    # missing branch of a clip moves them by 1e-3 or more.
+    assert 0.0 < metrics["clip_fraction"] < 1.0  # both sides of the policy clip are taken
+    assert_close(loss, plain_loss, ulps=64)
+    assert_trees_close(metrics, plain_metrics, ulps=64)
+    assert_trees_close(grads, plain_grads, ulps=64)
+
+
+def test_pallas_ppo_loss_adds_up_blocks_and_programs(monkeypatch):
+    # 100 rows in blocks of 16, two blocks a program: 4 programs, 28 padded rows of weight 0
+    monkeypatch.setattr(pallas_ppo, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(pallas_ppo, "BLOCKS_PER_PROGRAM", 2)
+    pallas, plain = pallas_and_plain(ppojax.PPOConfig(), 100)
+    (loss, metrics), grads = pallas
+    (plain_loss, plain_metrics), plain_grads = plain
+    assert_close(loss, plain_loss, ulps=64)  # as above
+    assert_trees_close(metrics, plain_metrics, ulps=64)
+    assert_trees_close(grads, plain_grads, ulps=64)
+
+
+def test_pallas_ppo_loss_trains_as_ppo_loss_over_seeds(tiny_config):
+    # vmapped over two seeds (the kernel's grid gains the seed axis); TRAINING_ULPS: the two
+    # programs' sums differ by ulps, which 6 Adam steps carry on
+    keys = jax.random.split(jax.random.key(0), 2)
+    plain = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(tiny_config, keys)
+    with kernels.use("pallas_ppo_loss"):
+        pallas = jax.jit(lambda c, k: jax.vmap(ppojax.train, in_axes=(None, 0))(c, k))(
+            tiny_config, keys
+        )
+    assert_states_close(pallas.state, plain.state, ulps=TRAINING_ULPS)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"env_id": "Pendulum-v1"},
+        {"shared_torso": True},
+        {"recurrent": "gru"},
+        {"policy_objective": "penalty"},
+        {"activation": "gelu"},
+        {"compute_dtype": "bfloat16"},
+    ],
+)
+def test_pallas_ppo_loss_leaves_other_configs_to_ppo_loss(tiny_config, settings):
+    with kernels.use("pallas_ppo_loss"):
+        assert pallas_loss_applies(make_agent(tiny_config), tiny_config)
+        config = tiny_config.replace(**settings)
+        assert not pallas_loss_applies(make_agent(config), config)
+    assert not pallas_loss_applies(make_agent(tiny_config), tiny_config)  # off by default
+
+
+def test_pallas_ppo_kernel_lowers_to_triton():
+    # What a CPU can check of the GPU path: the kernel lowers to one Triton call for CUDA
+    # (Pallas's Triton lowering checks shapes, dtypes and the ops it supports).
+    from jax import export
+
+    def layers(sizes):
+        return [
+            (jnp.ones((a, b)), jnp.zeros((b,))) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+        ]
+
+    rows = 8192
+    inputs = (jnp.ones((rows, 4)), jnp.zeros((rows,), jnp.int32)) + (jnp.ones((rows,)),) * 4
+    coefficients = pallas_ppo.Coefficients(*(jnp.float32(x) for x in (0.2, 0.2, 0.5, 0.01)))
+    settings = pallas_ppo.LossSettings("tanh", 2, True)
+
+    def loss(coefficients, actor, critic, inputs):
+        return pallas_ppo.loss_and_grads(
+            settings, coefficients, actor, critic, inputs, interpret=False
+        )
+
+    exported = export.export(
+        jax.jit(loss),
+        platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(coefficients, layers([4, 64, 64, 2]), layers([4, 64, 64, 1]), inputs)
+    assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1

@@ -33,6 +33,16 @@ def torso_layers(torso: Mapping[str, Any], depth: int) -> list[Layer]:
     return [(mlp[f"Dense_{i}"]["kernel"], mlp[f"Dense_{i}"]["bias"]) for i in range(depth)]
 
 
+def actor_critic_layers(params: Mapping[str, Any], depth: int) -> tuple[list[Layer], list[Layer]]:
+    """The (kernel, bias) of the actor's and the critic's MLP layers, each followed by its
+    head's (the kernels candidate "pallas_ppo_loss" takes them so)."""
+    return tuple(
+        torso_layers(params[f"{side}_torso"], depth)
+        + [(params[f"{side}_head"]["kernel"], params[f"{side}_head"]["bias"])]
+        for side in ("actor", "critic")
+    )
+
+
 def fused_layers(actor: list[Layer], critic: list[Layer]) -> list[Layer]:
     """The layers of the fused MLP: the first side by side, the others block-diagonal."""
     (actor_kernel, actor_bias), (critic_kernel, critic_bias) = actor[0], critic[0]

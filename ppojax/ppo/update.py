@@ -18,11 +18,12 @@ import optax
 
 from ppojax.networks import reset_hidden
 from ppojax.networks.distributions import policy_distribution
+from ppojax.networks.fused import actor_critic_layers
 from ppojax.ppo import losses
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.rollout import Agent
 from ppojax.ppo.types import Batch, Params, SequenceBatch
-from ppojax.runtime import kernels
+from ppojax.runtime import kernels, pallas_ppo
 
 LossFn = Callable[[Params, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
@@ -319,6 +320,56 @@ def run_epochs(
     return end.optimizer, {**means, "gradient_steps": count, "nonfinite_steps": skipped}
 
 
+def pallas_loss_applies(agent: Agent, config: PPOConfig) -> bool:
+    """Whether the kernels candidate "pallas_ppo_loss" is chosen and computes this config's
+    loss: PPO-Clip, one Categorical without a mask, two float32 MLP torsos of tanh or relu."""
+    spec = agent.env.spec
+    return (
+        kernels.stand_in("pallas_ppo_loss")
+        and config.policy_objective == "clip"
+        and spec.discrete
+        and spec.action_nvec is None
+        and not spec.masked
+        and config.encoder == "mlp"
+        and config.recurrent is None
+        and not config.shared_torso
+        and config.compute_dtype == "float32"
+        and config.activation in pallas_ppo.ACTIVATIONS
+    )
+
+
+def pallas_ppo_loss(
+    agent: Agent, config: PPOConfig, params: Params, batch: Batch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``ppo_loss`` where ``pallas_loss_applies``, its value and gradient from the kernel."""
+    settings = pallas_ppo.LossSettings(
+        config.activation, agent.env.spec.action_dim, config.vf_clip_eps is not None
+    )
+    coefficients = pallas_ppo.Coefficients(
+        *(
+            jnp.asarray(0.0 if value is None else value, jnp.float32)
+            for value in (config.clip_eps, config.vf_clip_eps, config.vf_coef, config.ent_coef)
+        )
+    )
+    advantage = batch.advantage
+    if config.normalize_advantages:
+        advantage = losses.normalize(advantage)
+    obs = batch.obs.reshape((batch.obs.shape[0], -1))
+    rows = (obs, batch.action, batch.log_prob, advantage, batch.value, batch.target)
+    actor, critic = actor_critic_layers(params["params"], len(config.hidden_sizes))
+    loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, actor, critic, rows)
+    return loss, {**metrics, "penalty_kl": jnp.float32(jnp.nan)}
+
+
+def ppo_loss_function(agent: Agent, config: PPOConfig, kl_coef: jax.Array) -> LossFn:
+    """``ppo_loss`` of this agent and config as a function of (params, minibatch); with the
+    kernels candidate "pallas_ppo_loss" where it applies, the same loss and gradient from one
+    Pallas kernel (``ppojax.runtime.pallas_ppo``)."""
+    if not pallas_loss_applies(agent, config):
+        return functools.partial(ppo_loss, agent, config, kl_coef)
+    return functools.partial(pallas_ppo_loss, agent, config)
+
+
 def ppo_update(
     agent: Agent,
     config: PPOConfig,
@@ -330,7 +381,7 @@ def ppo_update(
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """PPO's update: ``config.update_epochs`` epochs of ``config.num_minibatches`` steps."""
     return run_epochs(
-        functools.partial(ppo_loss, agent, config, kl_coef),
+        ppo_loss_function(agent, config, kl_coef),
         optimizer,
         carry,
         batch,

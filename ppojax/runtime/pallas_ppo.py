@@ -1,0 +1,345 @@
+"""PPO-Clip's loss and its gradient for an MLP actor-critic in one Pallas kernel (the kernels
+candidate "pallas_ppo_loss").
+
+On a GPU the update of a small network is launch- and memory-bound: XLA runs each layer's
+products, activations, the loss terms and their backward passes as separate kernels, each
+writing [rows, width] activations to memory and reading them back. This kernel takes a block
+of rows through the actor and the critic, the loss and the backward pass without leaving the
+chip, and writes only the block's partial gradient sums and loss sums; a sum over the blocks
+outside gives the minibatch's. Loss and gradient come from the one pass.
+
+What it computes is ``ppo.update.ppo_loss``'s value and gradient for a discrete action space
+without an action mask, two MLP torsos and the clipped objective (tests/test_kernels.py checks
+both against ``jax.value_and_grad`` of it). ``jax.custom_vjp`` gives the loss the gradient the
+kernel computed, so ``jax.value_and_grad`` of it works unchanged in the update.
+
+Every dimension is padded to a power of two of at least 16, as Triton's matrix products want:
+padded inputs and weights are zero, padded action logits are the lowest float32 (probability
+exactly 0), padded rows weigh 0. Off a GPU the kernel runs in Pallas's interpreter, for tests.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LOWEST = float(np.finfo(np.float32).min)
+METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+ACTIVATIONS = ("tanh", "relu")
+# Rows a program takes at a time, and blocks per program: its gradient sums stay in registers
+# over BLOCKS_PER_PROGRAM blocks, and only one copy per program is written out and summed.
+# 64 rows keep a [rows, 64] activation at 32 float32 registers a thread (4 warps); 32 blocks
+# give a minibatch of 2^18 rows (8192 envs x 128 steps / 4) 128 programs, about one per SM.
+# Neither is tuned yet on a GPU.
+BLOCK_ROWS = 64
+BLOCKS_PER_PROGRAM = 32
+
+
+class LossSettings(NamedTuple):
+    """What shapes the kernel's program (static): the network and which loss terms."""
+
+    activation: str
+    action_dim: int
+    value_clipped: bool  # vf_clip_eps is set
+
+
+class Coefficients(NamedTuple):
+    """The loss's numbers, arrays (traced, and batched in a sweep over them)."""
+
+    clip_eps: jax.Array
+    vf_clip_eps: jax.Array  # unused unless LossSettings.value_clipped
+    vf_coef: jax.Array
+    ent_coef: jax.Array
+
+
+Layer = tuple[jax.Array, jax.Array]  # (kernel [in, out], bias [out])
+
+
+def padded_size(n: int) -> int:
+    """The least power of two >= max(n, 16)."""
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
+def pad_to(x: jax.Array, shape: Sequence[int]) -> jax.Array:
+    return jnp.pad(x, [(0, size - dim) for dim, size in zip(x.shape, shape, strict=True)])
+
+
+def pad_layers(layers: Sequence[Layer]) -> list[tuple[jax.Array, jax.Array]]:
+    """Each (kernel, bias) zero-padded to power-of-two sizes, the bias as a row [1, out]."""
+    padded = []
+    for kernel, bias in layers:
+        shape = (padded_size(kernel.shape[0]), padded_size(kernel.shape[1]))
+        padded.append((pad_to(kernel, shape), pad_to(bias, shape[1:])[None, :]))
+    return padded
+
+
+def _activate(name: str, pre: jax.Array) -> jax.Array:
+    return jnp.tanh(pre) if name == "tanh" else jnp.maximum(pre, 0.0)
+
+
+def _activation_grad(name: str, pre: jax.Array, out: jax.Array, grad: jax.Array) -> jax.Array:
+    if name == "tanh":
+        return grad * (1.0 - out * out)
+    return jnp.where(pre > 0.0, grad, 0.0)
+
+
+def _mlp_forward(name: str, x: jax.Array, layers: list) -> tuple[jax.Array, list]:
+    """The torso's output and each layer's (input, pre-activation, output) for the backward."""
+    saved = []
+    for kernel, bias in layers:
+        pre = jnp.dot(x, kernel, preferred_element_type=jnp.float32) + bias
+        out = _activate(name, pre)
+        saved.append((x, pre, out))
+        x = out
+    return x, saved
+
+
+def _mlp_backward(name: str, grad: jax.Array, layers: list, saved: list) -> list:
+    """The (kernel, bias) gradients of the torso's layers from the gradient at its output."""
+    grads = []
+    for (kernel, _), (x, pre, out) in zip(reversed(layers), reversed(saved), strict=True):
+        grad_pre = _activation_grad(name, pre, out, grad)
+        grads.append(
+            (
+                jnp.dot(x.T, grad_pre, preferred_element_type=jnp.float32),
+                jnp.sum(grad_pre, axis=0, keepdims=True),
+            )
+        )
+        grad = jnp.dot(grad_pre, kernel.T, preferred_element_type=jnp.float32)
+    return grads[::-1]
+
+
+def _pick_grad(a_wins: jax.Array, b_wins: jax.Array, grad_a: jax.Array, grad_b: jax.Array):
+    """The gradient of max(a, b) or min(a, b) as jax.numpy gives it, from which operand wins:
+    half each on a tie."""
+    return jnp.where(a_wins, grad_a, jnp.where(b_wins, grad_b, 0.5 * (grad_a + grad_b)))
+
+
+def _block(
+    s: LossSettings, c: Coefficients, actor: list, critic: list, rows: tuple
+) -> tuple[list, list]:
+    """One block of rows: the gradients of its weighted loss, (kernel, bias) per layer, actor
+    then critic, and its weighted sums of the METRICS."""
+    obs, action, old_log_prob, advantage, old_value, target, weight = rows
+
+    # forward: the torsos, then the linear heads
+    features, actor_saved = _mlp_forward(s.activation, obs, actor[:-1])
+    head_kernel, head_bias = actor[-1]
+    logits = jnp.dot(features, head_kernel, preferred_element_type=jnp.float32) + head_bias
+    column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    logits = jnp.where(column < s.action_dim, logits, LOWEST)
+    shifted = logits - jnp.max(logits, axis=1, keepdims=True)
+    log_probs = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=1, keepdims=True))
+    probs = jnp.exp(log_probs)
+    chosen = (column == action[:, None]).astype(jnp.float32)
+    log_prob = jnp.sum(chosen * log_probs, axis=1)
+    entropy = -jnp.sum(probs * log_probs, axis=1)
+
+    critic_features, critic_saved = _mlp_forward(s.activation, obs, critic[:-1])
+    value_kernel, value_bias = critic[-1]
+    value_out = jnp.dot(critic_features, value_kernel, preferred_element_type=jnp.float32)
+    value_column = jax.lax.broadcasted_iota(jnp.int32, value_out.shape, 1)
+    value = jnp.sum(jnp.where(value_column == 0, value_out + value_bias, 0.0), axis=1)
+
+    # the loss terms per row and their gradients, as jax.numpy differentiates them
+    log_ratio = log_prob - old_log_prob
+    ratio = jnp.exp(log_ratio)
+    inside = (ratio > 1.0 - c.clip_eps) & (ratio < 1.0 + c.clip_eps)
+    unclipped = ratio * advantage
+    clipped = jnp.clip(ratio, 1.0 - c.clip_eps, 1.0 + c.clip_eps) * advantage
+    objective = jnp.minimum(unclipped, clipped)
+    # d objective / d log_prob: r A through the unclipped term, r A inside the clip range
+    objective_grad = _pick_grad(
+        unclipped < clipped, unclipped > clipped, unclipped, jnp.where(inside, unclipped, 0.0)
+    )
+    error = value - target
+    squared = error * error
+    error_grad = 2.0 * error
+    if s.value_clipped:
+        change = value - old_value
+        clipped_error = old_value + jnp.clip(change, -c.vf_clip_eps, c.vf_clip_eps) - target
+        clipped_squared = clipped_error * clipped_error
+        within = (change > -c.vf_clip_eps) & (change < c.vf_clip_eps)
+        clipped_grad = jnp.where(within, 2.0 * clipped_error, 0.0)
+        error_grad = _pick_grad(
+            squared > clipped_squared, squared < clipped_squared, error_grad, clipped_grad
+        )
+        squared = jnp.maximum(squared, clipped_squared)
+
+    # d loss / d logits and d loss / d value; a row weighs 1 / rows (0 for padding).
+    # d(-ent_coef H) / d logits = ent_coef p (log p + H)
+    log_prob_grad = (-weight * objective_grad)[:, None]
+    entropy_grad = (c.ent_coef * weight)[:, None]
+    logits_grad = log_prob_grad * (chosen - probs) + entropy_grad * probs * (
+        log_probs + entropy[:, None]
+    )
+    value_grad = (c.vf_coef * 0.5 * weight * error_grad)[:, None]
+    value_out_grad = jnp.where(value_column == 0, value_grad, 0.0)
+
+    grads = []
+    for layers, saved, top, head_grad, head_kernel_ in (
+        (actor, actor_saved, features, logits_grad, head_kernel),
+        (critic, critic_saved, critic_features, value_out_grad, value_kernel),
+    ):
+        below = jnp.dot(head_grad, head_kernel_.T, preferred_element_type=jnp.float32)
+        grads += _mlp_backward(s.activation, below, layers[:-1], saved)
+        grads.append(
+            (
+                jnp.dot(top.T, head_grad, preferred_element_type=jnp.float32),
+                jnp.sum(head_grad, axis=0, keepdims=True),
+            )
+        )
+    outside = (jnp.abs(ratio - 1.0) > c.clip_eps).astype(jnp.float32)
+    terms = (-objective, 0.5 * squared, entropy, (ratio - 1.0) - log_ratio, outside)
+    return grads, [jnp.sum(weight * term) for term in terms]
+
+
+def _kernel(s: LossSettings, depth: int, block_rows: int, blocks: int, *refs) -> None:
+    """One program: ``blocks`` blocks of ``block_rows`` rows, their gradients and metric sums
+    added up in registers and written once."""
+    from jax.experimental import pallas as pl
+
+    row_refs, coefficients_ref, refs = refs[:7], refs[7], refs[8:]
+    count = 2 * (depth + 1)  # arrays per network: (kernel, bias) per layer and the head
+    param_refs, grad_refs, metrics_ref = refs[: 2 * count], refs[2 * count : 4 * count], refs[-1]
+    params = [ref[...] for ref in param_refs]
+    actor = [(params[2 * i], params[2 * i + 1]) for i in range(depth + 1)]
+    critic = [(params[count + 2 * i], params[count + 2 * i + 1]) for i in range(depth + 1)]
+    numbers = coefficients_ref[...]
+    slot = jax.lax.broadcasted_iota(jnp.int32, numbers.shape, 1)
+    c = Coefficients(*(jnp.sum(jnp.where(slot == i, numbers, 0.0)) for i in range(4)))
+
+    def add_block(index, totals):
+        rows = pl.ds(index * block_rows, block_rows)
+        loaded = tuple(ref[rows, :] if len(ref.shape) == 2 else ref[rows] for ref in row_refs)
+        grads, sums = _block(s, c, actor, critic, loaded)
+        flat = [g for pair in grads for g in pair] + sums
+        return [total + value for total, value in zip(totals, flat, strict=True)]
+
+    zeros = [jnp.zeros(ref.shape, jnp.float32) for ref in grad_refs]
+    zeros += [jnp.float32(0.0)] * len(METRICS)
+    totals = jax.lax.fori_loop(0, blocks, add_block, zeros)
+    for ref, total in zip(grad_refs, totals[: len(grad_refs)], strict=True):
+        ref[...] = total
+    metrics = jnp.zeros(metrics_ref.shape, jnp.float32)
+    for index, total in enumerate(totals[len(grad_refs) :]):
+        metrics = jnp.where(slot == index, total, metrics)
+    metrics_ref[...] = metrics
+
+
+def loss_and_grads(
+    settings: LossSettings,
+    coefficients: Coefficients,
+    actor: Sequence[Layer],
+    critic: Sequence[Layer],
+    rows: tuple[jax.Array, ...],
+    *,
+    interpret: bool | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array], list[Layer], list[Layer]]:
+    """The loss, its METRICS (means over the rows), and the gradients of the (kernel, bias)
+    of each layer of ``actor`` and ``critic`` (torso layers, then the head; the critic's head
+    has one output), in their shapes. ``rows``: obs [N, D], action [N] (int), old log-prob,
+    normalized advantage, old value and target, each [N]."""
+    # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pallas_triton
+
+    if settings.activation not in ACTIVATIONS:
+        raise ValueError(f"activation {settings.activation!r}: the kernel has {ACTIVATIONS}")
+    depth = len(actor) - 1
+    obs, action, *floats = rows
+    n = obs.shape[0]
+    block_rows = min(BLOCK_ROWS, padded_size(n))
+    blocks = max(1, min(BLOCKS_PER_PROGRAM, -(-n // block_rows)))
+    chunk = block_rows * blocks
+    padded_rows = -(-n // chunk) * chunk
+    programs = padded_rows // chunk
+    width = padded_size(obs.shape[1])
+    weight = jnp.full((n,), 1.0 / n, jnp.float32)
+    row_arrays = [pad_to(obs.astype(jnp.float32), (padded_rows, width))]
+    row_arrays += [pad_to(x, (padded_rows,)) for x in [action.astype(jnp.int32), *floats, weight]]
+    params = [p for layer in (*pad_layers(actor), *pad_layers(critic)) for p in layer]
+    numbers = pad_to(jnp.stack([jnp.asarray(x, jnp.float32) for x in coefficients])[None], (1, 16))
+
+    row_specs = [pl.BlockSpec((chunk, width), lambda i: (i, 0))]
+    row_specs += [pl.BlockSpec((chunk,), lambda i: (i,))] * (len(row_arrays) - 1)
+    param_specs = [pl.BlockSpec(p.shape, lambda i: (0, 0)) for p in [numbers, *params]]
+    grad_specs = [pl.BlockSpec((None, *p.shape), lambda i: (i, 0, 0)) for p in params]
+    out_shape = [jax.ShapeDtypeStruct((programs, *p.shape), jnp.float32) for p in params]
+    out_shape.append(jax.ShapeDtypeStruct((programs, 1, 16), jnp.float32))
+    grad_specs.append(pl.BlockSpec((None, 1, 16), lambda i: (i, 0, 0)))
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    outputs = pl.pallas_call(
+        functools.partial(_kernel, settings, depth, block_rows, blocks),
+        out_shape=out_shape,
+        grid=(programs,),
+        in_specs=row_specs + param_specs,
+        out_specs=grad_specs,
+        interpret=interpret,
+        # Triton, not Mosaic GPU: Mosaic stages whole blocks in shared memory, and a program's
+        # rows (chunk x width floats) and the parameters do not fit there
+        compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1),
+        name="ppo_loss_and_grads",
+    )(*row_arrays, numbers, *params)
+    sums = [out.sum(axis=0) for out in outputs]
+    metric_sums = sums[-1][0]
+    metrics = {name: metric_sums[i] for i, name in enumerate(METRICS)}
+    loss = (
+        metrics["policy_loss"]
+        + coefficients.vf_coef * metrics["value_loss"]
+        - coefficients.ent_coef * metrics["entropy"]
+    )
+    grads = [
+        (kernel_sum[: k.shape[0], : k.shape[1]], bias_sum[0, : b.shape[0]])
+        for kernel_sum, bias_sum, (k, b) in zip(
+            sums[:-1:2], sums[1:-1:2], (*actor, *critic), strict=True
+        )
+    ]
+    return loss, metrics, grads[: depth + 1], grads[depth + 1 :]
+
+
+def _no_cotangent(x: jax.Array) -> jax.Array | np.ndarray:
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def ppo_loss(
+    settings: LossSettings,
+    coefficients: Coefficients,
+    actor: Sequence[Layer],
+    critic: Sequence[Layer],
+    rows: tuple[jax.Array, ...],
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``loss_and_grads``' loss and METRICS, differentiable in the layers: their gradient is
+    the one the kernel computed with the loss."""
+    loss, metrics, _, _ = loss_and_grads(settings, coefficients, actor, critic, rows)
+    return loss, metrics
+
+
+def _ppo_loss_forward(settings, coefficients, actor, critic, rows):
+    loss, metrics, actor_grads, critic_grads = loss_and_grads(
+        settings, coefficients, actor, critic, rows
+    )
+    return (loss, metrics), (actor_grads, critic_grads, coefficients, rows)
+
+
+def _ppo_loss_backward(settings, saved, cotangents):
+    actor_grads, critic_grads, coefficients, rows = saved
+    loss_cotangent = cotangents[0]  # the metrics are reported, not differentiated
+    return (
+        jax.tree.map(_no_cotangent, coefficients),
+        jax.tree.map(lambda grad: grad * loss_cotangent, actor_grads),
+        jax.tree.map(lambda grad: grad * loss_cotangent, critic_grads),
+        jax.tree.map(_no_cotangent, rows),
+    )
+
+
+ppo_loss.defvjp(_ppo_loss_forward, _ppo_loss_backward)
