@@ -18,7 +18,12 @@ from tolerance import (
 
 import ppojax
 from ppojax.cli.commands import build_config, build_parser, divergence_status, main
-from ppojax.cli.report import print_divergence, reset_pool_line
+from ppojax.cli.report import (
+    carried_forward,
+    print_divergence,
+    print_learning_curve,
+    reset_pool_line,
+)
 from ppojax.cli.values import annotation_parser
 from ppojax.ppo.summary import final_return
 from ppojax.runs import checkpoints, folder
@@ -566,3 +571,23 @@ def test_cpu_flags_errors_name_the_flag(capsys):
     with pytest.raises(ValueError, match="--cpu-devices 2: .*before JAX's first computation"):
         settings("--cpu-devices", "2", "--seeds", "2")
     settings("--seeds", "2")  # auto passes over a started JAX
+
+
+def test_learning_curve_shows_long_episodes_between_their_ends(capsys):
+    # episodes of 25 rollouts: one update in 25 has a finished episode, returns 1, 2, 3, 4
+    returns = np.full((2, 100), np.nan)
+    returns[:, 24::25] = np.arange(1.0, 5.0)
+    np.testing.assert_array_equal(
+        carried_forward(np.array([np.nan, 1.0, np.nan, np.nan, 3.0, np.nan])),
+        [np.nan, 1.0, 1.0, 1.0, 3.0, 3.0],
+    )
+    print_learning_curve(returns, 128, np.where(np.isfinite(returns), 2500.0, np.nan))
+    lines = capsys.readouterr().out.splitlines()[1:]
+    # points at updates 0, 11, 22, 33, ..., 99: before the first end (update 24) nothing,
+    # then the latest episodes' return, in windows without an end as in those with one
+    assert [line.split()[1] for line in lines] == ["nan"] * 3 + ["1.0", "1.0", "2.0", "2.0"] + [
+        "3.0",
+        "3.0",
+        "4.0",
+    ]
+    assert [line.split()[2] for line in lines[3:]] == ["2500.0"] * 7

@@ -51,15 +51,28 @@ def cache_note() -> str:
 
 def print_learning_curve(returns: np.ndarray, batch_size: int, lengths: np.ndarray) -> None:
     """Mean over runs of the 10-update rolling mean return and episode length at ten points;
-    returns and lengths [runs, U]. The length shows learning where the return cannot (a goal
-    reward of 1 whatever the time taken)."""
+    returns and lengths [runs, U]. Where no episode ended in a run's 10 updates (episodes
+    longer than 10 rollouts), its latest window that had one stands in. The length shows
+    learning where the return cannot (a goal reward of 1 whatever the time taken)."""
     from ppojax.runs.folder import rolling_mean
 
-    smooth_returns, smooth_lengths = rolling_mean(returns), rolling_mean(lengths)
+    smooth_returns, smooth_lengths = (
+        carried_forward(rolling_mean(values)) for values in (returns, lengths)
+    )
     print(f"{'env steps':>12}  {'mean return':>12}  {'mean length':>12}")
     for update in np.unique(np.linspace(0, returns.shape[1] - 1, 10).astype(int)):
         means = [mean_of(smooth[:, update]) for smooth in (smooth_returns, smooth_lengths)]
         print(f"{(update + 1) * batch_size:>12,}  {means[0]:>12.1f}  {means[1]:>12.1f}")
+
+
+def carried_forward(values: np.ndarray) -> np.ndarray:
+    """Each NaN along the last axis replaced by the latest finite value before it (NaN until
+    the first)."""
+    finite = np.isfinite(values)
+    positions = np.where(finite, np.arange(values.shape[-1]), 0)
+    latest = np.maximum.accumulate(positions, axis=-1)
+    filled = np.take_along_axis(values, latest, axis=-1)
+    return np.where(np.maximum.accumulate(finite, axis=-1), filled, np.nan)
 
 
 def mean_of(values: np.ndarray) -> float:
