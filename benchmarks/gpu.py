@@ -59,6 +59,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -544,46 +545,55 @@ def kept_sections(report: dict, args: argparse.Namespace) -> dict:
     return report
 
 
-def inside_rows(smoke: bool) -> list[dict]:
-    """benchmarks/gpu_parts.py's rows: phases and minibatch steps, then the candidates."""
+def inside_rows(smoke: bool, rows: list[dict], saved: Callable[[], None]) -> None:
+    """benchmarks/gpu_parts.py's rows into ``rows``, each saved as it comes: phases and
+    minibatch steps, then the candidates."""
     import gpu_parts
 
-    rows: list[dict] = []
+    def add(row: dict) -> None:
+        rows.append(row)
+        saved()
+        print(json.dumps(row), flush=True)
+
     for envs in SMOKE_INSIDE_ENVS if smoke else INSIDE_ENVS:
-        rows.append(gpu_parts.phases(envs, repeats=2 if smoke else 5))
-        rows.append(gpu_parts.minibatch_step(envs, repeats=3 if smoke else 20))
-        print(json.dumps(rows[-2:]), flush=True)
+        add(gpu_parts.phases(envs, repeats=2 if smoke else 5))
+        add(gpu_parts.minibatch_step(envs, repeats=3 if smoke else 20))
     for envs, updates in SMOKE_CANDIDATE_WORKS if smoke else CANDIDATE_WORKS:
         for names in gpu_parts.candidate_sets():
             try:
-                rows.append(gpu_parts.candidate_pair(envs, updates, names, pairs=1 if smoke else 3))
+                add(gpu_parts.candidate_pair(envs, updates, names, pairs=1 if smoke else 3))
             except Exception as error:  # a candidate that fails there leaves the others' rows
-                rows.append({"candidates": list(names), "envs": envs, "error": failure(error)})
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+                add({"candidates": list(names), "envs": envs, "error": failure(error)})
 
 
-def rlhf_rows(smoke: bool) -> list[dict]:
+def rlhf_rows(smoke: bool, rows: list[dict], saved: Callable[[], None]) -> None:
     import rlhf_speed
 
-    return rlhf_speed.rlhf_step_times(smoke=smoke)
+    rows.extend(rlhf_speed.rlhf_step_times(smoke=smoke))
+    saved()
 
 
 def measure_part(part: str, report: dict, args: argparse.Namespace, argv: list[str]) -> int:
-    """Run ``part`` into ``report[part]`` (saved); 1 if it failed (its error recorded)."""
+    """Run ``part`` into ``report[part]``, saved as its rows come (a timeout keeps those
+    measured); 1 if it failed (its error recorded)."""
     section: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "gpu": report["gpu"],
         "command": report["command"],
+        "rows": [],
     }
+    report[part] = section
     began = time.perf_counter()
+
+    def saved() -> None:
+        section["wall_s"] = round(time.perf_counter() - began, 1)
+        save(report, args.out, args.mirror)
+
     try:
-        section["rows"] = (inside_rows if part == "inside" else rlhf_rows)(args.smoke)
+        (inside_rows if part == "inside" else rlhf_rows)(args.smoke, section["rows"], saved)
     except Exception as error:  # the other parts go on
         section["error"] = failure(error)
-    section["wall_s"] = round(time.perf_counter() - began, 1)
-    report[part] = section
-    save(report, args.out, args.mirror)
+    saved()
     return 1 if "error" in section else 0
 
 
