@@ -13,7 +13,7 @@
 #   bash benchmarks/gpu.sh inside     (c) gpu.py --parts inside: one update split into phases,
 #                                     a minibatch step's kernels and bytes, each kernels
 #                                     candidate and bfloat16 on and off -> gpu.json's
-#                                     "inside" (~5-6 min)
+#                                     "inside" (~6-8 min; rows saved as they come)
 #   bash benchmarks/gpu.sh rlhf       (d) gpu.py --parts rlhf: ppojax.rlhf's PPO and GRPO steps
 #                                     at GPT-2-small shape -> gpu.json's "rlhf" (~3 min)
 #
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 PART="${1:-all}"
 LEARNING_TIMEOUT="${LEARNING_TIMEOUT:-540}"
 SPEED_TIMEOUT="${SPEED_TIMEOUT:-330}"
-INSIDE_TIMEOUT="${INSIDE_TIMEOUT:-420}"
+INSIDE_TIMEOUT="${INSIDE_TIMEOUT:-520}"
 RLHF_TIMEOUT="${RLHF_TIMEOUT:-300}"
 LEARNING_JOBS="${LEARNING_JOBS:-6}"
 ALL_TASKS="CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 MountainCar-v0
