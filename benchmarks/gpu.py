@@ -557,7 +557,11 @@ def inside_rows(smoke: bool, rows: list[dict], saved: Callable[[], None]) -> Non
 
     for envs in SMOKE_INSIDE_ENVS if smoke else INSIDE_ENVS:
         add(gpu_parts.phases(envs, repeats=2 if smoke else 5))
-        add(gpu_parts.minibatch_step(envs, repeats=3 if smoke else 20))
+        for names in ((), ("pallas_ppo_loss",)):
+            try:
+                add(gpu_parts.minibatch_step(envs, repeats=3 if smoke else 20, names=names))
+            except Exception as error:  # as for a candidate pair below
+                add({"candidates": list(names), "envs": envs, "error": failure(error)})
     for envs, updates in SMOKE_CANDIDATE_WORKS if smoke else CANDIDATE_WORKS:
         for names in gpu_parts.candidate_sets():
             try:

@@ -9,7 +9,8 @@ one minibatch step costs, and what each kernels candidate is worth.
   samples): the kernels of its compiled program (instructions of the entry computation and of
   its loops that launch work, an upper bound where XLA runs a fusion in place), XLA's cost
   analysis (flops, bytes accessed) and its time, so the bytes it moves per sample can be put
-  against the device's copy bandwidth.
+  against the device's copy bandwidth; plain, and with the candidate "pallas_ppo_loss" (the
+  loss and its gradient in one kernel).
 - ``candidate_pair``: each kernels candidate (``ppojax.runtime.kernels.CANDIDATES``) against
   the plain program (compiled once per work): both compiled, then runs alternating,
   steps/s of each and the ratio, and the largest difference of their final parameters (the
@@ -42,7 +43,7 @@ from ppojax.ppo.update import (
     OptimizerCarry,
     gradient_step,
     make_optimizer,
-    ppo_loss,
+    ppo_loss_function,
     ppo_update,
     shuffle_into_minibatches,
 )
@@ -165,8 +166,9 @@ def kernel_count(hlo: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def minibatch_step(envs: int, repeats: int = 20) -> dict[str, Any]:
-    """One gradient step on one minibatch of the classic config at ``envs`` envs."""
+def minibatch_step(envs: int, repeats: int = 20, names: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One gradient step on one minibatch of the classic config at ``envs`` envs; with the
+    kernels candidates ``names`` (the loss's: "pallas_ppo_loss") on while it is traced."""
     config = classic(envs)
     agent, optimizer, state = update_parts(config)
 
@@ -178,15 +180,15 @@ def minibatch_step(envs: int, repeats: int = 20) -> dict[str, Any]:
     minibatch = jax.tree.map(
         lambda x: x[0], shuffle_into_minibatches(state.key, batch, config.num_minibatches)
     )
-    loss_fn = lambda params, data: ppo_loss(agent, config, state.kl_coef, params, data)  # noqa: E731
     carry = EpochCarry(OptimizerCarry(state.params, state.opt_state), jnp.bool_(False))
 
     def step(carry: EpochCarry, minibatch: Any) -> Any:
+        loss_fn = ppo_loss_function(agent, config, state.kl_coef)
         return gradient_step(loss_fn, optimizer, None, carry, minibatch)
 
-    compiled = (
-        jax.jit(step).lower(carry, minibatch).compile(compiler_options=ppojax.compiler_options())
-    )
+    with kernels.use(*names):
+        lowered = jax.jit(step).lower(carry, minibatch)
+    compiled = lowered.compile(compiler_options=ppojax.compiler_options())
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     seconds = best_seconds(compiled, (carry, minibatch), repeats)
@@ -194,7 +196,9 @@ def minibatch_step(envs: int, repeats: int = 20) -> dict[str, Any]:
     accessed = float(cost.get("bytes accessed", float("nan")))
     counts = kernel_count(compiled.as_text())
     return {
-        "name": f"one minibatch step, 1 agent x {envs} envs",
+        "name": f"one minibatch step, 1 agent x {envs} envs"
+        + (f", {'+'.join(names)}" if names else ""),
+        "candidates": list(names),
         "samples": samples,
         "kernels": sum(counts.values()),
         "kernels_by_opcode": counts,
