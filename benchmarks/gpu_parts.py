@@ -24,6 +24,7 @@ what they measure. ``SMOKE`` sizes run in seconds on a CPU.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 import time
@@ -166,6 +167,12 @@ def kernel_count(hlo: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def candidates_on(names: tuple[str, ...]) -> contextlib.AbstractContextManager[None]:
+    """The kernels candidates ``names`` on; none for an empty tuple (``kernels.use()`` with
+    no names turns all of them on)."""
+    return kernels.use(*names) if names else contextlib.nullcontext()
+
+
 def minibatch_step(envs: int, repeats: int = 20, names: tuple[str, ...] = ()) -> dict[str, Any]:
     """One gradient step on one minibatch of the classic config at ``envs`` envs; with the
     kernels candidates ``names`` (the loss's: "pallas_ppo_loss") on while it is traced."""
@@ -186,7 +193,7 @@ def minibatch_step(envs: int, repeats: int = 20, names: tuple[str, ...] = ()) ->
         loss_fn = ppo_loss_function(agent, config, state.kl_coef)
         return gradient_step(loss_fn, optimizer, None, carry, minibatch)
 
-    with kernels.use(*names):
+    with candidates_on(names):
         lowered = jax.jit(step).lower(carry, minibatch)
     compiled = lowered.compile(compiler_options=ppojax.compiler_options())
     cost = compiled.cost_analysis()
@@ -243,7 +250,7 @@ def candidate_pair(envs: int, updates: int, names: tuple[str, ...], pairs: int) 
         PLAIN_PROGRAMS[envs, updates] = compile_now(config)
     plain, plain_compile = PLAIN_PROGRAMS[envs, updates]
     chosen_config = config.replace(compute_dtype="bfloat16") if BFLOAT16 in names else config
-    with kernels.use(*(name for name in names if name != BFLOAT16)):
+    with candidates_on(tuple(name for name in names if name != BFLOAT16)):
         chosen, chosen_compile = compile_now(chosen_config)
     seconds: dict[str, list[float]] = {"plain": [], "candidate": []}
     outputs = {}

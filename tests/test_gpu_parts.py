@@ -77,3 +77,34 @@ def test_a_candidate_pair_times_two_programs_that_train_alike(gpu_parts):
     assert pair["plain_steps_per_s"] > 0 and pair["candidate_steps_per_s"] > 0
     ratio = pair["candidate_steps_per_s"] / pair["plain_steps_per_s"]
     assert pair["candidate_over_plain"] == pytest.approx(ratio, abs=1e-3)
+
+
+def test_a_minibatch_step_row_traces_the_step_with_the_candidate(gpu_parts, monkeypatch):
+    traced = []
+    real = gpu_parts.ppo_loss_function
+
+    def recording(agent, config, kl_coef):
+        traced.append(gpu_parts.kernels.stand_in("pallas_ppo_loss"))
+        return real(agent, config, kl_coef)
+
+    monkeypatch.setattr(gpu_parts, "ppo_loss_function", recording)
+    plain = gpu_parts.minibatch_step(16, repeats=1)
+    pallas = gpu_parts.minibatch_step(16, repeats=1, names=("pallas_ppo_loss",))
+    assert traced == [False, True]  # the candidate is on while the step is traced, then off
+    assert not gpu_parts.kernels.stand_in("pallas_ppo_loss")
+    assert (plain["candidates"], pallas["candidates"]) == ([], ["pallas_ppo_loss"])
+    assert pallas["name"].endswith("pallas_ppo_loss") and pallas["kernels"] > 0
+
+
+def test_the_bfloat16_pair_turns_no_kernels_candidate_on(gpu_parts, monkeypatch):
+    traced = []
+    real = gpu_parts.ppojax.train
+
+    def recording(config, key):
+        traced.append([gpu_parts.kernels.stand_in(n) for n in gpu_parts.kernels.CANDIDATES])
+        return real(config, key)
+
+    monkeypatch.setattr(gpu_parts.ppojax, "train", recording)
+    gpu_parts.PLAIN_PROGRAMS.clear()
+    gpu_parts.candidate_pair(4, 2, (gpu_parts.BFLOAT16,), pairs=1)
+    assert traced and not any(any(flags) for flags in traced)
