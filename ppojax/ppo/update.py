@@ -16,7 +16,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import optax
 
-from ppojax.networks import reset_hidden
+from ppojax.networks import flatten_observation, reset_hidden
 from ppojax.networks.distributions import policy_distribution
 from ppojax.networks.fused import actor_critic_layers
 from ppojax.ppo import losses
@@ -354,7 +354,7 @@ def pallas_ppo_loss(
     advantage = batch.advantage
     if config.normalize_advantages:
         advantage = losses.normalize(advantage)
-    obs = batch.obs.reshape((batch.obs.shape[0], -1))
+    obs = flatten_observation(batch.obs)
     rows = (obs, batch.action, batch.log_prob, advantage, batch.value, batch.target)
     actor, critic = actor_critic_layers(params["params"], len(config.hidden_sizes))
     loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, actor, critic, rows)
