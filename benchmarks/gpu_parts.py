@@ -4,7 +4,8 @@ one minibatch step costs, and what each kernels candidate is worth.
 - ``phases(envs)``: one update of the classic CartPole config at ``envs`` envs split into its
   phases, each compiled alone and timed (best of a few runs): the rollout (env, forward pass,
   sampling: the "rollout alone" ceiling), GAE (with V(next_obs)), the epochs, and the whole
-  update; steps/s of each.
+  update; steps/s of each, and the kernels of each compiled phase (``kernel_count``; for the
+  rollout, the kernels of one env step, the latency of a small batch).
 - ``minibatch_step(envs)``: one gradient step on one minibatch (batch / num_minibatches
   samples): the kernels of its compiled program (instructions of the entry computation and of
   its loops that launch work, an upper bound where XLA runs a fusion in place), XLA's cost
@@ -72,7 +73,8 @@ def compiled_timing(
     fn: Callable[..., Any], args: tuple, repeats: int
 ) -> tuple[dict[str, float], Any]:
     """Compile ``jax.jit(fn)`` for ``args`` (timed), then its best run of ``repeats``; the
-    timings and the output of a first, untimed run."""
+    timings, the kernels of the compiled program (``kernel_count``: for the rollout, its
+    kernels per env step) and the output of a first, untimed run."""
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile(compiler_options=ppojax.compiler_options())
     compile_s = time.perf_counter() - start
@@ -80,6 +82,7 @@ def compiled_timing(
     return {
         "compile_s": round(compile_s, 2),
         "run_s": best_seconds(compiled, args, repeats),
+        "kernels": sum(kernel_count(compiled.as_text()).values()),
     }, output
 
 
@@ -124,6 +127,7 @@ def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
                 "compile_s": timing["compile_s"],
                 "steps_per_s": round(steps / timing["run_s"]),
                 "share_of_parts": round(timing["run_s"] / parts, 3),
+                "kernels": timing["kernels"],
             }
             for name, timing in timings.items()
         },
