@@ -557,11 +557,13 @@ def inside_rows(smoke: bool, rows: list[dict], saved: Callable[[], None]) -> Non
 
     for envs in SMOKE_INSIDE_ENVS if smoke else INSIDE_ENVS:
         add(gpu_parts.phases(envs, repeats=2 if smoke else 5))
-        for names in ((), ("pallas_ppo_loss",)):
+        steps = [((), None)] + [(("pallas_ppo_loss",), tile) for tile in gpu_parts.PALLAS_TILES]
+        for names, tile in steps[:2] if smoke else steps:
             try:
-                add(gpu_parts.minibatch_step(envs, repeats=3 if smoke else 20, names=names))
+                add(gpu_parts.minibatch_step(envs, 3 if smoke else 20, names, tile))
             except Exception as error:  # as for a candidate pair below
-                add({"candidates": list(names), "envs": envs, "error": failure(error)})
+                row = {"candidates": list(names), "tile": tile, "envs": envs}
+                add({**row, "error": failure(error)})
     for envs, updates in SMOKE_CANDIDATE_WORKS if smoke else CANDIDATE_WORKS:
         for names in gpu_parts.candidate_sets():
             try:

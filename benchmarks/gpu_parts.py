@@ -29,8 +29,9 @@ import contextlib
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ from ppojax.ppo.update import (
     ppo_update,
     shuffle_into_minibatches,
 )
-from ppojax.runtime import kernels
+from ppojax.runtime import kernels, pallas_ppo
 
 # instructions that launch no kernel of their own
 NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
@@ -177,9 +178,32 @@ def candidates_on(names: tuple[str, ...]) -> contextlib.AbstractContextManager[N
     return kernels.use(*names) if names else contextlib.nullcontext()
 
 
-def minibatch_step(envs: int, repeats: int = 20, names: tuple[str, ...] = ()) -> dict[str, Any]:
+# pallas_ppo_loss's tiles measured in minibatch steps: (rows a block, blocks a program, warps)
+PALLAS_TILES = ((64, 32, 4), (32, 32, 4), (64, 32, 8), (128, 16, 8))
+
+
+@contextlib.contextmanager
+def pallas_tile(tile: tuple[int, int, int] | None) -> Iterator[None]:
+    """``ppojax.runtime.pallas_ppo``'s tile (read while tracing) set to ``tile`` inside."""
+    if tile is None:
+        yield
+        return
+    names = ("BLOCK_ROWS", "BLOCKS_PER_PROGRAM", "NUM_WARPS")
+    with contextlib.ExitStack() as stack:
+        for name, value in zip(names, tile, strict=True):
+            stack.enter_context(mock.patch.object(pallas_ppo, name, value))
+        yield
+
+
+def minibatch_step(
+    envs: int,
+    repeats: int = 20,
+    names: tuple[str, ...] = (),
+    tile: tuple[int, int, int] | None = None,
+) -> dict[str, Any]:
     """One gradient step on one minibatch of the classic config at ``envs`` envs; with the
-    kernels candidates ``names`` (the loss's: "pallas_ppo_loss") on while it is traced."""
+    kernels candidates ``names`` (the loss's: "pallas_ppo_loss") on while it is traced, and
+    pallas_ppo_loss's ``tile`` (see PALLAS_TILES)."""
     config = classic(envs)
     agent, optimizer, state = update_parts(config)
 
@@ -197,7 +221,7 @@ def minibatch_step(envs: int, repeats: int = 20, names: tuple[str, ...] = ()) ->
         loss_fn = ppo_loss_function(agent, config, state.kl_coef)
         return gradient_step(loss_fn, optimizer, None, carry, minibatch)
 
-    with candidates_on(names):
+    with candidates_on(names), pallas_tile(tile):
         lowered = jax.jit(step).lower(carry, minibatch)
     compiled = lowered.compile(compiler_options=ppojax.compiler_options())
     cost = compiled.cost_analysis()
@@ -208,8 +232,10 @@ def minibatch_step(envs: int, repeats: int = 20, names: tuple[str, ...] = ()) ->
     counts = kernel_count(compiled.as_text())
     return {
         "name": f"one minibatch step, 1 agent x {envs} envs"
-        + (f", {'+'.join(names)}" if names else ""),
+        + (f", {'+'.join(names)}" if names else "")
+        + (f", tile {tile}" if tile else ""),
         "candidates": list(names),
+        "tile": list(tile) if tile else None,
         "samples": samples,
         "kernels": sum(counts.values()),
         "kernels_by_opcode": counts,

@@ -84,16 +84,22 @@ def test_a_minibatch_step_row_traces_the_step_with_the_candidate(gpu_parts, monk
     real = gpu_parts.ppo_loss_function
 
     def recording(agent, config, kl_coef):
-        traced.append(gpu_parts.kernels.stand_in("pallas_ppo_loss"))
+        tile = (pallas_ppo.BLOCK_ROWS, pallas_ppo.BLOCKS_PER_PROGRAM, pallas_ppo.NUM_WARPS)
+        traced.append((gpu_parts.kernels.stand_in("pallas_ppo_loss"), tile))
         return real(agent, config, kl_coef)
 
+    pallas_ppo = gpu_parts.pallas_ppo
+    shipped = (pallas_ppo.BLOCK_ROWS, pallas_ppo.BLOCKS_PER_PROGRAM, pallas_ppo.NUM_WARPS)
     monkeypatch.setattr(gpu_parts, "ppo_loss_function", recording)
     plain = gpu_parts.minibatch_step(16, repeats=1)
-    pallas = gpu_parts.minibatch_step(16, repeats=1, names=("pallas_ppo_loss",))
-    assert traced == [False, True]  # the candidate is on while the step is traced, then off
+    pallas = gpu_parts.minibatch_step(16, 1, ("pallas_ppo_loss",), (16, 2, 8))
+    # the candidate and the tile are on while the step is traced, then off
+    assert traced == [(False, shipped), (True, (16, 2, 8))]
     assert not gpu_parts.kernels.stand_in("pallas_ppo_loss")
+    assert (pallas_ppo.BLOCK_ROWS, pallas_ppo.BLOCKS_PER_PROGRAM, pallas_ppo.NUM_WARPS) == shipped
     assert (plain["candidates"], pallas["candidates"]) == ([], ["pallas_ppo_loss"])
-    assert pallas["name"].endswith("pallas_ppo_loss") and pallas["kernels"] > 0
+    assert (plain["tile"], pallas["tile"]) == (None, [16, 2, 8])
+    assert "pallas_ppo_loss" in pallas["name"] and pallas["kernels"] > 0
 
 
 def test_the_bfloat16_pair_turns_no_kernels_candidate_on(gpu_parts, monkeypatch):

@@ -35,9 +35,11 @@ ACTIVATIONS = ("tanh", "relu")
 # over BLOCKS_PER_PROGRAM blocks, and only one copy per program is written out and summed.
 # 64 rows keep a [rows, 64] activation at 32 float32 registers a thread (4 warps); 32 blocks
 # give a minibatch of 2^18 rows (8192 envs x 128 steps / 4) 128 programs, about one per SM.
-# Neither is tuned yet on a GPU.
+# Neither is tuned yet on a GPU (benchmarks/gpu_parts.py measures other tiles); read when a
+# program is traced, as is NUM_WARPS, the warps of a program.
 BLOCK_ROWS = 64
 BLOCKS_PER_PROGRAM = 32
+NUM_WARPS = 4
 
 
 class LossSettings(NamedTuple):
@@ -284,7 +286,7 @@ def loss_and_grads(
         interpret=interpret,
         # Triton, not Mosaic GPU: Mosaic stages whole blocks in shared memory, and a program's
         # rows (chunk x width floats) and the parameters do not fit there
-        compiler_params=pallas_triton.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         name="ppo_loss_and_grads",
     )(*row_arrays, numbers, *params)
     sums = [out.sum(axis=0) for out in outputs]
