@@ -104,7 +104,8 @@ def _mlp_forward(name: str, x: jax.Array, layers: list) -> tuple[jax.Array, list
 def _mlp_backward(name: str, grad: jax.Array, layers: list, saved: list) -> list:
     """The (kernel, bias) gradients of the torso's layers from the gradient at its output."""
     grads = []
-    for (kernel, _), (x, pre, out) in zip(reversed(layers), reversed(saved), strict=True):
+    for index in reversed(range(len(layers))):
+        x, pre, out = saved[index]
         grad_pre = _activation_grad(name, pre, out, grad)
         grads.append(
             (
@@ -112,7 +113,8 @@ def _mlp_backward(name: str, grad: jax.Array, layers: list, saved: list) -> list
                 jnp.sum(grad_pre, axis=0, keepdims=True),
             )
         )
-        grad = jnp.dot(grad_pre, kernel.T, preferred_element_type=jnp.float32)
+        if index > 0:  # the observations need no gradient
+            grad = jnp.dot(grad_pre, layers[index][0].T, preferred_element_type=jnp.float32)
     return grads[::-1]
 
 
