@@ -216,18 +216,26 @@ def pallas_batch(config: ppojax.PPOConfig, rows: int):
     agent = make_agent(config)
     state = init_state(config, jax.random.key(0))
     keys = jax.random.split(jax.random.key(5), 6)
-    actions = agent.env.spec.action_dim
-    head = jax.random.normal(keys[0], (rows, actions))
+    spec = agent.env.spec
+    head = jax.random.normal(keys[0], (rows, spec.action_dim))
+    if spec.discrete:
+        action = jax.random.randint(keys[2], (rows,), 0, spec.action_dim)
+        # log pi_old around log(1/2), the uniform initial policy's (for two actions)
+        log_prob = jnp.log(1.0 / spec.action_dim)
+    else:
+        action = jax.random.normal(keys[2], (rows, spec.action_dim))
+        # log pi_old around the initial policy's N(~0, 1) density of the action
+        log_prob = (-0.5 * action**2 - 0.9189385).sum(-1)
     batch = Batch(
         obs=jax.random.normal(keys[1], (rows, *state.obs.shape[1:])),
-        action=jax.random.randint(keys[2], (rows,), 0, actions),
+        action=action,
         advantage=2.0 * jax.random.normal(keys[3], (rows,)),
         target=jax.random.normal(keys[4], (rows,)),
-        # log pi_old 0.3 around log(1/2): ratios of 0.75 to 1.35 at the uniform initial policy
-        log_prob=-0.69 + 0.1 * jax.random.normal(keys[5], (rows,)),
+        # 0.1 off: ratios of about 0.75 to 1.35, on both sides of the clip range
+        log_prob=log_prob + 0.1 * jax.random.normal(keys[5], (rows,)),
         value=0.1 * jax.random.normal(keys[0], (rows,)),
         policy_head=head,
-        policy_log_std=None,
+        policy_log_std=None if spec.discrete else jnp.zeros_like(head),
     )
     return agent, state.params, batch
 
@@ -252,6 +260,8 @@ def pallas_and_plain(config: ppojax.PPOConfig, rows: int):
         ({}, 128),  # the classic CartPole config, one block
         ({"activation": "relu", "hidden_sizes": (32, 48, 16), "vf_clip_eps": None}, 300),
         ({"env_id": "Acrobot-v1", "normalize_advantages": False}, 64),
+        ({"env_id": "Pendulum-v1", "init_log_std": -0.5}, 128),  # Gaussian, one action
+        ({"env_id": "Reacher-misc", "activation": "relu"}, 200),  # Gaussian, two actions
     ],
 )
 def test_pallas_ppo_loss_gives_ppo_loss_and_its_gradient(settings, rows):
@@ -279,9 +289,11 @@ def test_pallas_ppo_loss_adds_up_blocks_and_programs(monkeypatch):
     assert_trees_close(grads, plain_grads, ulps=64)
 
 
-def test_pallas_ppo_loss_trains_as_ppo_loss_over_seeds(tiny_config):
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_pallas_ppo_loss_trains_as_ppo_loss_over_seeds(tiny_config, env_id):
     # vmapped over two seeds (the kernel's grid gains the seed axis); TRAINING_ULPS: the two
     # programs' sums differ by ulps, which 6 Adam steps carry on
+    tiny_config = tiny_config.replace(env_id=env_id)
     keys = jax.random.split(jax.random.key(0), 2)
     plain = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(tiny_config, keys)
     with kernels.use("pallas_ppo_loss"):
@@ -294,7 +306,7 @@ def test_pallas_ppo_loss_trains_as_ppo_loss_over_seeds(tiny_config):
 @pytest.mark.parametrize(
     "settings",
     [
-        {"env_id": "Pendulum-v1"},
+        {"env_id": "Pendulum-v1", "state_dependent_std": True},
         {"shared_torso": True},
         {"recurrent": "gru"},
         {"policy_objective": "penalty"},
@@ -310,7 +322,8 @@ def test_pallas_ppo_loss_leaves_other_configs_to_ppo_loss(tiny_config, settings)
     assert not pallas_loss_applies(make_agent(tiny_config), tiny_config)  # off by default
 
 
-def test_pallas_ppo_kernel_lowers_to_triton():
+@pytest.mark.parametrize("continuous", [False, True])
+def test_pallas_ppo_kernel_lowers_to_triton(continuous):
     # What a CPU can check of the GPU path: the kernel lowers to one Triton call for CUDA
     # (Pallas's Triton lowering checks shapes, dtypes and the ops it supports).
     from jax import export
@@ -321,18 +334,20 @@ def test_pallas_ppo_kernel_lowers_to_triton():
         ]
 
     rows = 8192
-    inputs = (jnp.ones((rows, 4)), jnp.zeros((rows,), jnp.int32)) + (jnp.ones((rows,)),) * 4
+    action = jnp.ones((rows, 3)) if continuous else jnp.zeros((rows,), jnp.int32)
+    inputs = (jnp.ones((rows, 4)), action) + (jnp.ones((rows,)),) * 4
+    log_std = jnp.zeros((3,)) if continuous else None
     coefficients = pallas_ppo.Coefficients(*(jnp.float32(x) for x in (0.2, 0.2, 0.5, 0.01)))
-    settings = pallas_ppo.LossSettings("tanh", 2, True)
+    settings = pallas_ppo.LossSettings("tanh", 3, True, continuous)
 
-    def loss(coefficients, actor, critic, inputs):
+    def loss(coefficients, actor, critic, log_std, inputs):
         return pallas_ppo.loss_and_grads(
-            settings, coefficients, actor, critic, inputs, interpret=False
+            settings, coefficients, actor, critic, log_std, inputs, interpret=False
         )
 
     exported = export.export(
         jax.jit(loss),
         platforms=["cuda"],
         disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
-    )(coefficients, layers([4, 64, 64, 2]), layers([4, 64, 64, 1]), inputs)
+    )(coefficients, layers([4, 64, 64, 3]), layers([4, 64, 64, 1]), log_std, inputs)
     assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1

@@ -322,14 +322,15 @@ def run_epochs(
 
 def pallas_loss_applies(agent: Agent, config: PPOConfig) -> bool:
     """Whether the kernels candidate "pallas_ppo_loss" is chosen and computes this config's
-    loss: PPO-Clip, one Categorical without a mask, two float32 MLP torsos of tanh or relu."""
+    loss: PPO-Clip, one Categorical without a mask or a Gaussian with a log-std parameter,
+    two float32 MLP torsos of tanh or relu."""
     spec = agent.env.spec
     return (
         kernels.stand_in("pallas_ppo_loss")
         and config.policy_objective == "clip"
-        and spec.discrete
         and spec.action_nvec is None
         and not spec.masked
+        and not (config.state_dependent_std and not spec.discrete)
         and config.encoder == "mlp"
         and config.recurrent is None
         and not config.shared_torso
@@ -342,8 +343,9 @@ def pallas_ppo_loss(
     agent: Agent, config: PPOConfig, params: Params, batch: Batch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``ppo_loss`` where ``pallas_loss_applies``, its value and gradient from the kernel."""
+    spec = agent.env.spec
     settings = pallas_ppo.LossSettings(
-        config.activation, agent.env.spec.action_dim, config.vf_clip_eps is not None
+        config.activation, spec.action_dim, config.vf_clip_eps is not None, not spec.discrete
     )
     coefficients = pallas_ppo.Coefficients(
         *(
@@ -357,7 +359,8 @@ def pallas_ppo_loss(
     obs = flatten_observation(batch.obs)
     rows = (obs, batch.action, batch.log_prob, advantage, batch.value, batch.target)
     actor, critic = actor_critic_layers(params["params"], len(config.hidden_sizes))
-    loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, actor, critic, rows)
+    log_std = None if spec.discrete else params["params"]["log_std"]
+    loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, actor, critic, log_std, rows)
     return loss, {**metrics, "penalty_kl": jnp.float32(jnp.nan)}
 
 

@@ -8,19 +8,22 @@ of rows through the actor and the critic, the loss and the backward pass without
 chip, and writes only the block's partial gradient sums and loss sums; a sum over the blocks
 outside gives the minibatch's. Loss and gradient come from the one pass.
 
-What it computes is ``ppo.update.ppo_loss``'s value and gradient for a discrete action space
-without an action mask, two MLP torsos and the clipped objective (tests/test_kernels.py checks
-both against ``jax.value_and_grad`` of it). ``jax.custom_vjp`` gives the loss the gradient the
+What it computes is ``ppo.update.ppo_loss``'s value and gradient for two MLP torsos, the
+clipped objective and either a Categorical over discrete actions without a mask or a diagonal
+Gaussian with a log-std parameter (tests/test_kernels.py checks both against
+``jax.value_and_grad`` of it). ``jax.custom_vjp`` gives the loss the gradient the
 kernel computed, so ``jax.value_and_grad`` of it works unchanged in the update.
 
 Every dimension is padded to a power of two of at least 16, as Triton's matrix products want:
 padded inputs and weights are zero, padded action logits are the lowest float32 (probability
-exactly 0), padded rows weigh 0. Off a GPU the kernel runs in Pallas's interpreter, for tests.
+exactly 0), a Gaussian's padded action columns are left out of its sums, and padded rows
+weigh 0. Off a GPU the kernel runs in Pallas's interpreter, for tests.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 LOWEST = float(np.finfo(np.float32).min)
+HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 ACTIVATIONS = ("tanh", "relu")
 # Rows a program takes at a time, and blocks per program: its gradient sums stay in registers
@@ -48,6 +52,7 @@ class LossSettings(NamedTuple):
     activation: str
     action_dim: int
     value_clipped: bool  # vf_clip_eps is set
+    continuous: bool = False  # a diagonal Gaussian with a log-std parameter, not a Categorical
 
 
 class Coefficients(NamedTuple):
@@ -124,25 +129,69 @@ def _pick_grad(a_wins: jax.Array, b_wins: jax.Array, grad_a: jax.Array, grad_b: 
     return jnp.where(a_wins, grad_a, jnp.where(b_wins, grad_b, 0.5 * (grad_a + grad_b)))
 
 
-def _block(
-    s: LossSettings, c: Coefficients, actor: list, critic: list, rows: tuple
-) -> tuple[list, list]:
-    """One block of rows: the gradients of its weighted loss, (kernel, bias) per layer, actor
-    then critic, and its weighted sums of the METRICS."""
-    obs, action, old_log_prob, advantage, old_value, target, weight = rows
-
-    # forward: the torsos, then the linear heads
-    features, actor_saved = _mlp_forward(s.activation, obs, actor[:-1])
-    head_kernel, head_bias = actor[-1]
-    logits = jnp.dot(features, head_kernel, preferred_element_type=jnp.float32) + head_bias
-    column = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-    logits = jnp.where(column < s.action_dim, logits, LOWEST)
+def _categorical(s: LossSettings, head: jax.Array, action: jax.Array):
+    """log pi(action), the entropy, and their gradients in the head (logits) as functions of
+    the gradients in them: (log_prob, entropy, head_grad(log_prob_grad, entropy_grad))."""
+    column = jax.lax.broadcasted_iota(jnp.int32, head.shape, 1)
+    logits = jnp.where(column < s.action_dim, head, LOWEST)
     shifted = logits - jnp.max(logits, axis=1, keepdims=True)
     log_probs = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=1, keepdims=True))
     probs = jnp.exp(log_probs)
     chosen = (column == action[:, None]).astype(jnp.float32)
     log_prob = jnp.sum(chosen * log_probs, axis=1)
     entropy = -jnp.sum(probs * log_probs, axis=1)
+
+    def head_grad(log_prob_grad: jax.Array, entropy_grad: jax.Array) -> jax.Array:
+        # d log p_a / d logits = onehot(a) - p; d H / d logits = -p (log p + H)
+        return log_prob_grad[:, None] * (chosen - probs) - entropy_grad[:, None] * probs * (
+            log_probs + entropy[:, None]
+        )
+
+    return log_prob, entropy, head_grad
+
+
+def _gaussian(s: LossSettings, mean: jax.Array, log_std: jax.Array, action: jax.Array):
+    """``_categorical`` for N(mean, exp(log_std)^2) over the first action_dim columns; the
+    head's gradient and the log-std's (a row [1, A], summed over the block's rows)."""
+    real = jax.lax.broadcasted_iota(jnp.int32, mean.shape, 1) < s.action_dim
+    inverse_std = jnp.exp(-log_std)
+    z = jnp.where(real, (action - mean) * inverse_std, 0.0)
+    terms = -0.5 * z * z - log_std - HALF_LOG_TWO_PI
+    log_prob = jnp.sum(jnp.where(real, terms, 0.0), axis=1)
+    row_entropy = jnp.where(real, 0.5 + HALF_LOG_TWO_PI + log_std, 0.0)
+    entropy = jnp.sum(row_entropy, axis=1)
+
+    def head_grad(log_prob_grad: jax.Array, entropy_grad: jax.Array) -> jax.Array:
+        return log_prob_grad[:, None] * z * inverse_std  # d log p / d mean = z / std
+
+    def log_std_grad(log_prob_grad: jax.Array, entropy_grad: jax.Array) -> jax.Array:
+        # d log p / d log_std = z^2 - 1, d H / d log_std = 1, per real column
+        per_row = log_prob_grad[:, None] * (z * z - 1.0) + entropy_grad[:, None]
+        return jnp.sum(jnp.where(real, per_row, 0.0), axis=0, keepdims=True)
+
+    return log_prob, entropy, head_grad, log_std_grad
+
+
+def _block(
+    s: LossSettings,
+    c: Coefficients,
+    actor: list,
+    critic: list,
+    log_std: jax.Array | None,
+    rows: tuple,
+) -> tuple[list, list]:
+    """One block of rows: the gradients of its weighted loss, (kernel, bias) per layer, actor
+    then critic (then the log-std's for a Gaussian), and its weighted sums of the METRICS."""
+    obs, action, old_log_prob, advantage, old_value, target, weight = rows
+
+    # forward: the torsos, then the linear heads
+    features, actor_saved = _mlp_forward(s.activation, obs, actor[:-1])
+    head_kernel, head_bias = actor[-1]
+    head = jnp.dot(features, head_kernel, preferred_element_type=jnp.float32) + head_bias
+    if s.continuous:
+        log_prob, entropy, head_grad_of, log_std_grad_of = _gaussian(s, head, log_std, action)
+    else:
+        log_prob, entropy, head_grad_of = _categorical(s, head, action)
 
     critic_features, critic_saved = _mlp_forward(s.activation, obs, critic[:-1])
     value_kernel, value_bias = critic[-1]
@@ -175,13 +224,10 @@ def _block(
         )
         squared = jnp.maximum(squared, clipped_squared)
 
-    # d loss / d logits and d loss / d value; a row weighs 1 / rows (0 for padding).
-    # d(-ent_coef H) / d logits = ent_coef p (log p + H)
-    log_prob_grad = (-weight * objective_grad)[:, None]
-    entropy_grad = (c.ent_coef * weight)[:, None]
-    logits_grad = log_prob_grad * (chosen - probs) + entropy_grad * probs * (
-        log_probs + entropy[:, None]
-    )
+    # d loss / d head and d loss / d value; a row weighs 1 / rows (0 for padding)
+    log_prob_grad = -weight * objective_grad
+    entropy_grad = -c.ent_coef * weight
+    logits_grad = head_grad_of(log_prob_grad, entropy_grad)
     value_grad = (c.vf_coef * 0.5 * weight * error_grad)[:, None]
     value_out_grad = jnp.where(value_column == 0, value_grad, 0.0)
 
@@ -198,6 +244,8 @@ def _block(
                 jnp.sum(head_grad, axis=0, keepdims=True),
             )
         )
+    if s.continuous:
+        grads.append((log_std_grad_of(log_prob_grad, entropy_grad),))
     outside = (jnp.abs(ratio - 1.0) > c.clip_eps).astype(jnp.float32)
     terms = (-objective, 0.5 * squared, entropy, (ratio - 1.0) - log_ratio, outside)
     return grads, [jnp.sum(weight * term) for term in terms]
@@ -210,10 +258,12 @@ def _kernel(s: LossSettings, depth: int, block_rows: int, blocks: int, *refs) ->
 
     row_refs, coefficients_ref, refs = refs[:7], refs[7], refs[8:]
     count = 2 * (depth + 1)  # arrays per network: (kernel, bias) per layer and the head
-    param_refs, grad_refs, metrics_ref = refs[: 2 * count], refs[2 * count : 4 * count], refs[-1]
+    total = 2 * count + s.continuous  # and the Gaussian's log-std
+    param_refs, grad_refs, metrics_ref = refs[:total], refs[total : 2 * total], refs[-1]
     params = [ref[...] for ref in param_refs]
     actor = [(params[2 * i], params[2 * i + 1]) for i in range(depth + 1)]
     critic = [(params[count + 2 * i], params[count + 2 * i + 1]) for i in range(depth + 1)]
+    log_std = params[-1] if s.continuous else None
     numbers = coefficients_ref[...]
     slot = jax.lax.broadcasted_iota(jnp.int32, numbers.shape, 1)
     c = Coefficients(*(jnp.sum(jnp.where(slot == i, numbers, 0.0)) for i in range(4)))
@@ -221,8 +271,8 @@ def _kernel(s: LossSettings, depth: int, block_rows: int, blocks: int, *refs) ->
     def add_block(index, totals):
         rows = pl.ds(index * block_rows, block_rows)
         loaded = tuple(ref[rows, :] if len(ref.shape) == 2 else ref[rows] for ref in row_refs)
-        grads, sums = _block(s, c, actor, critic, loaded)
-        flat = [g for pair in grads for g in pair] + sums
+        grads, sums = _block(s, c, actor, critic, log_std, loaded)
+        flat = [g for group in grads for g in group] + sums
         return [total + value for total, value in zip(totals, flat, strict=True)]
 
     zeros = [jnp.zeros(ref.shape, jnp.float32) for ref in grad_refs]
@@ -241,14 +291,16 @@ def loss_and_grads(
     coefficients: Coefficients,
     actor: Sequence[Layer],
     critic: Sequence[Layer],
+    log_std: jax.Array | None,
     rows: tuple[jax.Array, ...],
     *,
     interpret: bool | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array], list[Layer], list[Layer]]:
-    """The loss, its METRICS (means over the rows), and the gradients of the (kernel, bias)
-    of each layer of ``actor`` and ``critic`` (torso layers, then the head; the critic's head
-    has one output), in their shapes. ``rows``: obs [N, D], action [N] (int), old log-prob,
-    normalized advantage, old value and target, each [N]."""
+) -> tuple[jax.Array, dict[str, jax.Array], list[Layer], list[Layer], jax.Array | None]:
+    """The loss, its METRICS (means over the rows), the gradients of the (kernel, bias) of
+    each layer of ``actor`` and ``critic`` (torso layers, then the head; the critic's head has
+    one output), in their shapes, and of the Gaussian's ``log_std`` [A] (None for a
+    Categorical). ``rows``: obs [N, D], action [N] (int; [N, A] floats for a Gaussian), old
+    log-prob, normalized advantage, old value and target, each [N]."""
     # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pallas_triton
@@ -265,13 +317,24 @@ def loss_and_grads(
     programs = padded_rows // chunk
     width = padded_size(obs.shape[1])
     weight = jnp.full((n,), 1.0 / n, jnp.float32)
+    actions = padded_size(settings.action_dim)
     row_arrays = [pad_to(obs.astype(jnp.float32), (padded_rows, width))]
-    row_arrays += [pad_to(x, (padded_rows,)) for x in [action.astype(jnp.int32), *floats, weight]]
+    if settings.continuous:
+        row_arrays.append(pad_to(action.astype(jnp.float32), (padded_rows, actions)))
+    else:
+        row_arrays.append(pad_to(action.astype(jnp.int32), (padded_rows,)))
+    row_arrays += [pad_to(x, (padded_rows,)) for x in [*floats, weight]]
     params = [p for layer in (*pad_layers(actor), *pad_layers(critic)) for p in layer]
+    if settings.continuous:
+        params.append(pad_to(log_std.astype(jnp.float32), (actions,))[None, :])
     numbers = pad_to(jnp.stack([jnp.asarray(x, jnp.float32) for x in coefficients])[None], (1, 16))
 
-    row_specs = [pl.BlockSpec((chunk, width), lambda i: (i, 0))]
-    row_specs += [pl.BlockSpec((chunk,), lambda i: (i,))] * (len(row_arrays) - 1)
+    row_specs = [
+        pl.BlockSpec((chunk, x.shape[1]), lambda i: (i, 0))
+        if x.ndim == 2
+        else pl.BlockSpec((chunk,), lambda i: (i,))
+        for x in row_arrays
+    ]
     param_specs = [pl.BlockSpec(p.shape, lambda i: (0, 0)) for p in [numbers, *params]]
     grad_specs = [pl.BlockSpec((None, *p.shape), lambda i: (i, 0, 0)) for p in params]
     out_shape = [jax.ShapeDtypeStruct((programs, *p.shape), jnp.float32) for p in params]
@@ -299,13 +362,15 @@ def loss_and_grads(
         + coefficients.vf_coef * metrics["value_loss"]
         - coefficients.ent_coef * metrics["entropy"]
     )
+    layer_sums = sums[: 4 * (depth + 1)]
     grads = [
         (kernel_sum[: k.shape[0], : k.shape[1]], bias_sum[0, : b.shape[0]])
         for kernel_sum, bias_sum, (k, b) in zip(
-            sums[:-1:2], sums[1:-1:2], (*actor, *critic), strict=True
+            layer_sums[0::2], layer_sums[1::2], (*actor, *critic), strict=True
         )
     ]
-    return loss, metrics, grads[: depth + 1], grads[depth + 1 :]
+    log_std_grad = sums[-2][0, : settings.action_dim] if settings.continuous else None
+    return loss, metrics, grads[: depth + 1], grads[depth + 1 :], log_std_grad
 
 
 def _no_cotangent(x: jax.Array) -> jax.Array | np.ndarray:
@@ -320,28 +385,31 @@ def ppo_loss(
     coefficients: Coefficients,
     actor: Sequence[Layer],
     critic: Sequence[Layer],
+    log_std: jax.Array | None,
     rows: tuple[jax.Array, ...],
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``loss_and_grads``' loss and METRICS, differentiable in the layers: their gradient is
-    the one the kernel computed with the loss."""
-    loss, metrics, _, _ = loss_and_grads(settings, coefficients, actor, critic, rows)
+    """``loss_and_grads``' loss and METRICS, differentiable in the layers and the log-std:
+    their gradient is the one the kernel computed with the loss."""
+    loss, metrics, *_ = loss_and_grads(settings, coefficients, actor, critic, log_std, rows)
     return loss, metrics
 
 
-def _ppo_loss_forward(settings, coefficients, actor, critic, rows):
-    loss, metrics, actor_grads, critic_grads = loss_and_grads(
-        settings, coefficients, actor, critic, rows
-    )
-    return (loss, metrics), (actor_grads, critic_grads, coefficients, rows)
+def _ppo_loss_forward(settings, coefficients, actor, critic, log_std, rows):
+    loss, metrics, *grads = loss_and_grads(settings, coefficients, actor, critic, log_std, rows)
+    return (loss, metrics), (grads, coefficients, rows)
 
 
 def _ppo_loss_backward(settings, saved, cotangents):
-    actor_grads, critic_grads, coefficients, rows = saved
+    grads, coefficients, rows = saved
     loss_cotangent = cotangents[0]  # the metrics are reported, not differentiated
+    actor_grads, critic_grads, log_std_grad = jax.tree.map(
+        lambda grad: grad * loss_cotangent, grads
+    )
     return (
         jax.tree.map(_no_cotangent, coefficients),
-        jax.tree.map(lambda grad: grad * loss_cotangent, actor_grads),
-        jax.tree.map(lambda grad: grad * loss_cotangent, critic_grads),
+        actor_grads,
+        critic_grads,
+        log_std_grad,
         jax.tree.map(_no_cotangent, rows),
     )
 
