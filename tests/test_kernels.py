@@ -340,14 +340,13 @@ def test_pallas_ppo_kernel_lowers_to_triton(continuous):
     coefficients = pallas_ppo.Coefficients(*(jnp.float32(x) for x in (0.2, 0.2, 0.5, 0.01)))
     settings = pallas_ppo.LossSettings("tanh", 3, True, continuous)
 
-    def loss(coefficients, actor, critic, log_std, inputs):
-        return pallas_ppo.loss_and_grads(
-            settings, coefficients, actor, critic, log_std, inputs, interpret=False
-        )
+    def loss(coefficients, network, inputs):
+        return pallas_ppo.loss_and_grads(settings, coefficients, network, inputs, interpret=False)
 
+    network = pallas_ppo.Network(layers([4, 64, 64, 3]), layers([4, 64, 64, 1]), log_std)
     exported = export.export(
         jax.jit(loss),
         platforms=["cuda"],
         disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
-    )(coefficients, layers([4, 64, 64, 3]), layers([4, 64, 64, 1]), log_std, inputs)
+    )(coefficients, network, inputs)
     assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1

@@ -360,7 +360,8 @@ def pallas_ppo_loss(
     rows = (obs, batch.action, batch.log_prob, advantage, batch.value, batch.target)
     actor, critic = actor_critic_layers(params["params"], len(config.hidden_sizes))
     log_std = None if spec.discrete else params["params"]["log_std"]
-    loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, actor, critic, log_std, rows)
+    network = pallas_ppo.Network(actor, critic, log_std)
+    loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, network, rows)
     return loss, {**metrics, "penalty_kl": jnp.float32(jnp.nan)}
 
 

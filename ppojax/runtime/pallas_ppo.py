@@ -67,6 +67,16 @@ class Coefficients(NamedTuple):
 Layer = tuple[jax.Array, jax.Array]  # (kernel [in, out], bias [out])
 
 
+class Network(NamedTuple):
+    """The parameters the loss depends on, as arrays: the actor's and the critic's layers
+    (torso layers, then the head; the critic's head has one output), and the Gaussian's
+    log-std [A] (None for a Categorical). Their gradients come in the same structure."""
+
+    actor: Sequence[Layer]
+    critic: Sequence[Layer]
+    log_std: jax.Array | None = None
+
+
 def padded_size(n: int) -> int:
     """The least power of two >= max(n, 16)."""
     return max(16, 1 << (int(n) - 1).bit_length())
@@ -289,24 +299,21 @@ def _kernel(s: LossSettings, depth: int, block_rows: int, blocks: int, *refs) ->
 def loss_and_grads(
     settings: LossSettings,
     coefficients: Coefficients,
-    actor: Sequence[Layer],
-    critic: Sequence[Layer],
-    log_std: jax.Array | None,
+    network: Network,
     rows: tuple[jax.Array, ...],
     *,
     interpret: bool | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array], list[Layer], list[Layer], jax.Array | None]:
-    """The loss, its METRICS (means over the rows), the gradients of the (kernel, bias) of
-    each layer of ``actor`` and ``critic`` (torso layers, then the head; the critic's head has
-    one output), in their shapes, and of the Gaussian's ``log_std`` [A] (None for a
-    Categorical). ``rows``: obs [N, D], action [N] (int; [N, A] floats for a Gaussian), old
-    log-prob, normalized advantage, old value and target, each [N]."""
+) -> tuple[jax.Array, dict[str, jax.Array], Network]:
+    """The loss, its METRICS (means over the rows) and its gradient in ``network``, in the
+    network's shapes. ``rows``: obs [N, D], action [N] (int; [N, A] floats for a Gaussian),
+    old log-prob, normalized advantage, old value and target, each [N]."""
     # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pallas_triton
 
     if settings.activation not in ACTIVATIONS:
         raise ValueError(f"activation {settings.activation!r}: the kernel has {ACTIVATIONS}")
+    actor, critic, log_std = network
     depth = len(actor) - 1
     obs, action, *floats = rows
     n = obs.shape[0]
@@ -370,7 +377,7 @@ def loss_and_grads(
         )
     ]
     log_std_grad = sums[-2][0, : settings.action_dim] if settings.continuous else None
-    return loss, metrics, grads[: depth + 1], grads[depth + 1 :], log_std_grad
+    return loss, metrics, Network(grads[: depth + 1], grads[depth + 1 :], log_std_grad)
 
 
 def _no_cotangent(x: jax.Array) -> jax.Array | np.ndarray:
@@ -381,35 +388,25 @@ def _no_cotangent(x: jax.Array) -> jax.Array | np.ndarray:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def ppo_loss(
-    settings: LossSettings,
-    coefficients: Coefficients,
-    actor: Sequence[Layer],
-    critic: Sequence[Layer],
-    log_std: jax.Array | None,
-    rows: tuple[jax.Array, ...],
+    settings: LossSettings, coefficients: Coefficients, network: Network, rows: tuple
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``loss_and_grads``' loss and METRICS, differentiable in the layers and the log-std:
-    their gradient is the one the kernel computed with the loss."""
-    loss, metrics, *_ = loss_and_grads(settings, coefficients, actor, critic, log_std, rows)
+    """``loss_and_grads``' loss and METRICS, differentiable in ``network``: its gradient is
+    the one the kernel computed with the loss."""
+    loss, metrics, _ = loss_and_grads(settings, coefficients, network, rows)
     return loss, metrics
 
 
-def _ppo_loss_forward(settings, coefficients, actor, critic, log_std, rows):
-    loss, metrics, *grads = loss_and_grads(settings, coefficients, actor, critic, log_std, rows)
+def _ppo_loss_forward(settings, coefficients, network, rows):
+    loss, metrics, grads = loss_and_grads(settings, coefficients, network, rows)
     return (loss, metrics), (grads, coefficients, rows)
 
 
 def _ppo_loss_backward(settings, saved, cotangents):
     grads, coefficients, rows = saved
     loss_cotangent = cotangents[0]  # the metrics are reported, not differentiated
-    actor_grads, critic_grads, log_std_grad = jax.tree.map(
-        lambda grad: grad * loss_cotangent, grads
-    )
     return (
         jax.tree.map(_no_cotangent, coefficients),
-        actor_grads,
-        critic_grads,
-        log_std_grad,
+        jax.tree.map(lambda grad: grad * loss_cotangent, grads),
         jax.tree.map(_no_cotangent, rows),
     )
 
