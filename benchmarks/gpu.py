@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.metadata
 import json
 import math
@@ -555,21 +556,27 @@ def inside_rows(smoke: bool, rows: list[dict], saved: Callable[[], None]) -> Non
         saved()
         print(json.dumps(row), flush=True)
 
+    def add_guarded(measure: Callable[[], dict], about: dict) -> None:
+        try:
+            add(measure())
+        except Exception as error:  # a candidate that fails there leaves the others' rows
+            add({**about, "error": failure(error)})
+
     for envs in SMOKE_INSIDE_ENVS if smoke else INSIDE_ENVS:
         add(gpu_parts.phases(envs, repeats=2 if smoke else 5))
         steps = [((), None)] + [(("pallas_ppo_loss",), tile) for tile in gpu_parts.PALLAS_TILES]
         for names, tile in steps[:2] if smoke else steps:
-            try:
-                add(gpu_parts.minibatch_step(envs, 3 if smoke else 20, names, tile))
-            except Exception as error:  # as for a candidate pair below
-                row = {"candidates": list(names), "tile": tile, "envs": envs}
-                add({**row, "error": failure(error)})
+            add_guarded(
+                functools.partial(gpu_parts.minibatch_step, envs, 3 if smoke else 20, names, tile),
+                {"candidates": list(names), "tile": tile, "envs": envs},
+            )
+    pairs = 1 if smoke else 3
     for envs, updates in SMOKE_CANDIDATE_WORKS if smoke else CANDIDATE_WORKS:
         for names in gpu_parts.candidate_sets():
-            try:
-                add(gpu_parts.candidate_pair(envs, updates, names, pairs=1 if smoke else 3))
-            except Exception as error:  # a candidate that fails there leaves the others' rows
-                add({"candidates": list(names), "envs": envs, "error": failure(error)})
+            add_guarded(
+                functools.partial(gpu_parts.candidate_pair, envs, updates, names, pairs),
+                {"candidates": list(names), "envs": envs},
+            )
 
 
 def rlhf_rows(smoke: bool, rows: list[dict], saved: Callable[[], None]) -> None:

@@ -182,6 +182,36 @@ def _gaussian(s: LossSettings, mean: jax.Array, log_std: jax.Array, action: jax.
     return log_prob, entropy, head_grad, log_std_grad
 
 
+def _clipped_objective(clip_eps: jax.Array, ratio: jax.Array, advantage: jax.Array):
+    """min(r A, clip(r) A) per row and its derivative in log r, as jax.numpy differentiates
+    it: r A through the unclipped term, through the clipped one only inside the range."""
+    inside = (ratio > 1.0 - clip_eps) & (ratio < 1.0 + clip_eps)
+    unclipped = ratio * advantage
+    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage
+    grad = _pick_grad(
+        unclipped < clipped, unclipped > clipped, unclipped, jnp.where(inside, unclipped, 0.0)
+    )
+    return jnp.minimum(unclipped, clipped), grad
+
+
+def _value_error(
+    s: LossSettings, c: Coefficients, value: jax.Array, old_value: jax.Array, target: jax.Array
+):
+    """The value loss's squared error per row (the larger of the plain and the clipped one
+    when ``value_clipped``) and its derivative in the value."""
+    error = value - target
+    squared, grad = error * error, 2.0 * error
+    if not s.value_clipped:
+        return squared, grad
+    change = value - old_value
+    clipped_error = old_value + jnp.clip(change, -c.vf_clip_eps, c.vf_clip_eps) - target
+    clipped_squared = clipped_error * clipped_error
+    within = (change > -c.vf_clip_eps) & (change < c.vf_clip_eps)
+    clipped_grad = jnp.where(within, 2.0 * clipped_error, 0.0)
+    grad = _pick_grad(squared > clipped_squared, squared < clipped_squared, grad, clipped_grad)
+    return jnp.maximum(squared, clipped_squared), grad
+
+
 def _block(
     s: LossSettings,
     c: Coefficients,
@@ -209,36 +239,16 @@ def _block(
     value_column = jax.lax.broadcasted_iota(jnp.int32, value_out.shape, 1)
     value = jnp.sum(jnp.where(value_column == 0, value_out + value_bias, 0.0), axis=1)
 
-    # the loss terms per row and their gradients, as jax.numpy differentiates them
     log_ratio = log_prob - old_log_prob
     ratio = jnp.exp(log_ratio)
-    inside = (ratio > 1.0 - c.clip_eps) & (ratio < 1.0 + c.clip_eps)
-    unclipped = ratio * advantage
-    clipped = jnp.clip(ratio, 1.0 - c.clip_eps, 1.0 + c.clip_eps) * advantage
-    objective = jnp.minimum(unclipped, clipped)
-    # d objective / d log_prob: r A through the unclipped term, r A inside the clip range
-    objective_grad = _pick_grad(
-        unclipped < clipped, unclipped > clipped, unclipped, jnp.where(inside, unclipped, 0.0)
-    )
-    error = value - target
-    squared = error * error
-    error_grad = 2.0 * error
-    if s.value_clipped:
-        change = value - old_value
-        clipped_error = old_value + jnp.clip(change, -c.vf_clip_eps, c.vf_clip_eps) - target
-        clipped_squared = clipped_error * clipped_error
-        within = (change > -c.vf_clip_eps) & (change < c.vf_clip_eps)
-        clipped_grad = jnp.where(within, 2.0 * clipped_error, 0.0)
-        error_grad = _pick_grad(
-            squared > clipped_squared, squared < clipped_squared, error_grad, clipped_grad
-        )
-        squared = jnp.maximum(squared, clipped_squared)
+    objective, objective_grad = _clipped_objective(c.clip_eps, ratio, advantage)
+    squared, squared_grad = _value_error(s, c, value, old_value, target)
 
     # d loss / d head and d loss / d value; a row weighs 1 / rows (0 for padding)
     log_prob_grad = -weight * objective_grad
     entropy_grad = -c.ent_coef * weight
     logits_grad = head_grad_of(log_prob_grad, entropy_grad)
-    value_grad = (c.vf_coef * 0.5 * weight * error_grad)[:, None]
+    value_grad = (c.vf_coef * 0.5 * weight * squared_grad)[:, None]
     value_out_grad = jnp.where(value_column == 0, value_grad, 0.0)
 
     grads = []
@@ -296,6 +306,21 @@ def _kernel(s: LossSettings, depth: int, block_rows: int, blocks: int, *refs) ->
     metrics_ref[...] = metrics
 
 
+def _padded_rows(settings: LossSettings, rows: tuple, padded: int) -> list[jax.Array]:
+    """The kernel's row inputs, ``padded`` rows each: obs [padded, D'], action (int [padded],
+    or floats [padded, A'] for a Gaussian), the four float columns, and each row's weight
+    (1 / rows, 0 for padding)."""
+    obs, action, *floats = rows
+    weight = jnp.full((obs.shape[0],), 1.0 / obs.shape[0], jnp.float32)
+    arrays = [pad_to(obs.astype(jnp.float32), (padded, padded_size(obs.shape[1])))]
+    if settings.continuous:
+        actions = padded_size(settings.action_dim)
+        arrays.append(pad_to(action.astype(jnp.float32), (padded, actions)))
+    else:
+        arrays.append(pad_to(action.astype(jnp.int32), (padded,)))
+    return arrays + [pad_to(x, (padded,)) for x in [*floats, weight]]
+
+
 def loss_and_grads(
     settings: LossSettings,
     coefficients: Coefficients,
@@ -315,24 +340,15 @@ def loss_and_grads(
         raise ValueError(f"activation {settings.activation!r}: the kernel has {ACTIVATIONS}")
     actor, critic, log_std = network
     depth = len(actor) - 1
-    obs, action, *floats = rows
-    n = obs.shape[0]
+    n = rows[0].shape[0]
     block_rows = min(BLOCK_ROWS, padded_size(n))
     blocks = max(1, min(BLOCKS_PER_PROGRAM, -(-n // block_rows)))
     chunk = block_rows * blocks
-    padded_rows = -(-n // chunk) * chunk
-    programs = padded_rows // chunk
-    width = padded_size(obs.shape[1])
-    weight = jnp.full((n,), 1.0 / n, jnp.float32)
-    actions = padded_size(settings.action_dim)
-    row_arrays = [pad_to(obs.astype(jnp.float32), (padded_rows, width))]
-    if settings.continuous:
-        row_arrays.append(pad_to(action.astype(jnp.float32), (padded_rows, actions)))
-    else:
-        row_arrays.append(pad_to(action.astype(jnp.int32), (padded_rows,)))
-    row_arrays += [pad_to(x, (padded_rows,)) for x in [*floats, weight]]
+    programs = -(-n // chunk)
+    row_arrays = _padded_rows(settings, rows, programs * chunk)
     params = [p for layer in (*pad_layers(actor), *pad_layers(critic)) for p in layer]
     if settings.continuous:
+        actions = padded_size(settings.action_dim)
         params.append(pad_to(log_std.astype(jnp.float32), (actions,))[None, :])
     numbers = pad_to(jnp.stack([jnp.asarray(x, jnp.float32) for x in coefficients])[None], (1, 16))
 
@@ -364,7 +380,7 @@ def loss_and_grads(
     sums = [out.sum(axis=0) for out in outputs]
     metric_sums = sums[-1][0]
     metrics = {name: metric_sums[i] for i, name in enumerate(METRICS)}
-    loss = (
+    loss = (  # losses.total_loss's sum (runtime/ sits below ppo/ and imports none of it)
         metrics["policy_loss"]
         + coefficients.vf_coef * metrics["value_loss"]
         - coefficients.ent_coef * metrics["entropy"]
