@@ -129,17 +129,15 @@ class PatchConv(nn.Module):
         return patches @ kernel + bias.astype(self.dtype)
 
 
-class CNN(nn.Module):
+class CNN(MLP):
     """VALID convolutions of ``channels`` (square kernels, one stride) on [B, H, W, C], then
-    flattened and the MLP of ``hidden_sizes``: with the defaults MinAtar's network (one 3x3
-    conv of 16 channels, as in Young & Tian 2019). Each convolution is a ``PatchConv``."""
+    flattened and the MLP of ``hidden_sizes`` (the fields it shares with ``MLP``): with the
+    defaults MinAtar's network (one 3x3 conv of 16 channels, as in Young & Tian 2019). Each
+    convolution is a ``PatchConv``."""
 
-    channels: tuple[int, ...]
-    kernel_size: int
-    stride: int
-    hidden_sizes: tuple[int, ...]
-    activation: str
-    dtype: Any = jnp.float32
+    channels: tuple[int, ...] = (16,)
+    kernel_size: int = 3
+    stride: int = 1
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -151,6 +149,7 @@ class CNN(nn.Module):
             )
             x = act(conv(x))
         x = x.reshape((x.shape[0], -1))
+        # a submodule, not super().__call__: its parameters stay under "MLP_0" as saved
         return MLP(self.hidden_sizes, self.activation, self.dtype)(x)
 
 
@@ -206,7 +205,7 @@ class Torso(nn.Module):
         dtype = jnp.dtype(s.compute_dtype)
         if s.encoder == "cnn":
             cnn = CNN(
-                s.cnn_channels, s.cnn_kernel_size, s.cnn_stride, s.hidden_sizes, s.activation, dtype
+                s.hidden_sizes, s.activation, dtype, s.cnn_channels, s.cnn_kernel_size, s.cnn_stride
             )
             x = cnn(obs)
         else:
