@@ -219,7 +219,7 @@ def minibatch_step(
 
     def step(carry: EpochCarry, minibatch: Any) -> Any:
         loss_fn = ppo_loss_function(agent, config, state.kl_coef)
-        return gradient_step(loss_fn, optimizer, None, carry, minibatch)
+        return gradient_step(loss_fn, optimizer, None, config.divergence_guard, carry, minibatch)
 
     with candidates_on(names), pallas_tile(tile):
         lowered = jax.jit(step).lower(carry, minibatch)

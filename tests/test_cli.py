@@ -296,7 +296,9 @@ def test_a_run_that_never_recovers_exits_3_and_says_where_it_diverged(tmp_path, 
 
 
 def test_divergence_lines_name_the_seed_and_grid_point_of_each_run(capsys):
-    config = ppojax.PPOConfig(num_envs=2, num_steps=4, total_timesteps=24, update_epochs=1)
+    config = ppojax.PPOConfig(
+        num_envs=2, num_steps=4, total_timesteps=24, update_epochs=1, divergence_guard=True
+    )
     experiment = Experiment(config, seeds=2, grid={"learning_rate": (2.5e-4, 1e30)})
     skipped = np.array([[0, 0, 0], [0, 1, 0], [0, 4, 4], [4, 4, 4]], np.float32)
     result = RunResult(
@@ -317,6 +319,18 @@ def test_divergence_lines_name_the_seed_and_grid_point_of_each_run(capsys):
     assert "runs 2, 3 diverged and never recovered: non-finite updates from update 1 on" in (
         capsys.readouterr().err
     )
+    # without the guard the steps were applied, and the lines say so
+    unguarded = Experiment(config.replace(divergence_guard=False), seeds=2, grid=experiment.grid)
+    result = RunResult(
+        unguarded, None, run_table(unguarded), None, {"nonfinite_steps": skipped}, 0, 0
+    )
+    print_divergence(result)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "not finite, run 3 (seed 1, learning_rate=1e+30): 12 minibatch step(s) with a NaN or "
+        "inf loss or gradients, first at update 1, applied (divergence_guard is off)"
+    )
+    assert divergence_status(result, "sweep") == 3
+    assert "applied (divergence_guard is off)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -165,6 +165,7 @@ def test_a_nan_reward_skips_one_update_is_reported_and_the_run_recovers(
         total_timesteps=2 * 16 * 6,
         normalize_rewards=True,
         normalize_observations=True,
+        divergence_guard=True,
     )
     options = experiment.RunOptions(progress=False)
     result = experiment.run_experiment(Experiment(config, seeds=2), tmp_path, options)

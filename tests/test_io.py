@@ -46,7 +46,17 @@ def test_toml_config_files_read_like_json_ones(tmp_path):
         learning_rate=3e-4,
         anneal_lr=False,
         num_envs=8,
+        divergence_guard=True,  # a run folder's default (RUN_FOLDER_DEFAULTS)
     )
+
+
+def test_run_folder_configs_keep_the_divergence_guard_unless_they_turn_it_off(tmp_path):
+    assert not ppojax.PPOConfig().divergence_guard
+    assert folder.config_from_dict({}).divergence_guard
+    assert not folder.config_from_dict({"divergence_guard": False}).divergence_guard
+    (tmp_path / "off.toml").write_text("divergence_guard = false\n")
+    assert not folder.config_from_file(tmp_path / "off.toml").divergence_guard
+    assert folder.config_from_file(tmp_path / "off.toml", divergence_guard=True).divergence_guard
 
 
 def test_errors_from_a_config_file_name_the_file(tmp_path):

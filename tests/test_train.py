@@ -46,18 +46,32 @@ def test_a_diverging_run_skips_its_steps_and_leaves_the_runs_beside_it_alone(tin
     and its parameters stay finite, while the run vmapped beside it is bit for bit the same as
     beside a healthy twin (one compiled program for both sweeps)."""
     keys = jax.random.split(jax.random.key(0), 2)
-    healthy = ppojax.sweep(tiny_config, keys, learning_rate=[2.5e-4, 2.5e-4])
-    mixed = ppojax.sweep(tiny_config, keys, learning_rate=[2.5e-4, 1e30])
+    guarded = tiny_config.replace(divergence_guard=True)
+    healthy = ppojax.sweep(guarded, keys, learning_rate=[2.5e-4, 2.5e-4])
+    mixed = ppojax.sweep(guarded, keys, learning_rate=[2.5e-4, 1e30])
     assert_trees_equal(
         jax.tree.map(lambda leaf: leaf[0], (healthy.state, healthy.metrics)),
         jax.tree.map(lambda leaf: leaf[0], (mixed.state, mixed.metrics)),
     )
     assert not np.asarray(healthy.metrics["nonfinite_steps"]).any()
     skipped = np.asarray(mixed.metrics["nonfinite_steps"][1])  # [seeds, updates]
-    steps = tiny_config.update_epochs * tiny_config.num_minibatches
+    steps = guarded.update_epochs * guarded.num_minibatches
     assert (skipped[:, 1:] == steps).all() and (skipped[:, 0] > 0).all()
     for leaf in jax.tree.leaves((mixed.state.params, mixed.state.opt_state)):
         assert np.isfinite(np.asarray(leaf)).all()
+
+
+def test_without_the_guard_a_diverging_run_ends_in_nan_and_counts_its_steps(tiny_config):
+    """PPOConfig's default: the classic program applies the 1e30 step, so the run's parameters
+    become NaN (and ``nonfinite_steps`` says from when), while the healthy run is untouched."""
+    assert not tiny_config.divergence_guard
+    keys = jax.random.split(jax.random.key(0), 1)
+    out = ppojax.sweep(tiny_config, keys, learning_rate=[2.5e-4, 1e30])
+    params = jax.tree.leaves(out.state.params)
+    assert all(np.isfinite(np.asarray(leaf[0])).all() for leaf in params)
+    assert not all(np.isfinite(np.asarray(leaf[1])).all() for leaf in params)
+    counts = np.asarray(out.metrics["nonfinite_steps"])  # [points, seeds, updates]
+    assert not counts[0].any() and counts[1, :, -1].all()
 
 
 def test_vmap_over_seeds_equals_separate_runs(tiny_config, tiny_train):

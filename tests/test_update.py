@@ -176,7 +176,7 @@ def test_clip_penalty_adds_the_kl_term_to_the_clipped_surrogate(env_id):
     assert_close(plain["policy_loss"], clipped, ulps=64)
 
 
-def _guarded_epoch(loss_fn, optimizer, x, stop_kl=None):
+def _guarded_epoch(loss_fn, optimizer, x, stop_kl=None, guard=True):
     """One epoch of one-sample minibatches over x [N, 3] from w = 0."""
     params = {"w": jnp.zeros(3)}
     carry = OptimizerCarry(params, optimizer.init(params))
@@ -189,6 +189,7 @@ def _guarded_epoch(loss_fn, optimizer, x, stop_kl=None):
         num_epochs=1,
         num_minibatches=x.shape[0],
         stop_kl=stop_kl,
+        divergence_guard=guard,
     )
 
 
@@ -243,6 +244,22 @@ def test_guard_skips_steps_whose_loss_gradients_or_parameters_are_not_finite(los
     assert_close(carry.params["w"], expected["w"], ulps=64)
     counts = [int(leaf) for leaf in jax.tree.leaves(carry.opt_state) if leaf.dtype == jnp.int32]
     assert all(count == 3 for count in counts)  # Adam's step count skips the bad step too
+
+
+def test_without_the_guard_a_nan_step_is_applied_and_counted():
+    """The classic program: the NaN gradient at the marker reaches the parameters (and every
+    later step's), and ``nonfinite_steps`` still counts the steps that were not finite."""
+    x = jnp.array([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0], [jnp.nan, 0.0, 0.0], [-2.0, 1.0, 0.0]])
+    carry, metrics = _guarded_epoch(_nan_gradient_loss, optax.adam(0.1), x, guard=False)
+    assert np.isnan(np.asarray(carry.params["w"])).all()
+    assert float(metrics["gradient_steps"]) == 4 and float(metrics["nonfinite_steps"]) >= 1
+    # on finite data the two programs take the same steps: same parameters to float32's
+    # rounding of three Adam steps of order 0.1 (ulps of 1, as above)
+    healthy = x.at[2].set(jnp.array([0.3, 0.3, 0.3]))
+    guarded, _ = _guarded_epoch(_nan_gradient_loss, optax.adam(0.1), healthy)
+    plain, plain_metrics = _guarded_epoch(_nan_gradient_loss, optax.adam(0.1), healthy, guard=False)
+    assert float(plain_metrics["nonfinite_steps"]) == 0
+    assert_close(plain.params["w"], guarded.params["w"], ulps=64)
 
 
 def test_an_update_whose_every_step_is_skipped_keeps_the_parameters_and_logs_nan():

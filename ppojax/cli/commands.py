@@ -383,10 +383,14 @@ def divergence_status(result: RunResult, command: str) -> int:
     else:
         who = f"runs {', '.join(str(run) for run in diverged)}"
         whose, owner = f"the last update of run {diverged[0]}", "Their parameters are their"
+    if result.experiment.config.divergence_guard:
+        kept = f"{whose} skipped {last} of {steps} steps. {owner} last finite ones"
+    else:
+        kept = f"{whose} had {last} of {steps} such steps, applied (divergence_guard is off)"
     sys.stderr.write(
         f"ppojax {command}: error: {who} diverged and never recovered: non-finite updates "
-        f"from update {first} on, and {whose} skipped {last} of {steps} steps. {owner} last "
-        "finite ones; lower the learning rate or check the env's rewards and observations.\n"
+        f"from update {first} on, and {kept}; lower the learning rate or check the env's "
+        "rewards and observations.\n"
     )
     return DIVERGED_EXIT_CODE
 

@@ -20,6 +20,8 @@ from ppojax.ppo.config import PPOConfig
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per PPOConfig field except env_id (the positional argument)."""
+    from ppojax.runs.folder import RUN_FOLDER_DEFAULTS
+
     group = parser.add_argument_group(
         "PPOConfig fields (default: the env's preset, then PPOConfig's default shown here)"
     )
@@ -27,7 +29,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(PPOConfig):
         if field.name == "env_id":
             continue
-        default = field.default
+        default = RUN_FOLDER_DEFAULTS.get(field.name, field.default)
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         group.add_argument(
             f"--{field.name.replace('_', '-')}",

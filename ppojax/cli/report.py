@@ -130,15 +130,24 @@ def print_return_rows(rows: list[dict]) -> None:
 
 
 def print_divergence(result: RunResult) -> None:
-    """One line per run whose steps the divergence guard skipped; nothing when none did."""
+    """One line per run with steps that were not finite (skipped by the divergence guard, or
+    applied without it); nothing when none had any."""
     from ppojax.ppo.summary import point_label
 
+    guarded = result.experiment.config.divergence_guard
     for row in result.divergence:
         if row["nonfinite_steps"] == 0:
             continue
         run = result.runs[row["run"]]
         point = {name: value for name, value in run.items() if name not in ("run", "seed")}
         which = ", ".join(filter(None, [f"seed {run['seed']}", point_label(point)]))
+        if not guarded:
+            print(
+                f"not finite, run {row['run']} ({which}): {row['nonfinite_steps']} minibatch "
+                f"step(s) with a NaN or inf loss or gradients, first at update "
+                f"{row['first_update']}, applied (divergence_guard is off)"
+            )
+            continue
         state = "recovered" if row["recovered"] else "NOT recovered: its last update skipped steps"
         print(
             f"divergence guard, run {row['run']} ({which}): {row['nonfinite_steps']} minibatch "

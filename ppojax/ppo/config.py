@@ -43,20 +43,27 @@ class PPOConfig:
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
     hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
-    normalize_rewards, env_kwargs, reset_pool, eval_every, eval_episodes, eval_deterministic,
-    and the network's fields. Traced fields (sweepable with vmap): every float but
-    init_log_std (it sets the initial parameters, which the network's settings fix) and
-    action_noise_correlation (0.0 leaves the rollout's program as it was). The
-    optional ones (vf_clip_eps, target_kl, reward_clip, eval_every, reset_pool) switch their
-    feature off with ``None``, which changes the program.
+    normalize_rewards, divergence_guard, env_kwargs, reset_pool, eval_every, eval_episodes,
+    eval_deterministic, and the network's fields. Traced fields (sweepable with vmap): every
+    float but init_log_std (it sets the initial parameters, which the network's settings fix)
+    and action_noise_correlation (0.0 leaves the rollout's program as it was). The optional
+    ones (vf_clip_eps, target_kl, reward_clip, eval_every, reset_pool) switch their feature off
+    with ``None``, which changes the program.
 
     policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
     with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when
     adaptive_penalty, doubles after an update whose KL exceeds 1.5 * penalty_target and halves
     after one below penalty_target / 1.5.
     target_kl: stop an update's remaining minibatch steps once a minibatch's approximate KL
-    exceeds it. normalize_observations: running mean/variance over all envs, clipped to
-    +-obs_clip. normalize_rewards: divide by the running std of the discounted return (gamma);
+    exceeds it. divergence_guard: skip a minibatch step whose loss, gradients or parameter
+    update is not finite (parameters and optimizer state kept; ``nonfinite_steps``
+    counts such steps either way, and without the guard they are applied, so one bad step
+    poisons the run). Off by default, as in classic PPO and its peers, because its selects
+    slow the small programs of a seed sweep (compile and run time on the classic config:
+    benchmarks/results/compile_ablation.json); the command line (``ppojax train`` / ``sweep``)
+    turns it on for a run folder's runs unless their config sets it.
+    normalize_observations: running mean/variance over all envs, clipped to +-obs_clip.
+    normalize_rewards: divide by the running std of the discounted return (gamma);
     reward_clip clips the (scaled) reward to +-reward_clip.
 
     The network (all static): encoder "mlp" (observations flattened, a pytree's leaves
@@ -132,6 +139,7 @@ class PPOConfig:
     penalty_coef: float = 1.0
     penalty_target: float = 0.01
     target_kl: float | None = None
+    divergence_guard: bool = static(False)
     obs_clip: float = 10.0
     reward_clip: float | None = None
     eval_every: int | None = static(None)
@@ -204,6 +212,7 @@ INT_FIELDS = (
 )
 BOOL_FIELDS = (
     "anneal_lr",
+    "divergence_guard",
     "normalize_advantages",
     "adaptive_penalty",
     "normalize_observations",

@@ -30,8 +30,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "grad_norm",  # global gradient norm before clipping, mean over minibatches
     "env_steps",  # environment steps taken so far, over all envs
     "gradient_steps",  # minibatch steps taken in this update (fewer after a target_kl stop)
-    # minibatch steps the divergence guard skipped: their loss, gradients, new parameters or
-    # optimizer state held a NaN or inf (0 in a healthy run; all of them once it diverged)
+    # minibatch steps whose loss or gradients held a NaN or inf (or, with divergence_guard,
+    # their update): skipped by the guard, applied without it (0 in a healthy run)
     "nonfinite_steps",
     "kl",  # analytic KL(pi_old || pi_new) after the update, over the rollout (NaN under clip)
     "kl_coef",  # the penalty coefficient beta used in this update

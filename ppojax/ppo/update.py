@@ -189,20 +189,23 @@ def gradient_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     stop_kl: float | jax.Array | None,
+    guard: bool,
     carry: EpochCarry,
     minibatch: Any,
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
     """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
 
-    The step is skipped (parameters and optimizer state kept) when its loss, the global norm
-    of its gradients or the global norm of its parameter update is not finite (counted in
-    ``nonfinite_steps``: the divergence guard). Those three scalars cover every NaN or inf in
-    the gradients, the new parameters (old ones are finite plus a finite update) and the new
-    optimizer state (it only adds the finite gradients and their squares). With ``stop_kl``,
-    the step is also skipped when its approximate KL before the step exceeds ``stop_kl`` or
-    an earlier step stopped. A skipped step applies a zero update and keeps the old optimizer
-    state; the selects act on what the optimizer's kernels produce, so XLA fuses them there
-    instead of adding a kernel per parameter. A step that is taken is applied as computed.
+    With ``guard`` (the divergence guard), the step is skipped (parameters and optimizer state
+    kept) when its loss, the global norm of its gradients or the global norm of its parameter
+    update is not finite. Those three scalars cover every NaN or inf in the gradients, the new
+    parameters (old ones are finite plus a finite update) and the new optimizer state (it
+    only adds the finite gradients and their squares). Without it, such a step is applied as
+    computed. Either way ``nonfinite_steps`` counts the steps whose loss or gradient norm was
+    not finite. With ``stop_kl``, the step is also skipped when its approximate KL before the
+    step exceeds ``stop_kl`` or an earlier step stopped. A skipped step applies a zero update
+    and keeps the old optimizer state; the selects act on what the optimizer's kernels
+    produce, so XLA fuses them there instead of adding a kernel per parameter. A step that is
+    taken is applied as computed.
     """
     old = carry.optimizer
     with jax.named_scope("loss_and_grad"):
@@ -210,15 +213,20 @@ def gradient_step(
     with jax.named_scope("optimizer"):
         updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
         grad_norm = optax.tree.norm(flat(grads))
-        update_norm = optax.tree.norm(flat(updates))
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
-    take, stopped = finite, carry.stopped
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    take, stopped = jnp.bool_(True), carry.stopped
+    if guard:
+        finite = finite & jnp.isfinite(optax.tree.norm(flat(updates)))
+        take = finite
     if stop_kl is not None:
-        kl_stop = finite & ~(metrics["approx_kl"] <= stop_kl)
-        take = finite & ~carry.stopped & ~kl_stop
+        kl_stop = take & ~(metrics["approx_kl"] <= stop_kl)
+        take = take & ~carry.stopped & ~kl_stop
         stopped = carry.stopped | kl_stop
-    updates = jax.tree.map(lambda update: jnp.where(take, update, 0.0), updates)
-    opt_state = jax.tree.map(lambda new, kept: jnp.where(take, new, kept), opt_state, old.opt_state)
+    if guard or stop_kl is not None:
+        updates = jax.tree.map(lambda update: jnp.where(take, update, 0.0), updates)
+        opt_state = jax.tree.map(
+            lambda new, kept: jnp.where(take, new, kept), opt_state, old.opt_state
+        )
     new = OptimizerCarry(optax.apply_updates(old.params, updates), opt_state)
     counts = {
         "grad_norm": grad_norm,
@@ -276,17 +284,20 @@ def run_epochs(
     num_epochs: int,
     num_minibatches: int,
     stop_kl: float | jax.Array | None = None,
+    divergence_guard: bool = True,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves, or a SequenceBatch
     of env sequences) in freshly shuffled minibatches, one gradient step each, all skipped
-    from the first minibatch whose approx_kl exceeds ``stop_kl``, and any whose result is not
-    finite. Metrics are means over the steps taken (NaN when none was); ``gradient_steps``
-    counts them, ``nonfinite_steps`` the steps the divergence guard skipped.
+    from the first minibatch whose approx_kl exceeds ``stop_kl``, and, with
+    ``divergence_guard``, any whose result is not finite (``gradient_step``). Metrics are means
+    over the steps taken (NaN when none was); ``gradient_steps`` counts them,
+    ``nonfinite_steps`` the steps whose loss or gradients were not finite (skipped by the
+    guard, applied without it).
 
     The metrics are summed in the loop's carry rather than stacked per step and reduced
     after: a few scalar adds per step instead of one stacking kernel per metric.
     """
-    step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl)
+    step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl, divergence_guard)
 
     def summed_step(carry: tuple[EpochCarry, dict[str, jax.Array]], minibatch: Any):
         state, totals = carry
@@ -393,4 +404,5 @@ def ppo_update(
         num_epochs=config.update_epochs,
         num_minibatches=config.num_minibatches,
         stop_kl=config.target_kl,
+        divergence_guard=config.divergence_guard,
     )

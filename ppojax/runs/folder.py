@@ -118,11 +118,18 @@ def _optional_fields() -> set[str]:
     return {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
 
 
+# What a run folder's runs default to where PPOConfig's own default differs: long unattended
+# runs keep the divergence guard (one NaN step would otherwise end a run hours long), while
+# PPOConfig leaves it off for the Python path's small, fast seed sweeps.
+RUN_FOLDER_DEFAULTS: dict[str, Any] = {"divergence_guard": True}
+
+
 def config_from_dict(settings: dict[str, Any]) -> PPOConfig:
-    """A validated PPOConfig from ``settings`` (a config.json or .toml): missing fields take the
-    env's preset, unknown ones raise ``UnknownFieldError`` naming close matches, lists become
-    tuples, and "none" / "off" switch an optional feature off (TOML has no null)."""
-    settings = dict(settings)
+    """A validated PPOConfig from ``settings`` (a config.json or .toml): missing fields take
+    ``RUN_FOLDER_DEFAULTS``, then the env's preset, unknown ones raise ``UnknownFieldError``
+    naming close matches, lists become tuples, and "none" / "off" switch an optional feature
+    off (TOML has no null)."""
+    settings = {**RUN_FOLDER_DEFAULTS, **settings}
     env_id = settings.pop("env_id", "CartPole-v1")
     defaults = {field.name: field.default for field in dataclasses.fields(PPOConfig)}
     optional = _optional_fields()

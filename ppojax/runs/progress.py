@@ -258,11 +258,19 @@ class ChunkHandler:
             return
         self.warned_divergence = True
         offset, run = np.argwhere(skipped.T > 0)[0]
-        message = (
-            f"ppojax: at update {first + offset + 1} the divergence guard skipped "
-            f"{int(skipped[run, offset])} minibatch step(s) of run {run} (a NaN or inf in the "
-            "loss, gradients or parameters); training goes on from the last finite parameters"
-        )
+        update, steps = first + offset + 1, int(skipped[run, offset])
+        if self.config.divergence_guard:
+            message = (
+                f"ppojax: at update {update} the divergence guard skipped {steps} minibatch "
+                f"step(s) of run {run} (a NaN or inf in the loss, gradients or parameters); "
+                "training goes on from the last finite parameters"
+            )
+        else:
+            message = (
+                f"ppojax: at update {update} {steps} minibatch step(s) of run {run} had a NaN "
+                "or inf loss or gradients and were applied (divergence_guard is off): its "
+                "parameters are no longer finite; set divergence_guard=True to skip such steps"
+            )
         if self.bar is not None:
             self.bar.write(message)
         else:
