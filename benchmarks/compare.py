@@ -2,14 +2,15 @@
 
     python benchmarks/compare.py [--configs cartpole cartpole-2048 pendulum breakout]
                                  [--seeds 1 8] [--pairs 5] [--cpu-devices 1] [--cpu-threads N]
-                                 [--tag cpu-2core] [--jax-defaults]
+                                 [--tag cpu-2core] [--jax-defaults] [--compile-repeats N]
     python benchmarks/compare.py --readme README.md    (the README's table from the results)
 
 (the default configs; ``cartpole-65536`` and ``breakout-1024`` are GPU sizes, run by
 ``benchmarks/gpu.sh``)
 
 For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled
-``--pairs`` times, alternating which goes first, each time from a fresh lowering with JAX's
+``--compile-repeats`` times (default ``--pairs``), alternating which goes first, each time from
+a fresh lowering with JAX's
 caches cleared and after one throwaway compile that sets up the compiler (compile time is the
 median, measured apart from run time), each the way the library compiles its own runs: ppojax with
 ``ppojax.compiler_options()`` (on CPU: LLVM level 2 and copy insertion's region analysis),
@@ -235,7 +236,11 @@ def program_size(compiled: Any) -> dict[str, int]:
 
 
 def compare_pair(
-    config: ppojax.PPOConfig, seeds: int, pairs: int, jax_defaults: bool = False
+    config: ppojax.PPOConfig,
+    seeds: int,
+    pairs: int,
+    jax_defaults: bool = False,
+    compile_repeats: int | None = None,
 ) -> dict:
     """Compile both libraries, then ``pairs`` alternating timed runs of each. With
     ``jax_defaults`` ppojax compiles with XLA's default options, as rejax does: the program a
@@ -252,6 +257,7 @@ def compare_pair(
             "act": act,
             "training_returns": training_returns,
             "compile_times": [],
+            "lower_times": [],
             "run_seconds": [],
             "out": None,
         }
@@ -259,12 +265,14 @@ def compare_pair(
     # throwaway compile takes that, then each library compiles ``pairs`` times, alternating,
     # each from a fresh lowering with JAX's caches cleared (a Lowered compiles only once).
     jax.jit(lambda x: jnp.sin(x) * 2.0).lower(1.0).compile()
-    for repeat in range(pairs):
+    for repeat in range(compile_repeats or pairs):
         order = list(RUNNERS) if repeat % 2 == 0 else list(reversed(RUNNERS))
         for name in order:
             library = libraries[name]
             jax.clear_caches()
+            start = time.perf_counter()
             library["lowered"] = library["lower"](keys_for(seeds, 0))
+            library["lower_times"].append(time.perf_counter() - start)
             start = time.perf_counter()
             library["compiled"] = library["lowered"].compile(compiler_options=options[name])
             library["compile_times"].append(time.perf_counter() - start)
@@ -307,6 +315,8 @@ def compare_pair(
             "compile_options": options[name],
             "compile_seconds": round(library["compile_seconds"], 2),
             "compile_seconds_each": [round(value, 2) for value in library["compile_times"]],
+            # tracing and lowering to StableHLO, before XLA's compile: the rest of the wait
+            "lower_seconds": round(statistics.median(library["lower_times"]), 2),
             "compile_seconds_other_options": round(library["compile_seconds_other_options"], 2),
             "program": library["program"],
             "run_seconds": [round(value, 3) for value in library["run_seconds"]],
@@ -534,6 +544,12 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=list(CPU_CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--seeds", type=int, nargs="+", help="seed counts (default per config)")
     parser.add_argument("--pairs", type=int, help="timed runs of each library (default per config)")
+    parser.add_argument(
+        "--compile-repeats",
+        type=int,
+        help="timed compiles of each library (default --pairs): compile time varies more than "
+        "run time, and its median wants more samples",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--tag", default="cpu-2core", help="file name suffix")
     parser.add_argument(
@@ -576,7 +592,7 @@ def main() -> None:
         block: dict[str, Any] = {"config": describe(config), "runs": []}
         for seeds in args.seeds or DEFAULT_SEEDS.get(name, (1,)):
             pairs = args.pairs or DEFAULT_PAIRS.get(name, 3)
-            result = compare_pair(config, seeds, pairs, args.jax_defaults)
+            result = compare_pair(config, seeds, pairs, args.jax_defaults, args.compile_repeats)
             block["runs"].append(result)
             print(
                 f"{name}, {seeds} seed(s): ppojax {result['ppojax']['env_steps_per_second']:,} "
