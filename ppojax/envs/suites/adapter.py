@@ -55,8 +55,9 @@ class NoParams:
 class Adapter(environment.Environment):
     """Base of the adapters: the suite's env ``env`` under the id ``<suite>/<env_name>``;
     ``is_truncated`` reads the flag ``step_env`` stored. Each adapter sets ``suite`` (its id
-    prefix) and gives ``reset_suite``, ``step_suite`` and ``time_limit(params)``, the most steps
-    of an episode (``ppojax eval`` runs episodes that long)."""
+    prefix) and gives ``reset_suite`` (or ``observation_attribute``), ``step_suite`` and
+    ``time_limit(params)``, the most steps of an episode (``ppojax eval`` runs episodes that
+    long)."""
 
     suite: ClassVar[str]
 
@@ -84,9 +85,16 @@ class Adapter(environment.Environment):
         next_state = AdapterState(step.inner, step.action_mask, truncated, state.time + 1)
         return step.obs, next_state, jnp.asarray(step.reward, jnp.float32), step.terminated, {}
 
+    # For suites whose ``reset(key)`` returns one state that holds the observation (brax's
+    # State, NAVIX's Timestep): the attribute it is in. None: the adapter gives reset_suite.
+    observation_attribute: ClassVar[str | None] = None
+
     def reset_suite(self, key: jax.Array, params: Any) -> tuple[Any, Any, Any]:
         """The suite's reset: (first observation, its state, the action mask or None)."""
-        raise NotImplementedError
+        if self.observation_attribute is None:
+            raise NotImplementedError
+        inner = self.env.reset(key)
+        return getattr(inner, self.observation_attribute), inner, None
 
     def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: Any

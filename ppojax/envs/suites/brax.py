@@ -41,10 +41,7 @@ class Brax(Adapter):
     """A brax env with a time limit."""
 
     suite = "brax"  # the ids' prefix; suites with brax's interface (Playground) subclass this
-
-    def reset_suite(self, key: jax.Array, params: BraxParams) -> tuple[jax.Array, Any, None]:
-        inner = self.env.reset(key)
-        return inner.obs, inner, None
+    observation_attribute = "obs"  # reset(key) gives a brax State
 
     def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: BraxParams

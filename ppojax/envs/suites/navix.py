@@ -37,10 +37,7 @@ class Navix(Adapter):
     """A NAVIX env, stepped without its own reset."""
 
     suite = "navix"
-
-    def reset_suite(self, key: jax.Array, params: NoParams) -> tuple[jax.Array, Any, None]:
-        timestep = self.env.reset(key)
-        return timestep.observation, timestep, None
+    observation_attribute = "observation"  # reset(key) gives a Timestep
 
     def step_suite(
         self, key: jax.Array, state: AdapterState, action: jax.Array, params: NoParams
