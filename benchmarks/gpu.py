@@ -67,13 +67,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from gpu_parts import ENV_ID, EVAL_EPISODES, classic_config
 
 import ppojax
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
-ENV_ID = "CartPole-v1"
-EVAL_EPISODES = 16
 FINAL_FRACTION = 0.05
 
 # name: (agents, envs per agent, updates, timed repeats at most, final return measured, and
@@ -95,25 +94,6 @@ SMOKE_WORKS: dict[str, tuple[int, int, int, int, bool, float]] = {
 # env alone: (envs, steps of the scan)
 CEILINGS = {"env alone, 8192 envs": (8192, 20_000), "env alone, 65536 envs": (65536, 20_000)}
 SMOKE_CEILINGS = {"env alone, 8192 envs": (64, 200), "env alone, 65536 envs": (256, 200)}
-
-
-def classic_config(num_envs: int, updates: int, final_return: bool) -> ppojax.PPOConfig:
-    """PureJaxRL's classic CartPole config at ``num_envs`` envs and ``updates`` updates; with
-    one sampled-action evaluation of EVAL_EPISODES episodes after the last update."""
-    evaluation = dict(eval_every=updates, eval_episodes=EVAL_EPISODES, eval_deterministic=False)
-    return ppojax.PPOConfig(
-        env_id=ENV_ID,
-        num_envs=num_envs,
-        num_steps=128,
-        total_timesteps=num_envs * 128 * updates,
-        update_epochs=4,
-        num_minibatches=4,
-        learning_rate=2.5e-4,
-        anneal_lr=True,
-        hidden_sizes=(64, 64),
-        activation="tanh",
-        **(evaluation if final_return else {}),
-    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gpu import classic_config
 
 import ppojax
 from ppojax.ppo.rollout import collect_rollout, rollout_start
@@ -52,12 +51,34 @@ from ppojax.ppo.update import (
 )
 from ppojax.runtime import kernels, pallas_ppo
 
+ENV_ID = "CartPole-v1"
+EVAL_EPISODES = 16
+
 # instructions that launch no kernel of their own
 NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
 
 
+def classic_config(num_envs: int, updates: int, final_return: bool) -> ppojax.PPOConfig:
+    """PureJaxRL's classic CartPole config at ``num_envs`` envs and ``updates`` updates; with
+    one sampled-action evaluation of EVAL_EPISODES episodes after the last update."""
+    evaluation = dict(eval_every=updates, eval_episodes=EVAL_EPISODES, eval_deterministic=False)
+    return ppojax.PPOConfig(
+        env_id=ENV_ID,
+        num_envs=num_envs,
+        num_steps=128,
+        total_timesteps=num_envs * 128 * updates,
+        update_epochs=4,
+        num_minibatches=4,
+        learning_rate=2.5e-4,
+        anneal_lr=True,
+        hidden_sizes=(64, 64),
+        activation="tanh",
+        **(evaluation if final_return else {}),
+    )
+
+
 def classic(envs: int, updates: int = 1) -> ppojax.PPOConfig:
-    """PureJaxRL's classic CartPole config (benchmarks/gpu.py's) at ``envs`` envs."""
+    """PureJaxRL's classic CartPole config at ``envs`` envs, without the evaluation."""
     return classic_config(envs, updates, final_return=False)
 
 
