@@ -9,10 +9,10 @@
 ``benchmarks/gpu.sh``)
 
 For every configuration and seed count, both libraries' ``jit(vmap(train))`` are compiled
-``--compile-repeats`` times (default ``--pairs``), alternating which goes first, each time from
-a fresh lowering with JAX's
-caches cleared and after one throwaway compile that sets up the compiler (compile time is the
-median, measured apart from run time), each the way the library compiles its own runs: ppojax with
+``--compile-repeats`` times (default ``--pairs``), alternating which goes first, each time
+from a fresh lowering with JAX's caches cleared and after one throwaway compile that sets up
+the compiler (compile time is the median, measured apart from run time; the trace and
+lowering before it are timed too), each the way the library compiles its own runs: ppojax with
 ``ppojax.compiler_options()`` (on CPU: LLVM level 2 and copy insertion's region analysis),
 rejax with XLA's defaults; ``--jax-defaults`` compiles ppojax with XLA's defaults too, the
 program a user gets from ``jax.jit(jax.vmap(ppojax.train))`` in Python. Each is then compiled
@@ -262,8 +262,9 @@ def compare_pair(
             "out": None,
         }
     # The process's first compile also sets up the compiler (~0.5 s on a 2-core CPU): a
-    # throwaway compile takes that, then each library compiles ``pairs`` times, alternating,
-    # each from a fresh lowering with JAX's caches cleared (a Lowered compiles only once).
+    # throwaway compile takes that, then each library compiles ``compile_repeats`` times
+    # (default ``pairs``), alternating, each from a fresh lowering with JAX's caches cleared
+    # (a Lowered compiles only once).
     jax.jit(lambda x: jnp.sin(x) * 2.0).lower(1.0).compile()
     for repeat in range(compile_repeats or pairs):
         order = list(RUNNERS) if repeat % 2 == 0 else list(reversed(RUNNERS))

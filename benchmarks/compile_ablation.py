@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import statistics
 import sys
@@ -85,8 +86,12 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 CONFIG_CHANGES: dict[str, dict[str, Any]] = {"with divergence guard": {"divergence_guard": True}}
 
 
+def variant_config(config: ppojax.PPOConfig, variant: str) -> ppojax.PPOConfig:
+    return config.replace(**CONFIG_CHANGES.get(variant, {}))
+
+
 def ppojax_lowering(config: ppojax.PPOConfig, seeds: int, variant: str) -> Any:
-    config = config.replace(**CONFIG_CHANGES.get(variant, {}))
+    config = variant_config(config, variant)
     with VARIANTS[variant]():
         # a fresh function: jit's cache would otherwise hand back another variant's trace
         train_seeds = jax.jit(lambda c, k: jax.vmap(ppojax.train, in_axes=(None, 0))(c, k))
@@ -135,13 +140,12 @@ def run_seconds(seeds: int, repeats: int) -> dict[str, Any]:
     """Run time of the whole classic run over ``seeds`` seeds for the variants whose cost is
     run time too (``RUN_VARIANTS``) and rejax's, alternating, ``repeats`` each."""
     config = CONFIGS["cartpole"]
-    rejax_compiled = jax.jit(jax.vmap(rejax_algo(config).train)).lower(keys_for(seeds, 0))
     runs: dict[str, Callable[[jax.Array], Any]] = {}
     for name in RUN_VARIANTS:
         compiled = ppojax_lowering(config, seeds, name).compile()
-        variant_config = config.replace(**CONFIG_CHANGES.get(name, {}))
-        runs[name] = lambda keys, compiled=compiled, c=variant_config: compiled(c, keys)
-    runs["rejax 0.1.3"] = rejax_compiled.compile()
+        runs[name] = functools.partial(compiled, variant_config(config, name))
+    rejax_lowered = jax.jit(jax.vmap(rejax_algo(config).train)).lower(keys_for(seeds, 0))
+    runs["rejax 0.1.3"] = rejax_lowered.compile()
     times: dict[str, list[float]] = {name: [] for name in runs}
     for repeat in range(repeats):
         order = list(runs) if repeat % 2 == 0 else list(reversed(runs))

@@ -23,7 +23,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     from ppojax.runs.folder import RUN_FOLDER_DEFAULTS
 
     group = parser.add_argument_group(
-        "PPOConfig fields (default: the env's preset, then PPOConfig's default shown here)"
+        "PPOConfig fields (default: the env's preset, then the default shown here: "
+        "PPOConfig's, or a run folder's where it differs)"
     )
     hints = typing.get_type_hints(PPOConfig)
     for field in dataclasses.fields(PPOConfig):

@@ -180,6 +180,16 @@ def loss_and_grads(
         compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         name="ppo_loss_and_grads",
     )(*row_arrays, numbers, *params)
+    return _summed(settings, coefficients, network, outputs)
+
+
+def _summed(
+    settings: LossSettings, coefficients: Coefficients, network: Network, outputs: list
+) -> tuple[jax.Array, dict[str, jax.Array], Network]:
+    """The programs' outputs summed into the loss, its METRICS and the gradients, cut back
+    from the padded shapes to ``network``'s."""
+    actor, critic, _ = network
+    depth = len(actor) - 1
     sums = [out.sum(axis=0) for out in outputs]
     metric_sums = sums[-1][0]
     metrics = {name: metric_sums[i] for i, name in enumerate(METRICS)}
