@@ -1,9 +1,9 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
+from ppojax.engine.gae import compute_gae
 from ppojax.envs import list_envs, make_env, register_env
 from ppojax.ppo.config import PRESETS, ConfigError, PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
-from ppojax.ppo.gae import compute_gae
 from ppojax.ppo.pbt import PBTOutput, pbt
 from ppojax.ppo.sweeps import SweepOutput, best_point, sweep, sweep_table
 from ppojax.ppo.train import init_state, run_updates, train

@@ -113,5 +113,19 @@ def test_the_checks_see_an_upward_import_and_a_cycle():
     with pytest.raises(AssertionError, match="twice"):
         tiers_of("## Tier 0\n- `ppojax/ppo/gae.py`, `ppojax/ppo/gae.py`\n")
     _, graph = package_imports()
-    assert "ppojax.ppo.gae" in graph["ppojax.ppo.train"]
+    assert "ppojax.engine.gae" in graph["ppojax.ppo.train"]
     assert "ppojax.runs.folder" in graph["ppojax.cli.report"]  # imported inside a function only
+
+
+def test_rlhf_builds_on_the_shared_engine_not_on_env_ppo():
+    """The LM half depends on what both halves share (ppojax.engine), never on env PPO."""
+    _, graph = package_imports()
+    into_ppo = sorted(
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        if source.startswith("ppojax.rlhf")
+        for target in targets
+        if target == "ppojax.ppo" or target.startswith("ppojax.ppo.")
+    )
+    assert into_ppo == [], "move what both halves need into ppojax/engine/"
+    assert any(target.startswith("ppojax.engine") for target in graph["ppojax.rlhf.trainer"])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from tolerance import assert_close
 
-from ppojax.ppo import losses
+from ppojax.engine import losses
 
 
 def test_clipped_surrogate_hand_values():

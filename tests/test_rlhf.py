@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppojax.ppo import losses
+from ppojax.engine import losses
 from ppojax.ppo.config import ConfigError
 from ppojax.rlhf import (
     RLHFConfig,

@@ -94,7 +94,7 @@ class PatchConv(nn.Module):
     k * k * C], times the kernel as [k * k * C, F].
 
     Why: with XLA's CPU convolution (its backward pass above all) the MinAtar CNN preset trained
-    8.4x slower (benchmarks/README.md at 54d94c6, "Encoders"); tests/test_networks.py checks
+    8.4x slower on a 2-core CPU; tests/test_networks.py checks
     outputs and gradients against ``nn.Conv``."""
 
     features: int

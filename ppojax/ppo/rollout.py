@@ -315,7 +315,7 @@ def batched_values_and_log_probs(
 
     On CPU a small rollout is bound by kernel launches, not arithmetic: the critic's layers
     and the log-prob inside every step of the scan cost more than the same work done once
-    over the whole rollout (benchmarks/README.md at 54d94c6, "Kernel launches").
+    over the whole rollout.
     """
     shape = transitions.reward.shape
 

@@ -9,6 +9,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from ppojax.engine.epochs import OptimizerCarry
+from ppojax.engine.gae import compute_gae
+from ppojax.engine.losses import explained_variance
 from ppojax.envs import make_env
 from ppojax.envs.normalize import RewardNormalizer, observation_stats
 from ppojax.networks import (
@@ -20,8 +23,7 @@ from ppojax.networks import (
 )
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import eval_key, eval_metrics, run_episodes, skipped_metrics
-from ppojax.ppo.gae import compute_gae
-from ppojax.ppo.losses import explained_variance
+from ppojax.ppo.loss import policy_kl, uses_analytic_kl
 from ppojax.ppo.rollout import (
     Agent,
     act,
@@ -40,13 +42,10 @@ from ppojax.ppo.types import (
     as_key,
 )
 from ppojax.ppo.update import (
-    OptimizerCarry,
     adaptive_kl_update,
     learning_rate_at,
     make_optimizer,
-    policy_kl,
     ppo_update,
-    uses_analytic_kl,
 )
 from ppojax.runtime.sharding import check_divisible, constrain_env_axis
 
@@ -136,8 +135,7 @@ def update_step(
     """One rollout, GAE, and ``update_epochs`` epochs of minibatch updates."""
     key, rollout_key, update_key = jax.random.split(state.key, 3)
     start = rollout_start(state, rollout_key)
-    # The named scopes label the compiled ops by phase for profiles (benchmarks/phases.py at
-    # 54d94c6).
+    # The named scopes label the compiled ops by phase, for profiles and per-phase counts.
     with jax.named_scope("rollout"):
         carry, transitions = collect_rollout(agent, config, state.params, start)
     with jax.named_scope("gae"):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ppojax.ppo import losses
-from ppojax.ppo.gae import compute_gae
+from ppojax.engine import losses
+from ppojax.engine.gae import compute_gae
 
 
 def kl_estimate(log_probs: jax.Array, ref_log_probs: jax.Array, estimator: str) -> jax.Array:
@@ -91,7 +91,7 @@ def sequence_advantages(
 
 
 def whiten(advantages: jax.Array, mask: jax.Array) -> jax.Array:
-    """Advantages normalized over the real tokens (``ppojax.ppo.losses.normalize``), 0 elsewhere."""
+    """Advantages normalized over the real tokens (``engine.losses.normalize``), 0 elsewhere."""
     return jnp.where(mask, losses.normalize(advantages, mask), 0.0)
 
 

@@ -40,9 +40,9 @@ class RLHFConfig:
 
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
     ppo_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
-    whiten_advantages, group_std, critic_warmup_steps), the reward weights and the LoRA
-    layout (lora_rank, lora_targets, lora_full). Traced: temperature, learning rate and every
-    coefficient.
+    whiten_advantages, group_std, critic_warmup_steps, divergence_guard), the reward weights
+    and the LoRA layout (lora_rank, lora_targets, lora_full). Traced: temperature, learning
+    rate and every coefficient.
     """
 
     pad_id: int = static(0)  # the token after EOS and on the left of short prompts
@@ -63,6 +63,9 @@ class RLHFConfig:
     lora_rank: int = static(0)  # 0: full fine-tuning; > 0: frozen base + adapters
     lora_targets: tuple[str, ...] = static(())  # param path parts whose kernels get adapters
     lora_full: tuple[str, ...] = static(())  # param path parts trained in full (a value head)
+    # Skip a step whose loss, gradients or update is not finite; on by default, where env
+    # PPO's PPOConfig has it off: one bad batch would otherwise end an hours-long LM run.
+    divergence_guard: bool = static(True)
 
     temperature: float = 1.0
     learning_rate: float = 1e-4
@@ -151,7 +154,7 @@ def validate(config: RLHFConfig) -> None:
     check_choice("RLHFConfig", "loss_aggregation", config.loss_aggregation, LOSS_AGGREGATIONS)
     _check_ints(config)
     _check_weights(config)
-    for name in ("adaptive_kl", "whiten_advantages", "group_std"):
+    for name in ("adaptive_kl", "whiten_advantages", "group_std", "divergence_guard"):
         check_bool("RLHFConfig", name, getattr(config, name))
     positive = ("temperature", "learning_rate", "max_grad_norm", "clip_eps", "vf_clip_eps")
     for name in positive + ("target_kl", "kl_horizon", "lora_alpha"):

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.ppo import losses
+from ppojax.engine import losses
 from ppojax.rlhf.advantages import kl_estimate
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.sampling import PolicyApply, Sequences, response_stats, response_values

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ppojax.ppo import losses
+from ppojax.engine import losses
 from ppojax.rlhf.sampling import Sequences
 
 

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.ppo import losses
+from ppojax.engine import losses
 from ppojax.rlhf import advantages as adv
 from ppojax.rlhf.config import RLHFConfig
 from ppojax.rlhf.objective import RLHFBatch

@@ -8,7 +8,7 @@ One step: repeat each prompt ``group_size`` times, sample responses, recompute t
 under the policy and the frozen reference (the initial params; with LoRA the base), score
 them with the weighted reward functions, turn scores and KL into advantages (PPO: token GAE on
 the critic's values; GRPO: group-normalized; RLOO: leave-one-out), run ``ppo_epochs`` x
-``num_minibatches`` clipped updates through ``ppojax.ppo.update.run_epochs``, then the KL
+``num_minibatches`` clipped updates through ``ppojax.engine.epochs.run_epochs``, then the KL
 controller. Every array of the state and every traced config field can be vmapped.
 """
 
@@ -24,7 +24,7 @@ import optax
 from flax import struct
 
 from ppojax.checks import ConfigError
-from ppojax.ppo.update import OptimizerCarry, run_epochs
+from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.rlhf import lora
 from ppojax.rlhf.advantages import update_kl_coef
 from ppojax.rlhf.config import RLHFConfig
@@ -183,6 +183,8 @@ def train_step(
         update_key,
         num_epochs=config.ppo_epochs,
         num_minibatches=config.num_minibatches,
+        stop_kl=None,
+        divergence_guard=config.divergence_guard,
     )
     names = reward_names(reward_fns)
     metrics = {**rollout_metrics(config, rollout, state.kl_coef, names), **update_metrics}

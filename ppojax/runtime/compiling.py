@@ -5,8 +5,8 @@ On CPU most of a PPO program's work is its dots, which XLA hands to YNNPACK, a l
 ahead of time. What LLVM optimizes while the program compiles is mostly the rest: small fused
 elementwise kernels and loops over a few thousand floats, where level 3's extra passes buy no
 speed. At level 2 the classic CartPole program compiles 12% (1 seed) to 22% (8 seeds) faster
-and runs at the same speed (``benchmarks/xla_options.py`` at 54d94c6; level 0 compiles faster still
-but runs 3.6x slower). What it trains agrees with level 3 up to the last bits: LLVM may fuse a
+and runs at the same speed on a 2-core CPU (level 0 compiles faster still but runs 3.6x
+slower). What it trains agrees with level 3 up to the last bits: LLVM may fuse a
 multiply and an add differently. The vmapped classic CartPole, Pendulum and MinAtar CNN
 programs measured gave the same bits; a GRU policy's and a single-seed tiny program's differ
 in their last bits.
@@ -31,10 +31,10 @@ independent kernels of one program on that pool at once, and YNNPACK splits a re
 than 32,768 floats across it. The classic CartPole program's kernels take about a microsecond,
 less than handing work to another core costs, so with one thread it trains 1.18x, 1.20x and
 1.14x faster at 1, 4 and 8 seeds on a 2-core machine, and the Pendulum preset 1.15x; CartPole
-with 2,048 envs and Breakout-MinAtar with 64 run 1.4x and 1.6x slower so
-(``benchmarks/threads.py`` at 54d94c6). The client sizes the pool by the cores the process may use
-when it starts, so ``limit_cpu_threads`` narrows the process to ``n`` cores while the client starts,
-then gives every thread all its cores back: compiling still uses them all.
+with 2,048 envs and Breakout-MinAtar with 64 run 1.4x and 1.6x slower so. The client sizes
+the pool by the cores the process may use when it starts, so ``limit_cpu_threads`` narrows the
+process to ``n`` cores while the client starts, then gives every thread all its cores back:
+compiling still uses them all.
 ``auto_cpu_threads`` says when a config is that small; ``ppojax train`` and ``ppojax sweep``
 follow it unless given ``--cpu-threads``.
 
@@ -43,7 +43,7 @@ points) laid over them run on every core at once, each device's share as one pro
 the per-kernel hand-offs that make a shared pool slow for small programs: on a 2-core machine
 4 and 8 seeds of the classic CartPole config train 1.9x faster on 2 devices than on one with
 a one-thread pool, compiled once, and 2 seeds of the larger configs measured 1.15-1.55x
-faster than one device with its best pool (``benchmarks/threads.py`` at 54d94c6). ``Experiment``
+faster than one device with its best pool. ``Experiment``
 runs (``ppojax train``, ``ppojax sweep``) split their runs over the process's devices
 (``parallel.runs_sharding``); ``auto_cpu_devices`` gives the count ``--cpu-devices auto``
 uses.
@@ -186,8 +186,8 @@ def auto_cpu_devices(runs: int, cores: int | None = None) -> int | None:
 
 # Up to both sizes, one thread runs an MLP policy's program fastest on a 2-core machine
 # (widest = the widest hidden layer): runs x envs x widest, the rollout's width, and
-# runs x minibatch size x widest**2, a minibatch step's matmul work. benchmarks/threads.py at
-# 54d94c6 measured env steps/s with a one-thread pool against two: 1, 4 and 8 seeds of the classic
+# runs x minibatch size x widest**2, a minibatch step's matmul work. Env steps/s with a
+# one-thread pool against two, measured: 1, 4 and 8 seeds of the classic
 # CartPole config (4 envs, 64-64, minibatches of 128) 1.18x, 1.20x, 1.14x; 16 envs (1,024;
 # 2**21) 1.15x; 4 envs with 256-256 layers (1,024; 2**23) 1.18x. Past them: 16 seeds (4,096;
 # 2**23) 0.97x, 64 envs (4,096; 2**23) 0.80x, 8 envs with 256-256 layers (2,048; 2**24) 0.97x.

@@ -8,7 +8,7 @@ of rows through the actor and the critic, the loss and the backward pass without
 chip, and writes only the block's partial gradient sums and loss sums; a sum over the blocks
 outside gives the minibatch's. Loss and gradient come from the one pass.
 
-What it computes is ``ppo.update.ppo_loss``'s value and gradient for two MLP torsos, the
+What it computes is ``ppo.loss.ppo_loss``'s value and gradient for two MLP torsos, the
 clipped objective and either a Categorical over discrete actions without a mask or a diagonal
 Gaussian with a log-std parameter (tests/test_kernels.py checks both against
 ``jax.value_and_grad`` of it). ``jax.custom_vjp`` gives the loss the gradient the

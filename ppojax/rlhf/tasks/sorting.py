@@ -19,7 +19,7 @@ import optax
 from flax import struct
 
 from ppojax.checks import ConfigError, check_positive_int, static
-from ppojax.ppo import losses
+from ppojax.engine import losses
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
 from ppojax.rlhf.sampling import SamplingSettings, Sequences, sample_responses
