@@ -19,8 +19,8 @@ one minibatch step costs, and what each kernels candidate is worth.
   fused_actor_critic); and ``compute_dtype="bfloat16"`` against float32 the same way (its
   parameters differ by bfloat16 rounding carried through training).
 
-These use ppojax's internal modules (``ppojax.ppo.train``, ``ppojax.ppo.update``), which is
-what they measure. ``SMOKE`` sizes run in seconds on a CPU.
+These use ppojax's internal modules (``ppojax.ppo.train``, ``ppojax.ppo.update``,
+``ppojax.engine.epochs``), which is what they measure. ``SMOKE`` sizes run in seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -38,17 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import ppojax
+from ppojax.engine.epochs import EpochCarry, OptimizerCarry, gradient_step, shuffle_into_minibatches
 from ppojax.ppo.rollout import collect_rollout, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, update_step
-from ppojax.ppo.update import (
-    EpochCarry,
-    OptimizerCarry,
-    gradient_step,
-    make_optimizer,
-    ppo_loss_function,
-    ppo_update,
-    shuffle_into_minibatches,
-)
+from ppojax.ppo.update import make_optimizer, ppo_loss_function, ppo_update
 from ppojax.runtime import kernels, pallas_ppo
 
 ENV_ID = "CartPole-v1"
