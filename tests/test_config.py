@@ -179,3 +179,28 @@ def test_an_encoder_that_cannot_take_the_observations_names_the_field(settings, 
     assert error.value.field == field
     with pytest.raises(ConfigError, match=message):
         ppojax.train(config, jax.random.key(0))
+
+
+def test_both_configs_are_frozen_pytree_dataclasses_of_one_kind():
+    """PPOConfig and RLHFConfig: frozen, static fields in the structure, the rest leaves that
+    vmap sweeps; replace validates again and names an unknown field."""
+    import dataclasses
+
+    from ppojax.rlhf import RLHFConfig
+
+    for config in (ppojax.PPOConfig(), RLHFConfig()):
+        assert dataclasses.is_dataclass(config)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            config.learning_rate = 1.0
+        rate = config.learning_rate
+        stacked = jax.tree.map(lambda x: jnp.stack([x, x]), config)
+        stacked = stacked.replace(learning_rate=jnp.array([rate, 2 * rate]))
+        rates = jax.vmap(lambda c: c.learning_rate)(stacked)
+        np.testing.assert_allclose(rates, [rate, 2 * rate])
+        assert config.replace(learning_rate=0.5).learning_rate == 0.5
+        with pytest.raises(ConfigError, match="learning_rate"):
+            config.replace(learning_rate=-1.0)
+        with pytest.raises(ConfigError, match="lerning_rate"):
+            config.replace(lerning_rate=1.0)
+    static = RLHFConfig(response_len=12)
+    assert jax.tree.structure(static) != jax.tree.structure(RLHFConfig())

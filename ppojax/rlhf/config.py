@@ -1,9 +1,10 @@
 """RLHFConfig: the settings of the library's RLHF step, validated at construction.
 
 Only the algorithm's settings live here; a task (its vocabulary, its model sizes, its SFT and
-reward-model stages) has its own config. Fields that fix shapes or the program are static
-(``pytree_node=False``); scalar hyperparameters are pytree leaves, so ``jax.vmap`` can sweep
-them (for example ``kl_coef``) in one compiled call.
+reward-model stages) has its own config. A frozen dataclass registered as a pytree, as
+``PPOConfig`` is: fields that fix shapes or the program are static (``ppojax.checks.static``);
+scalar hyperparameters are pytree leaves, so ``jax.vmap`` can sweep them (for example
+``kl_coef``) in one compiled call.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from flax import struct
-
 from ppojax.checks import (
     ConfigError,
     check_bool,
@@ -23,6 +22,7 @@ from ppojax.checks import (
     check_positive_int,
     check_range,
     parse_bool,
+    register_config,
     static,
 )
 
@@ -34,7 +34,8 @@ KL_PLACES = ("reward", "loss")
 LOSS_AGGREGATIONS = ("token", "sequence", "grpo", "dapo", "dr_grpo")
 
 
-@struct.dataclass
+@register_config
+@dataclasses.dataclass(frozen=True)
 class RLHFConfig:
     """Hyperparameters of ``ppojax.rlhf.make_trainer``.
 
@@ -85,6 +86,15 @@ class RLHFConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+
+    def replace(self, **changes: Any) -> RLHFConfig:
+        """A copy with ``changes`` applied, validated again."""
+        unknown = sorted(set(changes) - set(config_names()))
+        if unknown:
+            raise ConfigError(
+                unknown[0], f"RLHFConfig has no field {unknown[0]!r}; its fields: {config_names()}"
+            )
+        return dataclasses.replace(self, **changes)
 
     @property
     def upper_clip_eps(self) -> float:
