@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import json
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -59,16 +57,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import env_alone, keys_for, record, rejax_algo, timed, with_block, write_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from machine import machine_description  # noqa: E402
-
-import ppojax  # noqa: E402
-from ppojax.ppo.rollout import collect_rollout, rollout_start  # noqa: E402
-from ppojax.ppo.train import init_state, make_agent  # noqa: E402
-from ppojax.runs.policy import evaluate, make_act  # noqa: E402
-from ppojax.runtime.sharding import jit_over_runs, place_runs  # noqa: E402
+import ppojax
+from ppojax.ppo.rollout import collect_rollout, rollout_start
+from ppojax.ppo.train import init_state, make_agent
+from ppojax.runs.policy import evaluate, make_act
+from ppojax.runtime.hlo import program_size
+from ppojax.runtime.sharding import jit_over_runs, place_runs
 
 EVAL_EPISODES = 128
 
@@ -149,52 +145,6 @@ def ppojax_runner(config: ppojax.PPOConfig):
     return lower, run, act, training_returns
 
 
-def legacy_step_env(env: Any) -> Any:
-    """gymnax 1.0's env with the old five-value ``step`` that rejax 0.1.3 unpacks."""
-    from gymnax.wrappers import LegacyStepAPIWrapper
-
-    class LegacyStep(LegacyStepAPIWrapper):
-        def __getattr__(self, name: str) -> Any:
-            # rejax deep-copies its env; copy probes attributes of an instance whose _env is
-            # not set yet, and the wrapper's lookup of _env would recurse forever.
-            if name == "_env":
-                raise AttributeError(name)
-            return super().__getattr__(name)
-
-    return LegacyStep(env)
-
-
-def rejax_algo(config: ppojax.PPOConfig):
-    """rejax's PPO with the same hyperparameters and networks as ``config``."""
-    import gymnax
-    from rejax import PPO
-
-    env, env_params = gymnax.make(config.env_id)
-    algo = PPO.create(
-        env=legacy_step_env(env),
-        env_params=env_params,
-        num_envs=config.num_envs,
-        num_steps=config.num_steps,
-        num_epochs=config.update_epochs,
-        num_minibatches=config.num_minibatches,
-        total_timesteps=config.num_updates * config.batch_size,
-        eval_freq=config.num_updates * config.batch_size,
-        skip_initial_evaluation=True,
-        learning_rate=config.learning_rate,
-        max_grad_norm=config.max_grad_norm,
-        gamma=config.gamma,
-        gae_lambda=config.gae_lambda,
-        clip_eps=config.clip_eps,
-        ent_coef=config.ent_coef,
-        vf_coef=config.vf_coef,
-        normalize_observations=config.normalize_observations,
-        normalize_rewards=config.normalize_rewards,
-        agent_kwargs={"activation": config.activation, "hidden_layer_sizes": config.hidden_sizes},
-    )
-    # No evaluation inside the timed training: ppojax's loop has none either.
-    return algo.replace(eval_callback=lambda algo, ts, key: jnp.zeros(()))
-
-
 def rejax_runner(config: ppojax.PPOConfig):
     algo = rejax_algo(config)
     train_seeds = jax.jit(jax.vmap(algo.train))
@@ -222,17 +172,6 @@ def rejax_runner(config: ppojax.PPOConfig):
 
 
 RUNNERS = {"ppojax": ppojax_runner, "rejax": rejax_runner}
-
-
-def keys_for(seeds: int, repeat: int) -> jax.Array:
-    return jax.random.split(jax.random.key(1000 + repeat), seeds)
-
-
-def program_size(compiled: Any) -> dict[str, int]:
-    """Kernels (fusions) and instructions of a compiled program's optimized HLO: what XLA's
-    compile time and a small batch's per-step overhead grow with."""
-    text = compiled.as_text()
-    return {"fusions": len(re.findall(r" fusion\(", text)), "instructions": text.count("\n")}
 
 
 def compare_pair(
@@ -335,50 +274,22 @@ def compare_pair(
 # The limits: env alone, rollout alone, FLOPs and matmul
 
 
-def timed(function, *args, repeats: int = 3) -> tuple[float, float]:
+def compile_and_time(function, *args, repeats: int = 3) -> tuple[float, float]:
     """(compile seconds, median run seconds) of ``jax.jit(function)(*args)``."""
     start = time.perf_counter()
     compiled = jax.jit(function).lower(*args).compile()
     compile_seconds = time.perf_counter() - start
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        seconds.append(time.perf_counter() - start)
+    seconds = [timed(compiled, *args)[1] for _ in range(repeats)]
     return compile_seconds, statistics.median(seconds)
 
 
 def env_only(config: ppojax.PPOConfig, seeds: int) -> dict:
     """Env steps/s of the raw gymnax env under vmap with uniformly random actions (auto-reset
     included), the same number of steps and envs as training."""
-    import gymnax
-
-    env, env_params = gymnax.make(config.env_id)
     envs = seeds * config.num_envs
     steps = config.num_updates * config.num_steps
-    spec = make_agent(config).env.spec
-
-    def random_action(key):
-        if spec.discrete:
-            return jax.random.randint(key, (envs,), 0, spec.action_dim)
-        shape = (envs,) + tuple(env.action_space(env_params).shape)
-        return jax.random.uniform(key, shape, minval=-1.0, maxval=1.0)
-
-    def run(key):
-        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, envs), env_params)
-
-        def step(carry, _):
-            state, key, total = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            obs, state, reward, _, _, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(step_key, envs), state, random_action(action_key), env_params
-            )
-            return (state, key, total + reward.sum() + obs.sum()), None
-
-        (_, _, total), _ = jax.lax.scan(step, (state, key, jnp.float32(0)), None, steps)
-        return total
-
-    compile_seconds, seconds = timed(run, jax.random.key(0))
+    run = env_alone(config.env_id, envs, steps)
+    compile_seconds, seconds = compile_and_time(run, jax.random.key(0))
     return {
         "compile_seconds": round(compile_seconds, 2),
         "env_steps_per_second": round(envs * steps / seconds),
@@ -402,7 +313,7 @@ def rollout_only(config: ppojax.PPOConfig, seeds: int) -> dict:
         return rewards.sum()
 
     keys = jax.random.split(jax.random.key(0), seeds)
-    compile_seconds, seconds = timed(jax.vmap(one_seed), keys)
+    compile_seconds, seconds = compile_and_time(jax.vmap(one_seed), keys)
     steps = seeds * config.num_updates * config.batch_size
     return {
         "compile_seconds": round(compile_seconds, 2),
@@ -454,7 +365,7 @@ def matmul_throughput(config: ppojax.PPOConfig) -> dict:
         total, _ = jax.lax.scan(body, jnp.float32(0), None, loops)
         return total
 
-    _, seconds = timed(run, inputs, weights, grads_out)
+    _, seconds = compile_and_time(run, inputs, weights, grads_out)
     flops = loops * sum(3 * 2 * rows * a * b for a, b in shapes)
     return {"rows": rows, "shapes": shapes, "flops_per_second": round(flops / seconds)}
 
@@ -474,7 +385,7 @@ def xla_flops(config: ppojax.PPOConfig) -> float | None:
 # --------------------------------------------------------------------------------------------
 
 
-def describe(config: ppojax.PPOConfig) -> dict:
+def config_record(config: ppojax.PPOConfig) -> dict:
     return {
         field.name: getattr(config, field.name)
         for field in dataclasses.fields(config)
@@ -580,17 +491,14 @@ def main() -> None:
         return
     report: dict[str, Any] = {
         "benchmark": "compare",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(arg) for arg in sys.argv),
-        "machine": machine_description(),
-        "versions": {"ppojax": ppojax.__version__, "rejax": _version("rejax")},
+        **record(__file__, sys.argv[1:], "rejax"),
         "cpu_devices": len(jax.devices()),
         "cpu_threads": args.cpu_threads or "one per core",
         "configs": {},
     }
     for name in args.configs:
         config = CONFIGS[name]
-        block: dict[str, Any] = {"config": describe(config), "runs": []}
+        block: dict[str, Any] = {"config": config_record(config), "runs": []}
         for seeds in args.seeds or DEFAULT_SEEDS.get(name, (1,)):
             pairs = args.pairs or DEFAULT_PAIRS.get(name, 3)
             result = compare_pair(config, seeds, pairs, args.jax_defaults, args.compile_repeats)
@@ -649,9 +557,8 @@ def main() -> None:
             print(f"{name} flops: {block['flops']}", flush=True)
         report["configs"][name] = block
         # written after every configuration, so a long run that stops keeps what it measured
-        args.out.mkdir(parents=True, exist_ok=True)
         json_path = args.out / f"compare-{args.tag}.json"
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        write_json(json_path, report)
     print(f"wrote {json_path}")
     plot(report, args.out / f"compare-{args.tag}.png")
 
@@ -731,18 +638,7 @@ def speed_table(results: Path) -> str:
 
 def readme_with_speed_table(readme: str, table: str) -> str:
     """``readme`` with the block between the speed-table markers replaced by ``table``."""
-    head, rest = readme.split(SPEED_START, 1)
-    _, tail = rest.split(SPEED_END, 1)
-    return f"{head}{SPEED_START}\n{table}\n{SPEED_END}{tail}"
-
-
-def _version(package: str) -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return with_block(readme, SPEED_START, SPEED_END, table)
 
 
 if __name__ == "__main__":

@@ -40,26 +40,18 @@ rollout function) and RLHF steps (benchmarks/rlhf.py has no GPT-2-small timing).
 Writes ``--out`` (default benchmarks/results/gpu.json) after every work, each work in its own
 try/except (an error is recorded and the rest go on), then a bar chart beside it (gpu.png).
 rejax needs gymnax's LegacyStepAPIWrapper on gymnax 1.0 (shared/KNOWN-ISSUES.md). Uses only
-ppojax's public API and stands alone. ``--smoke``: every size shrunk to seconds on a CPU.
+ppojax's public API and benchmarks/common.py. ``--smoke``: every size shrunk to seconds on a
+CPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import importlib.metadata
 import json
-import math
-import os
-import platform
-import shlex
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,13 +59,26 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import (
+    RESULTS,
+    env_alone,
+    failure,
+    keys_for,
+    nanmean,
+    now,
+    record,
+    rejax_algo,
+    result_path,
+    rounded,
+    timed,
+    write_json,
+)
 from gpu_parts import ENV_ID, EVAL_EPISODES, classic_config
+from learning import final_training_returns
 
 import ppojax
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
-FINAL_FRACTION = 0.05
+DEFAULT_OUT = RESULTS / "gpu.json"
 
 # name: (agents, envs per agent, updates, timed repeats at most, final return measured, and
 # the run seconds of both libraries together after which no further repeat starts). In this
@@ -100,52 +105,6 @@ SMOKE_CEILINGS = {"env alone, 8192 envs": (64, 200), "env alone, 65536 envs": (2
 # The two libraries: lower(keys) -> jax.stages.Lowered, run(compiled, keys) -> output
 
 
-def legacy_step_env(env: Any) -> Any:
-    """gymnax 1.0's env with the old five-value ``step`` that rejax 0.1.3 unpacks."""
-    from gymnax.wrappers import LegacyStepAPIWrapper
-
-    class LegacyStep(LegacyStepAPIWrapper):
-        def __getattr__(self, name: str) -> Any:
-            # rejax deep-copies its env; copy probes attributes of an instance whose _env is
-            # not set yet, and the wrapper's lookup of _env would recurse forever.
-            if name == "_env":
-                raise AttributeError(name)
-            return super().__getattr__(name)
-
-    return LegacyStep(env)
-
-
-def rejax_algo(config: ppojax.PPOConfig) -> Any:
-    """rejax's PPO with ``config``'s hyperparameters and networks, its evaluation off."""
-    import gymnax
-    from rejax import PPO
-
-    env, env_params = gymnax.make(config.env_id)
-    steps = config.num_updates * config.batch_size
-    algo = PPO.create(
-        env=legacy_step_env(env),
-        env_params=env_params,
-        num_envs=config.num_envs,
-        num_steps=config.num_steps,
-        num_epochs=config.update_epochs,
-        num_minibatches=config.num_minibatches,
-        total_timesteps=steps,
-        eval_freq=steps,
-        skip_initial_evaluation=True,
-        learning_rate=config.learning_rate,
-        max_grad_norm=config.max_grad_norm,
-        gamma=config.gamma,
-        gae_lambda=config.gae_lambda,
-        clip_eps=config.clip_eps,
-        ent_coef=config.ent_coef,
-        vf_coef=config.vf_coef,
-        normalize_observations=config.normalize_observations,
-        normalize_rewards=config.normalize_rewards,
-        agent_kwargs={"activation": config.activation, "hidden_layer_sizes": config.hidden_sizes},
-    )
-    return algo.replace(eval_callback=lambda algo, ts, key: jnp.zeros(()))
-
-
 def ppojax_library(config: ppojax.PPOConfig) -> dict[str, Any]:
     train = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
     return {
@@ -166,29 +125,18 @@ def rejax_library(config: ppojax.PPOConfig) -> dict[str, Any]:
     }
 
 
-def keys_for(agents: int, repeat: int) -> jax.Array:
-    return jax.random.split(jax.random.key(1000 + repeat), agents)
-
-
 # --------------------------------------------------------------------------------------------
 # Final returns
-
-
-def nanmean(values: np.ndarray, axis: Any = None) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=RuntimeWarning)
-        return np.nanmean(values, axis=axis)
 
 
 def ppojax_returns(out: Any) -> dict[str, float | None]:
     """The final evaluation (mean over agents) and the training return of the last 5% of
     updates (mean over agents)."""
     training = np.asarray(out.metrics["episode_return"], np.float64)  # [agents, updates]
-    last = max(1, math.ceil(FINAL_FRACTION * training.shape[1]))
     evaluation = np.asarray(out.metrics["eval_return"], np.float64)[:, -1]
     return {
-        "final": rounded(nanmean(evaluation)),
-        "training": rounded(nanmean(nanmean(training[:, -last:], axis=1))),
+        "final": rounded(nanmean(evaluation), 2),
+        "training": rounded(nanmean(final_training_returns(training)), 2),
     }
 
 
@@ -226,12 +174,7 @@ def rejax_final_return(algo: Any, out: Any, key: jax.Array, episodes: int) -> fl
 
     agents = jax.tree.leaves(states)[0].shape[0]
     returns = jax.jit(jax.vmap(agent_return))(states, jax.random.split(key, agents))
-    return rounded(np.mean(np.asarray(returns)))
-
-
-def rounded(value: Any, digits: int = 2) -> float | None:
-    value = float(value)
-    return None if math.isnan(value) else round(value, digits)
+    return rounded(np.mean(np.asarray(returns)), 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,11 +187,6 @@ def compile_library(library: dict[str, Any], agents: int) -> float:
     lowered = library["lower"](keys_for(agents, 0))
     library["compiled"] = lowered.compile(compiler_options=library["options"])
     return time.perf_counter() - start
-
-
-def failure(error: Exception) -> str:
-    traceback.print_exc()
-    return f"{type(error).__name__}: {error}"[:2000]
 
 
 LIBRARIES = {"ppojax": ppojax_library, "rejax": rejax_library}
@@ -325,36 +263,13 @@ def final_returns(work: dict, libraries: dict, episodes: int) -> None:
             work["rejax_final_return_error"] = failure(error)
 
 
-def env_alone(envs: int, steps: int) -> dict:
+def env_ceiling(envs: int, steps: int) -> dict:
     """gymnax's CartPole alone under vmap, random actions, auto-reset included: steps/s."""
-    import gymnax
-
-    env, params = gymnax.make(ENV_ID)
-    actions = env.action_space(params).n
-
-    def run(key: jax.Array) -> jax.Array:
-        obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, envs), params)
-
-        def step(carry: tuple, _: None) -> tuple:
-            state, key, total = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            action = jax.random.randint(action_key, (envs,), 0, actions)
-            obs, state, reward, _, _, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(step_key, envs), state, action, params
-            )
-            return (state, key, total + reward.sum() + obs.sum()), None
-
-        (_, _, total), _ = jax.lax.scan(step, (state, key, jnp.float32(0)), None, steps)
-        return total
-
+    run = env_alone(ENV_ID, envs, steps)
     start = time.perf_counter()
     compiled = jax.jit(run).lower(jax.random.key(0)).compile()
     compile_s = time.perf_counter() - start
-    seconds = []
-    for repeat in range(3):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(jax.random.key(repeat)))
-        seconds.append(time.perf_counter() - start)
+    seconds = [timed(compiled, jax.random.key(repeat))[1] for repeat in range(3)]
     return {
         "envs": envs,
         "steps": steps,
@@ -366,30 +281,6 @@ def env_alone(envs: int, steps: int) -> dict:
 
 # --------------------------------------------------------------------------------------------
 # The report
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def git_commit() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("PPOJAX_COMMIT", "unknown")
 
 
 def gpu_driver() -> str | None:
@@ -407,23 +298,11 @@ def gpu_driver() -> str | None:
 
 
 def header(argv: list[str]) -> dict[str, Any]:
-    device = jax.devices()[0]
     return {
         "benchmark": "gpu: ppojax vs rejax 0.1.3, CartPole-v1, PureJaxRL's classic PPO config",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": device.device_kind,
-        "backend": jax.default_backend(),
+        **record(__file__, argv, "rejax", "distrax"),
+        "gpu": jax.devices()[0].device_kind,
         "driver": gpu_driver(),
-        "jax": jax.__version__,
-        "versions": {
-            name: package_version(name)
-            for name in ("jaxlib", "flax", "optax", "gymnax", "rejax", "distrax")
-        }
-        | {"ppojax_commit": git_commit()},
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "command": shlex.join(["python", "benchmarks/gpu.py", *argv]),
         "notes": [
             "steps/s: env steps of all agents over the best run's seconds (run time only)",
             "rejax 0.1.3 keeps its learning rate constant; ppojax anneals it (the classic config)",
@@ -432,21 +311,6 @@ def header(argv: list[str]) -> dict[str, Any]:
         "works": [],
         "ceilings": [],
     }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as file:
-        file.write(text)
-    os.chmod(temporary, 0o644)  # mkstemp makes it private; a result file is for everyone
-    os.replace(temporary, path)
-
-
-def save(report: dict, path: Path, mirror: Path | None) -> None:
-    write_atomic(path, json.dumps(report, indent=1) + "\n")
-    if mirror is not None:
-        write_atomic(mirror / path.name, path.read_text())
 
 
 def plot(report: dict, path: Path) -> None:
@@ -489,7 +353,7 @@ def plot(report: dict, path: Path) -> None:
     axis.set_ylabel("env steps / s (best run, run time only)")
     axis.legend()
     axis.set_title(
-        f"CartPole-v1, classic PPO config - {report['gpu']}, jax {report['jax']}, "
+        f"CartPole-v1, classic PPO config - {report['gpu']}, jax {report['machine']['jax']}, "
         f"{report['date'][:10]}",
         fontsize=9,
     )
@@ -570,7 +434,7 @@ def measure_part(part: str, report: dict, args: argparse.Namespace, argv: list[s
     """Run ``part`` into ``report[part]``, saved as its rows come (a timeout keeps those
     measured); 1 if it failed (its error recorded)."""
     section: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": now(),
         "gpu": report["gpu"],
         "command": report["command"],
         "rows": [],
@@ -580,7 +444,7 @@ def measure_part(part: str, report: dict, args: argparse.Namespace, argv: list[s
 
     def saved() -> None:
         section["wall_s"] = round(time.perf_counter() - began, 1)
-        save(report, args.out, args.mirror)
+        write_json(args.out, report, args.mirror)
 
     try:
         (inside_rows if part == "inside" else rlhf_rows)(args.smoke, section["rows"], saved)
@@ -599,9 +463,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mirror", type=Path, help="also copy the JSON and PNG into this folder")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, results in /tmp")
     args = parser.parse_args(argv)
-    if args.out is None:
-        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "gpu.json"
-        args.out = smoke_out if args.smoke else DEFAULT_OUT
+    args.out = result_path(args.out, args.smoke, DEFAULT_OUT.name)
     return args
 
 
@@ -612,7 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = SMOKE_CEILINGS if args.smoke else CEILINGS
     episodes = 2 if args.smoke else EVAL_EPISODES
     report = header(argv)
-    print(f"{report['gpu']} ({report['backend']}), driver {report['driver']}, jax {report['jax']}")
+    machine = report["machine"]
+    print(
+        f"{report['gpu']} ({machine['backend']}), driver {report['driver']}, jax {machine['jax']}"
+    )
     report = kept_sections(report, args)
     failed = 0
     for part in ("inside", "rlhf"):
@@ -624,12 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     # the ceilings first: seconds in all, so a part cut off by its timeout still has them
     for name, (envs, steps) in ({} if args.no_ceilings else ceilings).items():
         try:
-            ceiling = {"name": name, **env_alone(envs, steps)}
+            ceiling = {"name": name, **env_ceiling(envs, steps)}
         except Exception as error:
             ceiling = {"name": name, "error": failure(error)}
             failed += 1
         report["ceilings"].append(ceiling)
-        save(report, args.out, args.mirror)
+        write_json(args.out, report, args.mirror)
         print(json.dumps(ceiling), flush=True)
     for name in args.works:
         began = time.perf_counter()
@@ -640,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         failed += any(key.endswith("error") for key in work)
         work["wall_s"] = round(time.perf_counter() - began, 1)
         report["works"].append(work)
-        save(report, args.out, args.mirror)
+        write_json(args.out, report, args.mirror)
         print(json.dumps(work), flush=True)
     figure = args.out.with_suffix(".png")
     plot(report, figure)

@@ -4,8 +4,9 @@ one minibatch step costs, and what each kernels candidate is worth.
 - ``phases(envs)``: one update of the classic CartPole config at ``envs`` envs split into its
   phases, each compiled alone and timed (best of a few runs): the rollout (env, forward pass,
   sampling: the "rollout alone" ceiling), GAE (with V(next_obs)), the epochs, and the whole
-  update; steps/s of each, and the kernels of each compiled phase (``kernel_count``; for the
-  rollout, the kernels of one env step, the latency of a small batch).
+  update; steps/s of each, and the kernels of each compiled phase
+  (``ppojax.runtime.hlo.kernel_count``; for the rollout, the kernels of one env step, the
+  latency of a small batch).
 - ``minibatch_step(envs)``: one gradient step on one minibatch (batch / num_minibatches
   samples): the kernels of its compiled program (instructions of the entry computation and of
   its loops that launch work, an upper bound where XLA runs a fusion in place), XLA's cost
@@ -26,7 +27,6 @@ These use ppojax's internal modules (``ppojax.ppo.train``, ``ppojax.ppo.update``
 from __future__ import annotations
 
 import contextlib
-import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +36,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import timed
 
 import ppojax
 from ppojax.engine.epochs import EpochCarry, OptimizerCarry, gradient_step, shuffle_into_minibatches
@@ -43,12 +44,10 @@ from ppojax.ppo.rollout import collect_rollout, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, update_step
 from ppojax.ppo.update import make_optimizer, ppo_loss_function, ppo_update
 from ppojax.runtime import kernels, pallas_ppo
+from ppojax.runtime.hlo import kernel_count
 
 ENV_ID = "CartPole-v1"
 EVAL_EPISODES = 16
-
-# instructions that launch no kernel of their own
-NO_KERNEL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
 
 
 def classic_config(num_envs: int, updates: int, final_return: bool) -> ppojax.PPOConfig:
@@ -76,12 +75,7 @@ def classic(envs: int, updates: int = 1) -> ppojax.PPOConfig:
 
 
 def best_seconds(compiled: Callable[..., Any], args: tuple, repeats: int) -> float:
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        seconds.append(time.perf_counter() - start)
-    return min(seconds)
+    return min(timed(compiled, *args)[1] for _ in range(repeats))
 
 
 def compiled_timing(
@@ -147,43 +141,6 @@ def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
             for name, timing in timings.items()
         },
     }
-
-
-def kernel_count(hlo: str) -> dict[str, int]:
-    """Instructions that launch work in a compiled HLO module's text: in the entry computation
-    and in the bodies and conditions of its while loops (a loop's body runs once per trip, so
-    this counts kernels per trip, not per step), by opcode."""
-    computations: dict[str, list[str]] = {}
-    name, entry = None, None
-    for line in hlo.splitlines():
-        header = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
-        if header:
-            name = header.group(2)
-            computations[name] = []
-            if header.group(1):
-                entry = name
-        elif name is not None and line.strip() == "}":
-            name = None
-        elif name is not None:
-            computations[name].append(line)
-    counts: dict[str, int] = {}
-    pending, seen = [entry], set()
-    while pending:
-        current = pending.pop()
-        if current is None or current in seen or current not in computations:
-            continue
-        seen.add(current)
-        for line in computations[current]:
-            found = re.search(r"= [^=]*? ([a-z][\w\-]*)\(", line)
-            if not found or found.group(1) in NO_KERNEL:
-                continue
-            opcode = found.group(1)
-            counts[opcode] = counts.get(opcode, 0) + 1
-            if opcode == "while":
-                pending += re.findall(r"(?:body|condition)=%?([\w.\-]+)", line)
-            if opcode == "call":
-                pending += re.findall(r"to_apply=%?([\w.\-]+)", line)
-    return dict(sorted(counts.items()))
 
 
 def candidates_on(names: tuple[str, ...]) -> contextlib.AbstractContextManager[None]:

@@ -24,16 +24,12 @@ Writes ``<out>/hf_memory.json`` and prints the tables as markdown.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.metadata
-import json
-import shlex
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from machine import machine_description
+from common import record, write_json
 
 import ppojax
 from ppojax.rlhf import RLHFConfig, make_trainer
@@ -124,12 +120,6 @@ def tables(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n\n(breakdown in MiB per device)"
 
 
-def versions() -> dict[str, str]:
-    """The versions of the libraries the numbers depend on."""
-    names = ("jax", "jaxlib", "flax", "optax", "numpy")
-    return {name: importlib.metadata.version(name) for name in names}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results")
@@ -145,10 +135,7 @@ def main() -> None:
     _, with_head = abstract_lm("float32")
     result = {
         "benchmark": "bytes per device of the RLHF trainer's state, Qwen2.5-0.5B-shaped",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(sys.argv),
-        "machine": machine_description(),
-        "versions": versions(),
+        **record(__file__, sys.argv[1:]),
         "model": QWEN2_0_5B,
         "parameters": sum(leaf.size for leaf in jax.tree.leaves(with_head)),
         "mesh": "(data=1, fsdp=devices)",
@@ -156,9 +143,7 @@ def main() -> None:
         "counted": "policy, reference, critic, Adam moments; not activations or the KV cache",
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hf_memory.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(Path(args.out) / "hf_memory.json", result)
     print(tables(rows))
 
 

@@ -16,9 +16,6 @@ and the encodings of a few strings. Writes benchmarks/results/hf_reload.json.
 
 from __future__ import annotations
 
-import datetime
-import json
-import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -28,15 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
+from common import RESULTS, ROOT, record, write_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ppojax.rlhf import from_pretrained, generate, save_pretrained
 
-from machine import machine_description  # noqa: E402
-
-from ppojax.rlhf import from_pretrained, generate, save_pretrained  # noqa: E402
-
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
-RESULT = Path(__file__).resolve().parent / "results" / "hf_reload.json"
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+RESULT = RESULTS / "hf_reload.json"
 NAMES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2")
 STRINGS = ["hello world", "the lazy dog jumps", "héllo 你好 🙂 café"]
 NEW_TOKENS = 8
@@ -114,13 +108,10 @@ def main() -> None:
         print(name, row)
     result = {
         "benchmark": "hf_reload",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(["benchmarks/hf_reload.py", *sys.argv[1:]]),
-        "machine": machine_description(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        **record(__file__, sys.argv[1:], "torch", "transformers"),
         "models": report,
     }
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(RESULT, result)
     print(f"wrote {RESULT}")
 
 

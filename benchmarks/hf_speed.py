@@ -19,11 +19,7 @@ Writes ``<out>/hf_speed.json`` and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import importlib.metadata
-import json
-import shlex
 import statistics
 import sys
 import tempfile
@@ -32,7 +28,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from machine import machine_description
+from common import ROOT, record, write_json
 
 from ppojax.rlhf import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.models.config import parse_config
@@ -41,7 +37,6 @@ from ppojax.rlhf.models.pretrained import PretrainedLM, contract
 from ppojax.rlhf.models.tokenizer import Tokenizer
 from ppojax.rlhf.sampling import SamplingSettings, sample_responses
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
 CONFIG = {
     "model_type": "qwen2",
@@ -156,15 +151,11 @@ def main() -> None:
         folder = write_checkpoint(Path(temp) / "checkpoint")
         load = time_load(folder, args.repeats)
         generation = time_generation(from_pretrained(folder), args.repeats)
-    names = ("jax", "jaxlib", "flax", "safetensors", "tokenizers", "numpy")
     result = {
         "benchmark": "Hugging Face checkpoint: load time; generation with the KV cache "
         "against full recomputation",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(sys.argv),
+        **record(__file__, sys.argv[1:], "safetensors", "tokenizers"),
         "note": NOTE,
-        "machine": machine_description(),
-        "versions": {name: importlib.metadata.version(name) for name in names},
         "model": CONFIG,
         "generation_settings": {
             "batch": BATCH,
@@ -176,9 +167,7 @@ def main() -> None:
         "load": load,
         "generation": generation,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hf_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(Path(args.out) / "hf_speed.json", result)
     print(table(load, generation))
     print(f"\n{NOTE}")
 

@@ -25,7 +25,7 @@ GPU each gets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = 0.9 / N unless that is set al
 run seconds then include the time the processes share the device (``jobs`` is recorded).
 Results merge into ``--out``: a run of some tasks replaces only their rows, and the file is
 written (atomically) after each task, so a run that is killed keeps every finished task.
-This script uses only ppojax's public API and stands alone.
+This script uses only ppojax's public API and the helpers of benchmarks/common.py.
 """
 
 from __future__ import annotations
@@ -33,13 +33,9 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import datetime
-import importlib.metadata
 import json
 import math
 import os
-import platform
-import shlex
 import signal
 import subprocess
 import sys
@@ -51,9 +47,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import (
+    RESULTS,
+    command_line,
+    markdown_table,
+    merge_row,
+    nanmean,
+    read_rows,
+    record,
+    result_path,
+    rounded,
+    with_block,
+    write_json,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = RESULTS / "learning.json"
 
 # gymnax-blines' PPO (github.com/RobertTLange/gymnax-blines, agents/<env>/ppo.yaml and the
@@ -109,14 +116,12 @@ def config_variant(config: Any) -> str:
     return "bf16" if config.compute_dtype == "bfloat16" else config.encoder
 
 
-def task_config(
-    task: str, total_timesteps: int | None = None, changes: dict[str, Any] | None = None
-) -> Any:
-    """The task's preset, with its encoder, the budget override and any other ``changes``."""
+def task_config(task: str, total_timesteps: int | None = None) -> Any:
+    """The task's preset, with its variant's fields and the budget override."""
     import ppojax
 
     env_id, variant = parse_task(task)
-    overrides: dict[str, Any] = {**variant_fields(variant), **(changes or {})}
+    overrides: dict[str, Any] = dict(variant_fields(variant))
     if total_timesteps is not None:
         overrides["total_timesteps"] = total_timesteps
     return ppojax.PPOConfig.preset(env_id, **overrides)
@@ -184,19 +189,6 @@ def preset_drift(row: dict) -> dict[str, Any]:
 # Numbers from the metrics
 
 
-def rounded(value: float, digits: int = 3) -> float | None:
-    """``value`` rounded, None for NaN (JSON has no NaN)."""
-    value = float(value)
-    return None if math.isnan(value) else round(value, digits)
-
-
-def nanmean(values: np.ndarray, axis: Any = None) -> np.ndarray:
-    """np.nanmean without the warning for all-NaN slices (they give NaN)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=RuntimeWarning)
-        return np.nanmean(values, axis=axis)
-
-
 def final_training_returns(returns: np.ndarray) -> np.ndarray:
     """[seeds]: each seed's mean episode_return over the last 5% of updates (at least one)."""
     last = max(1, math.ceil(FINAL_FRACTION * returns.shape[1]))
@@ -243,69 +235,6 @@ def eval_curve(evals: np.ndarray, batch_size: int) -> dict[str, list]:
     }
 
 
-# --------------------------------------------------------------------------------------------
-# Where and with what it ran
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def git_commit() -> str:
-    """The checkout's commit (``+dirty`` with uncommitted changes to tracked files), else
-    $PPOJAX_COMMIT (a copy of the tree without .git, as on the GPU machine), else unknown."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("PPOJAX_COMMIT", "unknown")
-
-
-def versions() -> dict[str, str | None]:
-    import jax
-
-    found = {name: package_version(name) for name in ("jaxlib", "flax", "optax", "gymnax")}
-    return {"jax": jax.__version__, **found, "ppojax_commit": git_commit()}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine() -> dict[str, Any]:
-    import jax
-
-    device = jax.devices()[0]
-    return {
-        "backend": jax.default_backend(),
-        "device": device.device_kind,
-        "device_count": jax.device_count(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
 def hardware(row: dict) -> str:
     """One phrase for the table: the accelerator's name, or the CPU's model and cores."""
     found = row.get("machine", {})
@@ -318,20 +247,13 @@ def hardware(row: dict) -> str:
 # One task
 
 
-def run_task(
-    task: str,
-    seeds: int,
-    total_timesteps: int | None,
-    seed: int,
-    changes: dict[str, Any] | None = None,
-) -> dict:
-    """Compile and run one task over ``seeds`` keys (its preset with ``changes``, for other
-    scripts' ablations); the row the JSON keeps for it."""
+def run_task(task: str, seeds: int, total_timesteps: int | None, seed: int) -> dict:
+    """Compile and run one task over ``seeds`` keys; the row the JSON keeps for it."""
     import jax
 
     import ppojax
 
-    config = task_config(task, total_timesteps, changes)
+    config = task_config(task, total_timesteps)
     train_seeds = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))
     keys = jax.random.split(jax.random.key(seed), seeds)
     start = time.perf_counter()
@@ -418,7 +340,7 @@ def row_from_run(run_dir: Path) -> dict:
     return row
 
 
-def describe(row: dict) -> str:
+def row_line(row: dict) -> str:
     published = row["published"]
     against = "" if published is None else f" (published {published['return']})"
     return (
@@ -433,9 +355,7 @@ def describe(row: dict) -> str:
 
 
 def read_results(path: Path) -> dict:
-    if path.exists():
-        return json.loads(path.read_text())
-    return {"benchmark": "learning", "description": __doc__.splitlines()[0], "tasks": []}
+    return read_rows(path, "learning", __doc__.splitlines()[0])
 
 
 def row_order(name: str) -> tuple:
@@ -445,25 +365,9 @@ def row_order(name: str) -> tuple:
     return (position, env_id, variant or "")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as file:
-        file.write(text)
-    os.chmod(temporary, 0o644)  # mkstemp makes it private; a result file is for everyone
-    os.replace(temporary, path)
-
-
-def merge_row(path: Path, row: dict, mirror: Path | None) -> None:
+def save_row(path: Path, row: dict, mirror: Path | None) -> None:
     """Put ``row`` into the file at ``path`` in place of its task's old row (if any)."""
-    results = read_results(path)
-    rows = [old for old in results["tasks"] if old["task"] != row["task"]] + [row]
-    results["tasks"] = sorted(rows, key=lambda r: row_order(r["task"]))
-    results["updated"] = row["date"]
-    write_atomic(path, json.dumps(results, indent=1) + "\n")
-    if mirror is not None:
-        write_atomic(mirror / path.name, path.read_text())
+    write_json(path, merge_row(read_results(path), row, "task", row_order), mirror)
 
 
 # --------------------------------------------------------------------------------------------
@@ -550,15 +454,12 @@ def seeds_text(row: dict) -> str:
     return ", ".join(f"{value:.1f}" for value in values)
 
 
-def markdown_table(rows: list[dict], link: str) -> str:
+def learning_table(rows: list[dict], link: str) -> str:
     """task | budget | mean | per seed | published | hardware | link, one line per task; a
     task measured with an earlier version of its preset is marked *, and a line under the
     table gives the values it was measured with where today's preset differs."""
     earlier: list[str] = []
-    lines = [
-        "| task | budget | mean of 4 seeds | per seed | published PPO | hardware | plot |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     for row in rows:
         published = row.get("published")
         shown = (
@@ -578,26 +479,18 @@ def markdown_table(rows: list[dict], link: str) -> str:
         if row["mean"] is not None and row.get("max_return"):
             mean += f", {100 * row['mean'] / row['max_return']:.1f}% of max"
         task = row["task"] + (" *" if drift else "")
-        lines.append(
-            f"| {task} | {steps_text(row['budget'])} | {mean} | {seeds_text(row)} "
-            f"| {shown} | {hardware(row)} | [{Path(link).name}]({link}) |"
-        )
+        budget = steps_text(row["budget"])
+        figure = f"[{Path(link).name}]({link})"
+        lines.append((task, budget, mean, seeds_text(row), shown, hardware(row), figure))
+    header = ("task", "budget", "mean of 4 seeds", "per seed", "published PPO", "hardware", "plot")
+    table = markdown_table(header, lines)
     if earlier:
         note = "\\* measured with an earlier preset, where it differed: "
-        lines += ["", note + "; ".join(earlier)]
-    return "\n".join(lines)
+        table += "\n\n" + note + "; ".join(earlier)
+    return table
 
 
 TABLE_START, TABLE_END = "<!-- learning-table:start -->", "<!-- learning-table:end -->"
-
-
-def readme_with_table(readme: str, table: str) -> str:
-    """``readme`` with the block between the learning-table markers replaced by ``table``."""
-    if TABLE_START not in readme or TABLE_END not in readme:
-        raise ValueError(f"README.md has no {TABLE_START} ... {TABLE_END} block")
-    head, rest = readme.split(TABLE_START, 1)
-    _, tail = rest.split(TABLE_END, 1)
-    return f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -653,8 +546,8 @@ class Runner:
             return
         row = json.loads(row_out.read_text())
         with self.lock:
-            merge_row(self.args.out, row, self.args.mirror)
-            print(describe(row), flush=True)
+            save_row(self.args.out, row, self.args.mirror)
+            print(row_line(row), flush=True)
 
     def stop(self, *_: Any) -> None:
         """On SIGTERM/SIGINT: end the children (their finished rows are already written)."""
@@ -699,27 +592,18 @@ def run_in_process(args: argparse.Namespace, tasks: list[str], command: str) -> 
             print(f"FAILED {task}: {type(error).__name__}: {error}", flush=True)
             failed.append(task)
             continue
-        merge_row(args.out, row, args.mirror)
-        print(describe(row), flush=True)
+        save_row(args.out, row, args.mirror)
+        print(row_line(row), flush=True)
     return failed
 
 
 def finish_row(row: dict, command: str, args: argparse.Namespace) -> dict:
     """Add when, where and how the row was made."""
-    task_command = ["python", "benchmarks/learning.py", "--tasks", row["task"]]
-    task_command += ["--seeds", str(args.seeds)]
+    task_command = ["--tasks", row["task"], "--seeds", str(args.seeds)]
     if args.total_timesteps is not None or args.smoke:
         task_command += ["--total-timesteps", str(row["budget"])]
-    row.update(
-        {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
-            "versions": versions(),
-            "jobs": args.jobs,
-            "command": command,
-            "task_command": shlex.join(task_command),
-        }
-    )
+    row.update(record(__file__, task_command))
+    row.update({"jobs": args.jobs, "command": command, "task_command": row["command"]})
     return row
 
 
@@ -760,9 +644,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.seeds = 2 if "--seeds" not in argv else args.seeds
-        if args.out is None:
-            args.out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "learning.json"
-    args.out = args.out or DEFAULT_OUT
+    args.out = result_path(args.out, args.smoke, DEFAULT_OUT.name)
     return args
 
 
@@ -771,9 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     figure_path = args.out.with_suffix(".png")
     if args.table or args.readme:
-        table = markdown_table(read_results(args.out)["tasks"], args.link)
+        table = learning_table(read_results(args.out)["tasks"], args.link)
         if args.readme:
-            args.readme.write_text(readme_with_table(args.readme.read_text(), table))
+            text = args.readme.read_text()
+            args.readme.write_text(with_block(text, TABLE_START, TABLE_END, table))
         else:
             print(table)
         return 0
@@ -786,15 +669,15 @@ def main(argv: list[str] | None = None) -> int:
             made_by = args.run_command or f"ppojax train {row['env_id']} --seeds {row['seeds']}"
             row = finish_row(row, made_by, args)
             row["task_command"] = made_by
-            merge_row(args.out, row, args.mirror)
-            print(describe(row), flush=True)
+            save_row(args.out, row, args.mirror)
+            print(row_line(row), flush=True)
         plot(args.out, figure_path)
         return 0
     if args.worker:  # one task, its row to --row-out for the parent to merge
         row = run_task(args.worker, args.seeds, args.total_timesteps, args.seed)
-        write_atomic(args.row_out, json.dumps(finish_row(row, args.command, args)))
+        write_json(args.row_out, finish_row(row, args.command, args))
         return 0
-    command = shlex.join(["python", "benchmarks/learning.py", *argv])
+    command = command_line(__file__, argv)
     for task in args.tasks:
         parse_task(task)
     tasks = sorted(args.tasks, key=expected_cost, reverse=True)
@@ -807,8 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = run_in_process(args, tasks, command)
     if read_results(args.out)["tasks"]:
         plot(args.out, figure_path)
-        if args.mirror is not None:
-            write_atomic(args.mirror / args.out.name, args.out.read_text())
+        if args.mirror is not None:  # the JSON is mirrored as each row is saved
             (args.mirror / figure_path.name).write_bytes(figure_path.read_bytes())
     if failed:
         print(f"failed: {' '.join(failed)}", flush=True)

@@ -33,29 +33,17 @@ the command. Rows are keyed by task and ``--label`` (tuning variants sit beside 
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
-from learning import (
-    final_eval_returns,
-    final_training_returns,
-    nanmean,
-    rounded,
-    versions,
-    write_atomic,
-)
-from machine import machine_description
+from learning import final_eval_returns, final_training_returns
 
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_OUT = RESULTS / "pbt.json"
+DEFAULT_OUT = common.RESULTS / "pbt.json"
 CURVE_POINTS = 100
 
 # The search spaces, each bracketing the task's preset. Pendulum: the learning rate over 1.5
@@ -115,7 +103,7 @@ def compiled_pbt(config: Any, population: int, interval: int, search: dict, args
 def best_curve(returns: np.ndarray, member: int) -> list[float | None]:
     """One member's episode_return [updates] as about CURVE_POINTS stretch means."""
     stretches = np.array_split(returns[member], min(CURVE_POINTS, returns.shape[1]))
-    return [rounded(nanmean(stretch)) for stretch in stretches]
+    return [common.rounded(common.nanmean(stretch)) for stretch in stretches]
 
 
 def method_numbers(out: Any) -> dict[str, Any]:
@@ -124,17 +112,17 @@ def method_numbers(out: Any) -> dict[str, Any]:
     training = final_training_returns(returns)
     best = int(np.nanargmax(np.nan_to_num(training, nan=-np.inf)))
     numbers: dict[str, Any] = {
-        "final_training_return": [rounded(v, 2) for v in training],
+        "final_training_return": [common.rounded(v, 2) for v in training],
         "best_member": best,
-        "best": rounded(training[best], 2),
-        "mean": rounded(nanmean(training), 2),
+        "best": common.rounded(training[best], 2),
+        "mean": common.rounded(common.nanmean(training), 2),
         "best_curve": best_curve(returns, best),
     }
     if "eval_return" in out.metrics:
         evals = final_eval_returns(np.asarray(out.metrics["eval_return"], np.float64))
-        numbers["final_eval_return"] = [rounded(v, 2) for v in evals]
-        numbers["best_eval"] = rounded(evals[best], 2)
-        numbers["mean_eval"] = rounded(nanmean(evals), 2)
+        numbers["final_eval_return"] = [common.rounded(v, 2) for v in evals]
+        numbers["best_eval"] = common.rounded(evals[best], 2)
+        numbers["mean_eval"] = common.rounded(common.nanmean(evals), 2)
     return numbers
 
 
@@ -241,7 +229,7 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
         for stat in ("best", "mean", "best_eval", "mean_eval"):
             values = [rep[method].get(stat) for rep in reps]
             if None not in values:
-                summary[f"{method}_{stat}"] = rounded(np.mean(values), 2)
+                summary[f"{method}_{stat}"] = common.rounded(np.mean(values), 2)
     summary["pbt_best_wins"] = sum(rep["pbt"]["best"] > rep["search"]["best"] for rep in reps)
     return summary
 
@@ -255,54 +243,54 @@ def row_name(task: str, label: str | None) -> str:
 
 
 def read_results(path: Path) -> dict[str, Any]:
-    if path.exists():
-        return json.loads(path.read_text())
-    return {"benchmark": "pbt", "description": __doc__.splitlines()[0], "tasks": []}
+    return common.read_rows(path, "pbt", __doc__.splitlines()[0])
 
 
-def merge_row(path: Path, row: dict[str, Any]) -> None:
-    """Put ``row`` into the file in place of the old row of its name."""
-    results = read_results(path)
-    results["tasks"] = [old for old in results["tasks"] if old["name"] != row["name"]] + [row]
-    results["updated"] = row["date"]
-    write_atomic(path, json.dumps(results, indent=1) + "\n")
-
-
-def markdown_table(rows: list[dict[str, Any]]) -> str:
+def summary_table(rows: list[dict[str, Any]]) -> str:
     """Final training return per row, averaged over repetitions: PBT best and mean, search
     best and mean, the best members' final evaluation return, PBT's wins, the settings."""
-    lines = [
-        "| task | budget per member | PBT best | PBT mean | search best | search mean "
-        "| best's eval: PBT / search | PBT best wins | interval, fraction, explore |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = (
+        "task",
+        "budget per member",
+        "PBT best",
+        "PBT mean",
+        "search best",
+        "search mean",
+        "best's eval: PBT / search",
+        "PBT best wins",
+        "interval, fraction, explore",
+    )
+    lines = []
     for row in rows:
         s = row["summary"]
+        settings = f"{row['interval']} of {row['num_updates']} updates, {row['fraction']}"
         lines.append(
-            f"| {row['name']} | {row['budget_per_member']:,} | {s['pbt_best']} | {s['pbt_mean']}"
-            f" | {s['search_best']} | {s['search_mean']} | {s.get('pbt_best_eval')} / "
-            f"{s.get('search_best_eval')} | {s['pbt_best_wins']}/{row['reps']}"
-            f" | {row['interval']} of {row['num_updates']} updates, {row['fraction']}, "
-            f"{row['explore']} |"
+            (
+                row["name"],
+                f"{row['budget_per_member']:,}",
+                s["pbt_best"],
+                s["pbt_mean"],
+                s["search_best"],
+                s["search_mean"],
+                f"{s.get('pbt_best_eval')} / {s.get('search_best_eval')}",
+                f"{s['pbt_best_wins']}/{row['reps']}",
+                f"{settings}, {row['explore']}",
+            )
         )
-    return "\n".join(lines)
+    return common.markdown_table(header, lines)
 
 
 def repetitions_table(rows: list[dict[str, Any]]) -> str:
     """Per row and repetition: PBT best and mean, search best and mean (final training
     return)."""
+    header = ("task", "rep", "PBT best", "PBT mean", "search best", "search mean")
     lines = [
-        "| task | rep | PBT best | PBT mean | search best | search mean |",
-        "|---|---|---|---|---|---|",
+        (row["name"], rep["rep"], rep["pbt"]["best"], rep["pbt"]["mean"])
+        + (rep["search"]["best"], rep["search"]["mean"])
+        for row in rows
+        for rep in row["repetitions"]
     ]
-    for row in rows:
-        for rep in row["repetitions"]:
-            pbt, search = rep["pbt"], rep["search"]
-            lines.append(
-                f"| {row['name']} | {rep['rep']} | {pbt['best']} | {pbt['mean']} "
-                f"| {search['best']} | {search['mean']} |"
-            )
-    return "\n".join(lines)
+    return common.markdown_table(header, lines)
 
 
 def plot(path: Path, figure_path: Path) -> None:
@@ -405,40 +393,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.reps, args.population = 2, 4
         args.total_timesteps = args.total_timesteps or 4 * 4096
         args.interval = args.interval or 2
-        args.out = args.out or Path(tempfile.gettempdir()) / "ppojax-smoke" / "pbt.json"
-    args.out = args.out or DEFAULT_OUT
+    args.out = common.result_path(args.out, args.smoke, DEFAULT_OUT.name)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    figure_path = args.out.with_suffix(".png")
     if args.table:
         rows = read_results(args.out)["tasks"]
-        print(markdown_table(rows) + "\n\n" + repetitions_table(rows))
+        print(summary_table(rows) + "\n\n" + repetitions_table(rows))
         return 0
     if not args.plot_only:
         if args.cpu_devices > 1:
             import ppojax
 
             ppojax.use_cpu_devices(args.cpu_devices)
-        command = shlex.join(["python", "benchmarks/pbt.py", *argv])
         for task in args.tasks:
-            row = run_task(task, args)
-            row.update(
-                {
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                        timespec="seconds"
-                    ),
-                    "machine": machine_description(),
-                    "versions": versions(),
-                    "command": command,
-                }
-            )
-            merge_row(args.out, row)
-            print(markdown_table([row]), flush=True)
-    plot(args.out, figure_path)
+            row = {**run_task(task, args), **common.record(__file__, argv)}
+            common.write_json(args.out, common.merge_row(read_results(args.out), row, "name"))
+            print(summary_table([row]), flush=True)
+    plot(args.out, args.out.with_suffix(".png"))
     return 0
 
 

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import itertools
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from machine import machine_description
+from common import command_line, machine, now, timed, versions, write_json
 
 from ppojax.rlhf import (
     RLHFConfig,
@@ -66,13 +64,6 @@ LORA_TARGETS = ("qkv", "out", "mlp_in", "mlp_out", "lm_head")
 CURVES = ("objective/scores", "objective/kl")
 
 
-def timed(fn, *args):
-    """(result, seconds) of ``fn(*args)``, waiting for every array to be ready."""
-    start = time.perf_counter()
-    result = jax.block_until_ready(fn(*args))
-    return result, time.perf_counter() - start
-
-
 def rlhf_config(task: DigitTask, algorithm: str, **changes) -> RLHFConfig:
     """PPO: KL per token in the reward; GRPO / RLOO: 8 samples per prompt, k3 KL in the loss
     for GRPO (its paper's choice), in the reward for RLOO (its paper's)."""
@@ -85,7 +76,7 @@ def rlhf_config(task: DigitTask, algorithm: str, **changes) -> RLHFConfig:
     return RLHFConfig(**{**settings, **changes})
 
 
-def build(task: DigitTask, config: RLHFConfig, rewards: list, sft: dict, key: jax.Array):
+def build_trainer(task: DigitTask, config: RLHFConfig, rewards: list, sft: dict, key: jax.Array):
     """Trainer, initial state (critic: a copy of the SFT model, value head at 0) and prompts."""
     lm = task.model()
     critic = lm.critic_apply if config.needs_critic else None
@@ -178,7 +169,7 @@ def sorting_stage(seeds: int, steps: int, log) -> dict:
     def per_seed(sft, rm, init_key, train_key):
         rewards = [reward_model(task.model().critic_apply, rm), gold]
         rl = rlhf_config(task, "ppo", reward_weights=(1.0, 0.0))
-        trainer, state, prompt_fn = build(task, rl, rewards, sft, init_key)
+        trainer, state, prompt_fn = build_trainer(task, rl, rewards, sft, init_key)
 
         def per_beta(beta):
             return run_steps(trainer, state.replace(kl_coef=beta), prompt_fn, train_key, steps)
@@ -274,7 +265,7 @@ def reversal_stage(seed: int, steps: int, log) -> dict:
     }
     log(f"reversal: SFT {sft_s:.1f} s, {json.dumps(result['sft']['eval'])}")
     for algorithm in ("ppo", "grpo", "rloo"):
-        trainer, state, prompt_fn = build(
+        trainer, state, prompt_fn = build_trainer(
             task, rlhf_config(task, algorithm), [checker], sft, init_key
         )
         run = train(trainer, state, prompt_fn, train_key, steps)
@@ -296,7 +287,7 @@ def lora_stage(seed: int, repeats: int = 10) -> dict:
     variants = {"full": {}, "lora": dict(lora_rank=4, lora_targets=LORA_TARGETS)}
     for (name, changes), algorithm in itertools.product(variants.items(), ("ppo", "grpo")):
         config = rlhf_config(task, algorithm, **changes)
-        trainer, state, prompt_fn = build(task, config, rewards, params, jax.random.key(1))
+        trainer, state, prompt_fn = build_trainer(task, config, rewards, params, jax.random.key(1))
         prompts, mask = prompt_fn(jax.random.key(2))
         compiled = jax.jit(trainer.step).lower(state, prompts, mask, jax.random.key(3)).compile()
         memory = compiled.memory_analysis()
@@ -392,13 +383,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_record(command: str, began: float, load_before: tuple) -> dict:
     """When, where and how a part ran: its own record, so merged parts stay traceable."""
-    machine = machine_description()
+    where = machine()
     # Other processes share these cores; the load average says how much timings suffered.
-    machine["load_average_1_5_15_min"] = {"start": load_before, "end": os.getloadavg()}
+    where["load_average_1_5_15_min"] = {"start": load_before, "end": os.getloadavg()}
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": now(),
         "command": command,
-        "machine": machine,
+        "machine": where,
+        "versions": versions(),
         "wall_s": round(time.perf_counter() - began, 1),
     }
 
@@ -406,7 +398,7 @@ def run_record(command: str, began: float, load_before: tuple) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen parts, merge them into rlhf.json, redraw rlhf.png."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    command = shlex.join(["python", "benchmarks/rlhf.py", *(argv or sys.argv[1:])])
+    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     path = args.out / "rlhf.json"
     document = json.loads(path.read_text()) if path.exists() else {}
     document["benchmark"] = "ppojax.rlhf: PPO, GRPO, RLOO on reversal; PPO on sorting against "
@@ -426,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before, began = os.getloadavg(), time.perf_counter()
         document[name] = {"run": None, **stages[name]()}
         document[name]["run"] = run_record(command, began, load_before)
-        path.write_text(json.dumps(document, indent=2) + "\n")
+        write_json(path, document)
     plot(args.out / "rlhf.png", document)
     if "sorting" in args.parts:
         print(json.dumps({k: document["sorting"][k] for k in ("sft", "reward_model")}, indent=2))

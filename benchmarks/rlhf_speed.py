@@ -58,7 +58,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from machine import machine_description
+from common import machine
 
 from ppojax.rlhf import RLHFConfig, make_trainer, transformer
 
@@ -130,7 +130,7 @@ def step_flops(config: RLHFConfig, n: int, sizes: Sizes) -> float:
     return float(n) * positions * (2 * forward_passes + 6 * trained_models * config.ppo_epochs)
 
 
-def build(algorithm: str, sizes: Sizes, key: jax.Array):
+def build_step(algorithm: str, sizes: Sizes, key: jax.Array):
     """The trainer, its initial state, the prompts and their mask, and N."""
     lm = transformer(
         sizes.vocab_size, sizes.max_len, sizes.d_model, sizes.num_heads, sizes.num_layers
@@ -150,7 +150,7 @@ def build(algorithm: str, sizes: Sizes, key: jax.Array):
 def measure(algorithm: str, sizes: Sizes, steps: int, key: jax.Array) -> dict:
     """Compile one step ahead of time, then ``steps`` timed steps; one result row."""
     build_key, run_key = jax.random.split(key)
-    trainer, state, prompts, mask, n = build(algorithm, sizes, build_key)
+    trainer, state, prompts, mask, n = build_step(algorithm, sizes, build_key)
     step_keys = list(jax.random.split(run_key, steps))
     start = time.perf_counter()
     compiled = jax.jit(trainer.step).lower(state, prompts, mask, step_keys[0]).compile()
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     rows = rlhf_step_times(smoke=args.smoke, steps=args.steps)
-    print(json.dumps({"machine": machine_description(), "rows": rows}, indent=1))
+    print(json.dumps({"machine": machine(), "rows": rows}, indent=1))
     return 0
 
 

@@ -15,37 +15,18 @@ a variant's figure is the median over rounds of (all-on steps/s) / (variant step
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
+from common import RESULTS, record, write_json
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ppojax
+from ppojax.runtime import kernels
 
-from machine import machine_description  # noqa: E402
-
-import ppojax  # noqa: E402
-from ppojax.runtime import kernels  # noqa: E402
-
-RESULT = Path(__file__).resolve().parent / "results" / "stand_ins.json"
-
-
-def classic_config(timesteps: int) -> ppojax.PPOConfig:
-    return ppojax.PPOConfig(
-        env_id="CartPole-v1",
-        num_envs=4,
-        num_steps=128,
-        total_timesteps=timesteps,
-        update_epochs=4,
-        num_minibatches=4,
-        learning_rate=2.5e-4,
-    )
+RESULT = RESULTS / "stand_ins.json"
 
 
 def variants() -> dict[str, tuple[str, ...] | None]:
@@ -71,7 +52,7 @@ def compile_variant(config: ppojax.PPOConfig, seeds: int, off: tuple[str, ...] |
 
 
 def measure(seeds: int, rounds: int, timesteps: int) -> dict:
-    config = classic_config(timesteps)
+    config = ppojax.PPOConfig(total_timesteps=timesteps)  # the classic config
     table = variants()
     # one throwaway compile first: the process's first pays one-time costs (backend start,
     # tracing caches) that would otherwise land on whichever variant comes first
@@ -118,16 +99,14 @@ def main() -> None:
     runs = [measure(seeds, args.rounds, args.timesteps) for seeds in args.seeds]
     result = {
         "benchmark": "stand_ins",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(["benchmarks/stand_ins.py", *sys.argv[1:]]),
-        "machine": machine_description(),
+        **record(__file__, sys.argv[1:]),
         "config": {
-            key: getattr(classic_config(args.timesteps), key)
+            key: getattr(ppojax.PPOConfig(total_timesteps=args.timesteps), key)
             for key in ("env_id", "num_envs", "num_steps", "total_timesteps", "update_epochs")
         },
         "runs": runs,
     }
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(RESULT, result)
     print(f"wrote {RESULT}")
 
 

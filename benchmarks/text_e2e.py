@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import functools
 import json
 import shlex
@@ -44,19 +43,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from common import RESULTS, record, write_json
 from tokenizers import Tokenizer, decoders, models
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ppojax.cli import main as ppojax_main
+from ppojax.rlhf import exact_match, from_pretrained, generate, load_prompts
+from ppojax.rlhf.models import Decoder, read_config
+from ppojax.rlhf.models.weights import save_params
 
-from machine import machine_description  # noqa: E402
-
-from ppojax.cli import main as ppojax_main  # noqa: E402
-from ppojax.rlhf import exact_match, from_pretrained, generate, load_prompts  # noqa: E402
-from ppojax.rlhf.models import Decoder, read_config  # noqa: E402
-from ppojax.rlhf.models.weights import save_params  # noqa: E402
-from ppojax.runs import folder  # noqa: E402
-
-RESULT = Path(__file__).resolve().parent / "results" / "text_e2e.json"
+RESULT = RESULTS / "text_e2e.json"
 SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")
 CHARS = "0123456789+? Whatis"
 RESPONSE_LEN = 5  # "198" and EOS, with one to spare
@@ -391,10 +386,7 @@ def run(seeds: list[int], sizes: Sizes, work: Path, out: Path, argv: list[str]) 
     mean = {s: float(np.mean([row["accuracy"][s] for row in rows])) for s in STAGES}
     result = {
         "benchmark": "text_e2e",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(["benchmarks/text_e2e.py", *argv]),
-        "machine": machine_description(),
-        "versions": folder.versions(),
+        **record(__file__, argv),
         "task": "a+b for 0 <= a, b <= 99, prompt 'What is a+b?', answer the sum; greedy "
         "held-out accuracy, scored by ppojax.rlhf.text_rewards.exact_match",
         "sizes": dataclasses.asdict(sizes),
@@ -404,8 +396,7 @@ def run(seeds: list[int], sizes: Sizes, work: Path, out: Path, argv: list[str]) 
         "seeds": rows,
         "transformers_reload": reloads or "not run: torch or transformers does not import",
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     plot(result, out.with_suffix(".png"))
     print(f"mean: {mean}; wrote {out} and {out.with_suffix('.png')}")
     return result

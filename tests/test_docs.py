@@ -4,26 +4,17 @@ README keeps the line CI runs and the learning-table markers; relative links poi
 
 import ast
 import dataclasses
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_script import run_benchmark
 
 import ppojax
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_benchmark(name: str):
-    """A script of benchmarks/ as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 HEADER = ["field", "type", "default", "kind", "meaning"]
@@ -159,38 +150,37 @@ def test_the_readme_has_the_learning_table_markers():
     assert start < text.index("<!-- learning-table:end -->")
 
 
-def test_the_readme_learning_table_is_the_one_learning_py_makes_from_the_result_file():
+def readme_as_written_by(script: str, tmp_path: Path) -> str:
+    """The README after ``python benchmarks/SCRIPT.py --readme`` rewrote a copy of it."""
+    copy = tmp_path / "README.md"
+    copy.write_text((ROOT / "README.md").read_text())
+    run_benchmark(script, "--readme", str(copy))
+    return copy.read_text()
+
+
+def test_the_readme_learning_table_is_the_one_learning_py_makes_from_the_result_file(tmp_path):
     """The README's learning rows are generated, never typed: they equal what
     ``python benchmarks/learning.py --readme README.md`` writes from learning.json."""
-    learning = load_benchmark("learning")
-    rows = json.loads((ROOT / "benchmarks" / "results" / "learning.json").read_text())["tasks"]
-    table = learning.markdown_table(rows, "benchmarks/results/learning.png")
-    text = (ROOT / "README.md").read_text()
-    assert learning.readme_with_table(text, table) == text, (
+    assert readme_as_written_by("learning", tmp_path) == (ROOT / "README.md").read_text(), (
         "run python benchmarks/learning.py --readme README.md"
     )
-    assert learning.steps_text(9_994_240) == "10M" and learning.steps_text(150_000) == "150k"
-    assert learning.steps_text(499_712) == "500k" and learning.steps_text(1_500_000) == "1.5M"
 
 
-def test_the_readme_speed_table_is_the_one_compare_py_makes_from_the_result_files():
+def test_the_readme_speed_table_is_the_one_compare_py_makes_from_the_result_files(tmp_path):
     """The README's speed rows are generated, never typed: they equal what
     ``python benchmarks/compare.py --readme README.md`` writes from the compare-*.json files."""
-    compare = load_benchmark("compare")
-    table = compare.speed_table(ROOT / "benchmarks" / "results")
-    text = (ROOT / "README.md").read_text()
-    assert compare.SPEED_START in text and compare.SPEED_END in text
-    assert compare.readme_with_speed_table(text, table) == text, (
+    assert readme_as_written_by("compare", tmp_path) == (ROOT / "README.md").read_text(), (
         "run python benchmarks/compare.py --readme README.md"
     )
 
 
-def test_learning_py_runs_a_preset_with_changes_for_other_scripts_ablations():
-    learning = load_benchmark("learning")
-    config = learning.task_config("MountainCarContinuous-v0", 2048, {"init_log_std": 0.5})
-    preset = ppojax.PPOConfig.preset("MountainCarContinuous-v0")
-    assert config == preset.replace(total_timesteps=2048, init_log_std=0.5)
-    assert learning.task_config("MountainCarContinuous-v0") == preset
+TINY_CARTPOLE = {"num_envs": 2, "num_steps": 8, "total_timesteps": 320, "num_minibatches": 1}
+
+
+def learning_with_preset(preset: dict, *args: str, check: bool = True):
+    """``learning.py ARGS`` run while CartPole-v1's preset is ``preset``."""
+    before = f"import ppojax\nppojax.PRESETS['CartPole-v1'] = {preset!r}"
+    return run_benchmark("learning", *args, before=before, check=check)
 
 
 def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_preset(
@@ -203,12 +193,12 @@ def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_pres
     from ppojax.runs import folder
     from ppojax.runs.experiment import Experiment, run_experiment
 
-    learning = load_benchmark("learning")
-    tiny = {"num_envs": 2, "num_steps": 8, "total_timesteps": 320, "num_minibatches": 1}
-    monkeypatch.setitem(ppojax.PRESETS, "CartPole-v1", {**tiny, "eval_every": 10})
-    run_dir = tmp_path / "run"
+    preset = {**TINY_CARTPOLE, "eval_every": 10}
+    monkeypatch.setitem(ppojax.PRESETS, "CartPole-v1", preset)
+    run_dir, out = tmp_path / "run", tmp_path / "learning.json"
     run_experiment(Experiment(ppojax.PPOConfig.preset("CartPole-v1"), seeds=2), run_dir)
-    row = learning.row_from_run(run_dir)
+    learning_with_preset(preset, "--from-run", str(run_dir), "--out", str(out))
+    (row,) = json.loads(out.read_text())["tasks"]
     _, metrics = folder.read_metrics(run_dir / folder.METRICS_FILE)
     returns = np.asarray(metrics["episode_return"], np.float64)  # [2, 20]: the last update
     expected = returns[:, -1]
@@ -216,30 +206,27 @@ def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_pres
     def per_seed(name):  # JSON has no NaN: None where no episode ended
         return np.asarray([np.nan if v is None else v for v in row[name]], np.float64)
 
-    # the row keeps 2 decimals (learning.rounded): equal to within half a unit of the last
+    # the row keeps 2 decimals: equal to within half a unit of the last
     np.testing.assert_allclose(per_seed("final_training_return_per_seed"), expected, atol=0.005)
     evals = np.asarray(metrics["eval_return"], np.float64)
     np.testing.assert_allclose(per_seed("final_eval_return_per_seed"), evals[:, -1], atol=0.005)
     assert row["task"] == "CartPole-v1" and row["seeds"] == 2 and row["budget"] == 320
-    assert learning.preset_drift(row) == {}
+    table = learning_with_preset(preset, "--table", "--out", str(out)).stdout
+    assert "| CartPole-v1 | 320 |" in table and "earlier preset" not in table
 
-    monkeypatch.setitem(ppojax.PRESETS, "CartPole-v1", {**tiny, "eval_every": 10, "gamma": 0.9})
-    assert learning.preset_drift(row) == {"gamma": 0.99}
-    with pytest.raises(SystemExit, match="differs from the CartPole-v1 preset in gamma"):
-        learning.row_from_run(run_dir)
-    table = learning.markdown_table([row], "learning.png")
+    changed = {**preset, "gamma": 0.9}
+    refused = learning_with_preset(changed, "--from-run", str(run_dir), check=False)
+    assert refused.returncode != 0
+    assert "differs from the CartPole-v1 preset in gamma" in refused.stderr
+    table = learning_with_preset(changed, "--table", "--out", str(out)).stdout.strip()
     assert "| CartPole-v1 * | 320 |" in table
     assert table.endswith("earlier preset, where it differed: CartPole-v1: gamma 0.99")
 
 
-def test_the_pbt_tables_in_the_docs_are_the_result_file_s(monkeypatch):
+def test_the_pbt_tables_in_the_docs_are_the_result_file_s():
     # the guide and benchmarks/README.md copy pbt.py's summary table: it must not go stale.
-    # pbt.py imports its sibling scripts as a run of it does (benchmarks/ first on the path;
-    # an installed package named ``learning`` must not stand in for benchmarks/learning.py).
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    for name in ("learning", "machine"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    pbt = load_benchmark("pbt")
-    table = pbt.markdown_table(pbt.read_results(pbt.DEFAULT_OUT)["tasks"])
+    printed = run_benchmark("pbt", "--table").stdout
+    table = printed.split("\n\n")[0].strip()
+    assert table.startswith("| task | budget per member |")
     for doc in (ROOT / "docs" / "guide.md", ROOT / "benchmarks" / "README.md"):
         assert table in doc.read_text(), f"{doc}: rerun `python benchmarks/pbt.py --table`"

@@ -1,16 +1,14 @@
 """benchmarks/rlhf_speed.py at its smoke size: both rows well-formed, and their rates follow
 from their step time and shapes by the counts the script's docstring states."""
 
-import importlib
+import json
 import math
-import sys
-from pathlib import Path
 
 import jax
+from benchmark_script import run_benchmark
 
 from ppojax.rlhf import transformer
 
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = {
     "name",
     "algorithm",
@@ -27,14 +25,9 @@ KEYS = {
 }
 
 
-def test_the_smoke_rows_are_well_formed_and_their_rates_follow_from_step_s(monkeypatch):
-    # imported as gpu.py imports it: benchmarks/ first on the path, its sibling ``machine``
-    # from there rather than any installed module of that name
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    for name in ("rlhf_speed", "machine"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    rlhf_speed = importlib.import_module("rlhf_speed")
-    rows = rlhf_speed.rlhf_step_times(smoke=True, steps=1)
+def test_the_smoke_rows_are_well_formed_and_their_rates_follow_from_step_s():
+    printed = run_benchmark("rlhf_speed", "--smoke", "--steps", "1").stdout
+    rows = json.loads(printed)["rows"]
     assert [row["algorithm"] for row in rows] == ["ppo", "grpo"]
     assert [row["group_size"] for row in rows] == [1, 8]
     shape = rows[0]["shape"]
