@@ -90,7 +90,7 @@ class PPOConfig:
     improvement: the noise carries the past, so an action is no longer drawn from pi(.|s)
     given the state alone and the policy gradient is biased; where white noise explores well
     enough it brings nothing (Pendulum's preset at rho 0.5: -160.2 against -155.7,
-    benchmarks/exploration.py).
+    benchmarks/results/exploration.json, read in benchmarks/README.md, "One-off studies").
 
     env_kwargs (static): settings of the env, a dict of JSON scalars. Keys the env's factory
     names are passed to it (for gymnax ids, to the env's constructor); keys that name a field
