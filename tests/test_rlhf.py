@@ -23,8 +23,8 @@ from ppojax.rlhf import (
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.lora import adapted_kernels, init_adapters, merge
-from ppojax.rlhf.rollout import advantages_and_returns, score
+from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
+from ppojax.rlhf.core.rollout import advantages_and_returns, score
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
 from ppojax.rlhf.tasks.sorting import (

@@ -25,7 +25,7 @@ from typing import Any
 
 from ppojax.cli.flags import add_repeatable
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
-from ppojax.rlhf.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
 
 COMMANDS = ("sft", "rm", "dpo", "rlhf")
 DATA_FLAGS = {"sft": "data", "rm": "pairs", "dpo": "pairs", "rlhf": "prompts"}

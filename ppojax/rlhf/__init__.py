@@ -3,7 +3,8 @@ step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply
 ``critic_apply`` and reward functions by ``make_trainer``. Tasks live in
 ``ppojax.rlhf.tasks``; the library never imports them."""
 
-from ppojax.rlhf.advantages import (
+from ppojax.rlhf.completions import CompletionData, load_completions, make_sft_step
+from ppojax.rlhf.core.advantages import (
     group_advantages,
     kl_estimate,
     leave_one_out_advantages,
@@ -11,8 +12,19 @@ from ppojax.rlhf.advantages import (
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.completions import CompletionData, load_completions, make_sft_step
-from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.lora import tree_bytes
+from ppojax.rlhf.core.objective import RLHFBatch, aggregate
+from ppojax.rlhf.core.sampling import (
+    KVCacheHook,
+    Samples,
+    SamplingSettings,
+    Sequences,
+    response_mask,
+    response_stats,
+    sample_responses,
+)
+from ppojax.rlhf.core.trainer import RLHFState, Trainer, make_trainer, run_steps
 from ppojax.rlhf.data import (
     PromptData,
     draw_batch,
@@ -21,10 +33,8 @@ from ppojax.rlhf.data import (
     read_jsonl,
     split_held_out,
 )
-from ppojax.rlhf.lora import tree_bytes
 from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
-from ppojax.rlhf.objective import RLHFBatch, aggregate
 from ppojax.rlhf.preference import (
     PairData,
     dpo_loss,
@@ -35,15 +45,6 @@ from ppojax.rlhf.preference import (
     pair_log_probs,
 )
 from ppojax.rlhf.reward import bradley_terry_loss, reward_model
-from ppojax.rlhf.sampling import (
-    KVCacheHook,
-    Samples,
-    SamplingSettings,
-    Sequences,
-    response_mask,
-    response_stats,
-    sample_responses,
-)
 from ppojax.rlhf.sft import sft_loss, train_sft
 from ppojax.rlhf.text_rewards import (
     call_text_reward,
@@ -53,7 +54,6 @@ from ppojax.rlhf.text_rewards import (
     regex_reward,
     text_reward,
 )
-from ppojax.rlhf.trainer import RLHFState, Trainer, make_trainer, run_steps
 
 __all__ = [
     "CompletionData",

@@ -23,7 +23,8 @@ from typing import Any
 
 import jax
 
-from ppojax.rlhf.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.trainer import make_trainer
 from ppojax.rlhf.model import zero_value_head
 from ppojax.rlhf.reward import reward_model
 from ppojax.rlhf.run import (
@@ -37,7 +38,6 @@ from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
 from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_sft
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
-from ppojax.rlhf.trainer import make_trainer
 from ppojax.runs import folder
 from ppojax.runtime import cache
 

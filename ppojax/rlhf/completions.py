@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
+from ppojax.rlhf.core.sampling import PolicyApply, Sequences
 from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
-from ppojax.rlhf.sampling import PolicyApply, Sequences
 from ppojax.rlhf.sft import sft_loss
 
 

@@ -19,7 +19,14 @@ import numpy as np
 import optax
 
 from ppojax.rlhf.completions import CompletionData, make_sft_step
-from ppojax.rlhf.config import RLHFConfig
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.trainer import (
+    RLHFState,
+    Trainer,
+    make_trainer,
+    policy_params_fn,
+    reward_names,
+)
 from ppojax.rlhf.data import PromptData, draw_batch
 from ppojax.rlhf.models.pretrained import PretrainedLM
 from ppojax.rlhf.preference import (
@@ -30,13 +37,6 @@ from ppojax.rlhf.preference import (
 )
 from ppojax.rlhf.reward import reward_model
 from ppojax.rlhf.text_rewards import TextReward, text_reward
-from ppojax.rlhf.trainer import (
-    RLHFState,
-    Trainer,
-    make_trainer,
-    policy_params_fn,
-    reward_names,
-)
 from ppojax.runs.loop import StepFn
 
 PAIR_CURVES = ("loss", "rewards/accuracies", "rewards/margins")

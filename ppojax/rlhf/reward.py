@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.ppo import losses
-from ppojax.rlhf.sampling import Sequences
+from ppojax.rlhf.core.sampling import Sequences
 
 
 def bradley_terry_loss(

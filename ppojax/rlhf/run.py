@@ -26,8 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.trainer import RLHFState, Trainer
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loop import LoopOptions, StepFn, plot_metrics, train_loop
 

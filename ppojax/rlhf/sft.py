@@ -9,7 +9,7 @@ import jax
 import optax
 
 from ppojax.ppo import losses
-from ppojax.rlhf.sampling import PolicyApply, Sequences, response_stats
+from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_stats
 
 
 def sft_loss(policy_apply: PolicyApply, params: Any, targets: Sequences) -> jax.Array:

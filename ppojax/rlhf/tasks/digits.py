@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from ppojax.checks import ConfigError, check_positive_int, static
+from ppojax.rlhf.core.sampling import Sequences
 from ppojax.rlhf.model import LanguageModel, transformer
-from ppojax.rlhf.sampling import Sequences
 from ppojax.rlhf.sft import train_sft
 
 PAD = 0
