@@ -2,12 +2,14 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ppojax.rlhf
 from ppojax.ppo import losses
 from ppojax.ppo.config import ConfigError
 from ppojax.rlhf import (
@@ -315,11 +317,22 @@ def test_task_config_names_the_field():
 
 
 def test_library_never_imports_a_task():
+    """Every module of ppojax.rlhf, in every tier, imports without a task module coming along,
+    but the task app (apps/task_run.py and ``python -m ppojax.rlhf``, which runs it)."""
+    root = Path(ppojax.rlhf.__file__).parent
+    apps = (root / "tasks", root / "apps" / "task_run.py", root / "__main__.py")
+    names = [
+        ".".join(("ppojax", "rlhf", *path.relative_to(root).with_suffix("").parts))
+        for path in sorted(root.rglob("*.py"))
+        if not any(path == app or app in path.parents for app in apps)
+    ]
+    assert {"ppojax.rlhf.core.trainer", "ppojax.rlhf.post.sft", "ppojax.rlhf.apps.jobs"} <= set(
+        names
+    )
     code = (
-        "import sys, pkgutil, importlib, ppojax.rlhf\n"
-        "for info in pkgutil.iter_modules(ppojax.rlhf.__path__, 'ppojax.rlhf.'):\n"
-        "    if info.name not in ('ppojax.rlhf.tasks', 'ppojax.rlhf.__main__'):\n"
-        "        importlib.import_module(info.name)\n"
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name.removesuffix('.__init__'))\n"
         "print(sorted(m for m in sys.modules if m.startswith('ppojax.rlhf.tasks')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -10,9 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from ppojax.rlhf import RLHFConfig, completions, from_pretrained, make_trainer, preference
+from ppojax.rlhf import RLHFConfig, from_pretrained, make_trainer
 from ppojax.rlhf import data as text_data
 from ppojax.rlhf import text_rewards as tr
+from ppojax.rlhf.post import completions
+from ppojax.rlhf.post import dpo as preference
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
 

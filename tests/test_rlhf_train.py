@@ -19,7 +19,7 @@ from ppojax.rlhf.core.lora import tree_bytes
 from ppojax.rlhf.core.objective import LossParts, rlhf_loss
 from ppojax.rlhf.core.rollout import Roles, collect
 from ppojax.rlhf.core.trainer import policy_params_fn
-from ppojax.rlhf.model import transformer
+from ppojax.rlhf.models.transformer import transformer
 
 VOCAB, PAD, EOS, GOOD = 6, 0, 1, 4
 PROMPT_WIDTH, RESPONSE_LEN = 4, 5

@@ -3,7 +3,6 @@ step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply
 ``critic_apply`` and reward functions by ``make_trainer``. Tasks live in
 ``ppojax.rlhf.tasks``; the library never imports them."""
 
-from ppojax.rlhf.completions import CompletionData, load_completions, make_sft_step
 from ppojax.rlhf.core.advantages import (
     group_advantages,
     kl_estimate,
@@ -33,9 +32,10 @@ from ppojax.rlhf.data import (
     read_jsonl,
     split_held_out,
 )
-from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
-from ppojax.rlhf.preference import (
+from ppojax.rlhf.models.transformer import LanguageModel, TransformerLM, transformer
+from ppojax.rlhf.post.completions import CompletionData, load_completions, make_sft_step
+from ppojax.rlhf.post.dpo import (
     PairData,
     dpo_loss,
     load_pairs,
@@ -44,8 +44,8 @@ from ppojax.rlhf.preference import (
     pair_accuracy,
     pair_log_probs,
 )
-from ppojax.rlhf.reward import bradley_terry_loss, reward_model
-from ppojax.rlhf.sft import sft_loss, train_sft
+from ppojax.rlhf.post.reward_model import bradley_terry_loss, reward_model
+from ppojax.rlhf.post.sft import sft_loss, train_sft
 from ppojax.rlhf.text_rewards import (
     call_text_reward,
     exact_match,

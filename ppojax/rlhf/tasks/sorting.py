@@ -21,9 +21,9 @@ from flax import struct
 from ppojax.checks import ConfigError, check_positive_int, static
 from ppojax.ppo import losses
 from ppojax.rlhf.core.sampling import SamplingSettings, Sequences, sample_responses
-from ppojax.rlhf.model import zero_value_head
-from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
-from ppojax.rlhf.sft import make_adam
+from ppojax.rlhf.models.transformer import zero_value_head
+from ppojax.rlhf.post.reward_model import bradley_terry_loss, last_token_scores
+from ppojax.rlhf.post.sft import make_adam
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask, scorer, sft_start, targets
 
 SORTING = DigitTask(

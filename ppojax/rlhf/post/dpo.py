@@ -24,7 +24,7 @@ import optax
 
 from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_stats
 from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
-from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
+from ppojax.rlhf.post.reward_model import bradley_terry_loss, last_token_scores
 
 LOSS_TYPES = ("sigmoid", "ipo")
 PAIR_FIELDS = ("prompt", "chosen", "rejected")

@@ -1,7 +1,7 @@
 """What ``ppojax sft | rm | dpo | rlhf --model`` train, each as a ``Job``: its state at step 0,
 what every step reads but never changes (the data, a reference, a reward model's params: an
 argument of the compiled chunk, never checkpointed), a pure step, and the params its run
-folder's ``final/`` holds. ``ppojax.rlhf.text_run`` trains a job into a run folder.
+folder's ``final/`` holds. ``ppojax.rlhf.apps.text_run`` trains a job into a run folder.
 
     job = sft_job(lm, load_completions("sft.jsonl", lm.tokenizer), batch_size=8, learning_rate=1e-4)
     state, metrics = job.step(job.frozen, job.state, key)
@@ -18,7 +18,6 @@ import jax
 import numpy as np
 import optax
 
-from ppojax.rlhf.completions import CompletionData, make_sft_step
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.trainer import (
     RLHFState,
@@ -29,13 +28,14 @@ from ppojax.rlhf.core.trainer import (
 )
 from ppojax.rlhf.data import PromptData, draw_batch
 from ppojax.rlhf.models.pretrained import PretrainedLM
-from ppojax.rlhf.preference import (
+from ppojax.rlhf.post.completions import CompletionData, make_sft_step
+from ppojax.rlhf.post.dpo import (
     PairData,
     make_dpo_step,
     make_reward_model_step,
     pair_accuracy,
 )
-from ppojax.rlhf.reward import reward_model
+from ppojax.rlhf.post.reward_model import reward_model
 from ppojax.rlhf.text_rewards import TextReward, text_reward
 from ppojax.runs.loop import StepFn
 

@@ -1,4 +1,4 @@
-"""A ``Job`` (``ppojax.rlhf.jobs``) trained into a run folder, from a Hugging Face folder to a
+"""A ``Job`` (``ppojax.rlhf.apps.jobs``) trained into a run folder, from a Hugging Face folder to a
 Hugging Face folder. A run folder holds::
 
     config.json        the command's settings (what --resume reads back)
@@ -26,8 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ppojax.rlhf.apps.jobs import Job
 from ppojax.rlhf.data import PromptData
-from ppojax.rlhf.jobs import Job
 from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses

@@ -19,7 +19,7 @@ import optax
 
 from ppojax.rlhf.core.sampling import PolicyApply, Sequences
 from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
-from ppojax.rlhf.sft import sft_loss
+from ppojax.rlhf.post.sft import sft_loss
 
 
 class CompletionData(NamedTuple):
