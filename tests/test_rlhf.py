@@ -27,12 +27,12 @@ from ppojax.rlhf import (
 )
 from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
 from ppojax.rlhf.core.rollout import advantages_and_returns, score
+from ppojax.rlhf.post.reward_model import pair_margins
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
 from ppojax.rlhf.tasks.sorting import (
     RewardModelConfig,
     gold,
-    pair_margins,
     ranked_samples,
     sorting_sft,
     sorting_targets,
@@ -382,10 +382,10 @@ def test_whiten_advantages_normalizes_over_real_tokens_only_when_asked():
     assert (np.asarray(on)[~np.asarray(mask)] == 0).all()
 
 
-def test_pair_margins_orders_each_pair_by_gold_and_drops_ties():
+def test_pair_margins_orders_each_pair_by_the_ranking_and_drops_ties():
     scores = jnp.array([[0.0, 1.0, 2.0]])
-    gold_scores = jnp.array([[0.5, 0.2, 0.5]])  # pairs (0, 1), (0, 2), (1, 2)
-    margins, counted = pair_margins(scores, gold_scores)
+    ranking = jnp.array([[0.5, 0.2, 0.5]])  # pairs (0, 1), (0, 2), (1, 2)
+    margins, counted = pair_margins(scores, ranking)
     # (0, 1): 0 wins, 0 - 1; (0, 2): a tie; (1, 2): 2 wins, 2 - 1
     np.testing.assert_allclose(margins, [[-1.0, 0.0, 1.0]])
     np.testing.assert_array_equal(counted, [[True, False, True]])
@@ -408,7 +408,7 @@ def test_ranked_samples_carry_the_gold_of_each_sample(small_sft):
     for k in range(3):
         responses, response_mask = ranked.responses[:, k], ranked.response_mask[:, k]
         expected = gold(ranked.prompts, ranked.prompt_mask, responses, response_mask)
-        np.testing.assert_allclose(ranked.gold[:, k], expected)
+        np.testing.assert_allclose(ranked.ranking[:, k], expected)
 
 
 def test_reward_model_ranks_held_out_pairs_well_above_chance(small_sft):

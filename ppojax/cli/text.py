@@ -338,8 +338,8 @@ def check_batch(path: Path, rows: int, batch_size: int) -> None:
 def load_examples(settings: dict[str, Any], lm: Any) -> Any:
     """The completions (sft) or pairs (rm, dpo) of the run's JSONL file, checked to fit the
     model's context."""
-    from ppojax.rlhf.post.completions import load_completions
-    from ppojax.rlhf.post.dpo import load_pairs
+    from ppojax.rlhf.post.pairs import load_pairs
+    from ppojax.rlhf.post.sft import load_completions
 
     load = load_completions if settings["command"] == "sft" else load_pairs
     path = Path(settings["data"])

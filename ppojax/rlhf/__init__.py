@@ -34,18 +34,21 @@ from ppojax.rlhf.data import (
 )
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.models.transformer import LanguageModel, TransformerLM, transformer
-from ppojax.rlhf.post.completions import CompletionData, load_completions, make_sft_step
-from ppojax.rlhf.post.dpo import (
-    PairData,
-    dpo_loss,
-    load_pairs,
-    make_dpo_step,
+from ppojax.rlhf.post.dpo import dpo_loss, make_dpo_step, pair_log_probs
+from ppojax.rlhf.post.pairs import PairData, load_pairs
+from ppojax.rlhf.post.reward_model import (
+    bradley_terry_loss,
     make_reward_model_step,
     pair_accuracy,
-    pair_log_probs,
+    reward_model,
 )
-from ppojax.rlhf.post.reward_model import bradley_terry_loss, reward_model
-from ppojax.rlhf.post.sft import sft_loss, train_sft
+from ppojax.rlhf.post.sft import (
+    CompletionData,
+    load_completions,
+    make_sft_step,
+    sft_loss,
+    train_sft,
+)
 from ppojax.rlhf.text_rewards import (
     call_text_reward,
     exact_match,

@@ -28,14 +28,10 @@ from ppojax.rlhf.core.trainer import (
 )
 from ppojax.rlhf.data import PromptData, draw_batch
 from ppojax.rlhf.models.pretrained import PretrainedLM
-from ppojax.rlhf.post.completions import CompletionData, make_sft_step
-from ppojax.rlhf.post.dpo import (
-    PairData,
-    make_dpo_step,
-    make_reward_model_step,
-    pair_accuracy,
-)
-from ppojax.rlhf.post.reward_model import reward_model
+from ppojax.rlhf.post.dpo import make_dpo_step
+from ppojax.rlhf.post.pairs import PairData
+from ppojax.rlhf.post.reward_model import make_reward_model_step, pair_accuracy, reward_model
+from ppojax.rlhf.post.sft import CompletionData, make_sft_step
 from ppojax.rlhf.text_rewards import TextReward, text_reward
 from ppojax.runs.loop import StepFn
 
