@@ -136,6 +136,21 @@ def test_held_out_split_keeps_rows_and_columns_together(lm):
         text_data.split_held_out(data, held_out=10)
 
 
+def test_held_out_split_takes_the_same_rows_of_prompts_and_of_any_array_pytree(lm):
+    """One split for prompts (``PromptData``) and pairs (any pytree of [N, ...] arrays): the
+    same seed holds out the same rows of both, each part in the data's order."""
+    data = text_data.load_prompts([f"q{i}" for i in range(10)], lm.tokenizer)
+    arrays = {"row": np.arange(10), "pair": np.arange(20).reshape(10, 2)}
+    train, held = text_data.split_held_out(arrays, 3, seed=4)
+    _, held_prompts = text_data.split_held_out(data, 3, seed=4)
+    assert held["row"].tolist() == [int(prompt[1:]) for prompt in held_prompts.prompts]
+    assert held["row"].tolist() == sorted(held["row"].tolist())
+    assert sorted([*train["row"].tolist(), *held["row"].tolist()]) == list(range(10))
+    np.testing.assert_array_equal(held["pair"], 2 * held["row"][:, None] + np.arange(2))
+    with pytest.raises(ValueError, match="held_out=0 leaves 10 of 10 rows"):
+        text_data.split_held_out(arrays, 0)
+
+
 def test_draw_batch_takes_distinct_rows_inside_jit(lm):
     data = text_data.load_prompts([f"What is {i}+1?" for i in range(12)], lm.tokenizer)
     draw = jax.jit(text_data.draw_batch, static_argnums=2)

@@ -314,6 +314,7 @@ def rlhf_config(settings: dict[str, Any], lm: Any) -> RLHFConfig:
 def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
     """The run's ``Job`` and, for rlhf, its prompts (for the samples); the data checked."""
     from ppojax.rlhf.apps import jobs
+    from ppojax.rlhf.data import split_held_out
 
     command, path = settings["command"], Path(settings["data"])
     size, rate = settings["batch_size"], settings.get("learning_rate")
@@ -326,7 +327,9 @@ def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
         return jobs.sft_job(lm, data, size, rate), None
     if command == "dpo":
         return jobs.dpo_job(lm, data, size, rate, settings["loss"], settings["beta"]), None
-    train, held = jobs.split_pairs(data, settings["held_out"], settings["seed"])
+    train, held = data, None
+    if settings["held_out"]:
+        train, held = split_held_out(data, settings["held_out"], settings["seed"])
     return jobs.reward_model_job(lm, train, size, rate, held), None
 
 

@@ -1,7 +1,11 @@
 """RLHF for any causal language model: PPO (token-level GAE), GRPO and RLOO as one jitted pure
 step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply``, optional
-``critic_apply`` and reward functions by ``make_trainer``. Tasks live in
-``ppojax.rlhf.tasks``; the library never imports them."""
+``critic_apply`` and reward functions by ``make_trainer``; SFT, reward models and DPO beside it.
+
+In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
+``models`` (the built-in transformer, Hugging Face families), ``data`` and ``text_rewards``
+(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO). ``apps`` (run folders,
+the commands) and ``tasks`` (the digit demos) sit on top; the library never imports them."""
 
 from ppojax.rlhf.core.advantages import (
     group_advantages,

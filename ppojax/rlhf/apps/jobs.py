@@ -143,21 +143,6 @@ def dpo_job(
     return Job(state, frozen, step, params_of, PAIR_CURVES)
 
 
-def split_pairs(pairs: PairData, held_out: int, seed: int) -> tuple[PairData, PairData | None]:
-    """(train, held-out) pairs, ``held_out`` of them drawn by ``seed`` (None for 0)."""
-    count = pairs.prompts.shape[0]
-    if held_out == 0:
-        return pairs, None
-    if not 0 < held_out < count:
-        raise ValueError(
-            f"--held-out {held_out} leaves {count - held_out} of {count} pairs for training; "
-            "keep at least one on each side."
-        )
-    order = np.random.default_rng(seed).permutation(count)
-    train, held = np.sort(order[held_out:]), np.sort(order[:held_out])
-    return jax.tree.map(lambda a: a[train], pairs), jax.tree.map(lambda a: a[held], pairs)
-
-
 def rlhf_job(
     lm: PretrainedLM,
     config: RLHFConfig,
