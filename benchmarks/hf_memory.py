@@ -6,7 +6,7 @@ abstract shapes only (``jax.eval_shape``: no weights are read or created).
 The config is Qwen/Qwen2.5-0.5B's config.json (hidden 896, 24 layers, 14 heads, 2 KV heads,
 intermediate 4864, vocabulary 151936, tied embeddings, qkv biases). For each layout of the
 state ``make_trainer``'s ``init`` builds, each params dtype and 1, 4 and 8 devices in a
-(data=1, fsdp=N) mesh, the bytes one device holds under ``ppojax.rlhf.models.sharding``'s
+(data=1, fsdp=N) mesh, the bytes one device holds under ``ppojax.rlhf.core.sharding``'s
 rules, split into the trained policy, the frozen reference, a separate critic and Adam's
 moments:
 
@@ -33,10 +33,10 @@ from common import record, write_json
 
 import ppojax
 from ppojax.rlhf import RLHFConfig, make_trainer
+from ppojax.rlhf.core.sharding import MIN_SHARD_SIZE, bytes_per_device, make_mesh
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.pretrained import PretrainedLM, contract
-from ppojax.rlhf.models.sharding import MIN_SHARD_SIZE, bytes_per_device, make_mesh
 
 # Qwen/Qwen2.5-0.5B's config.json, the fields the decoder reads.
 QWEN2_0_5B = {

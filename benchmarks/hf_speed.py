@@ -9,7 +9,7 @@ full recomputation, on this machine's CPU.
    ``from_pretrained`` of it, timed ``--repeats`` times (the first, cold, apart).
 2. Generation: 8 prompts of 16 tokens, 64 new tokens at temperature 1, through
    ``generate`` (KV cache: one prefill, then one-token decodes) and through
-   ``ppojax.rlhf.sampling.sample_responses`` with the model's ``policy_apply`` (each new token
+   ``ppojax.rlhf.core.sampling.sample_responses`` with the model's ``policy_apply`` (each new token
    recomputes the whole [8, 80] buffer). Compile time (lower + compile) apart from run time;
    tokens/s = 8 x 64 / the median run time of ``--repeats`` runs with fresh keys.
 
@@ -31,11 +31,11 @@ import jax.numpy as jnp
 from common import ROOT, record, write_json
 
 from ppojax.rlhf import from_pretrained, generate, save_pretrained
+from ppojax.rlhf.core.sampling import SamplingSettings, sample_responses
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.pretrained import PretrainedLM, contract
 from ppojax.rlhf.models.tokenizer import Tokenizer
-from ppojax.rlhf.sampling import SamplingSettings, sample_responses
 
 TOKENIZER = ROOT / "tests" / "fixtures" / "hf" / "qwen2"
 CONFIG = {

@@ -42,8 +42,8 @@ from ppojax.rlhf import (
     sample_responses,
     tree_bytes,
 )
-from ppojax.rlhf.model import zero_value_head
-from ppojax.rlhf.reward import reward_model
+from ppojax.rlhf.models.transformer import zero_value_head
+from ppojax.rlhf.post.reward_model import reward_model
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
 from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.rlhf.tasks.sorting import (

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
-from ppojax.rlhf.models.sharding import FSDP, leaf_spec, make_mesh, state_shardings
+from ppojax.rlhf.core.sharding import FSDP, leaf_spec, make_mesh, state_shardings
 
 SCRIPT = """
 import os
@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from ppojax.rlhf import RLHFConfig, from_pretrained, make_trainer
-from ppojax.rlhf.models.sharding import bytes_per_device, make_mesh, shard_trainer
+from ppojax.rlhf.core.sharding import bytes_per_device, make_mesh, shard_trainer
 
 FOLDER = "tests/fixtures/hf/qwen2"
 LR = 1e-3

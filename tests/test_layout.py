@@ -128,4 +128,4 @@ def test_rlhf_builds_on_the_shared_engine_not_on_env_ppo():
         if target == "ppojax.ppo" or target.startswith("ppojax.ppo.")
     )
     assert into_ppo == [], "move what both halves need into ppojax/engine/"
-    assert any(target.startswith("ppojax.engine") for target in graph["ppojax.rlhf.trainer"])
+    assert any(target.startswith("ppojax.engine") for target in graph["ppojax.rlhf.core.trainer"])

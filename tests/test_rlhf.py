@@ -2,12 +2,14 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ppojax.rlhf
 from ppojax.engine import losses
 from ppojax.ppo.config import ConfigError
 from ppojax.rlhf import (
@@ -23,14 +25,14 @@ from ppojax.rlhf import (
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.lora import adapted_kernels, init_adapters, merge
-from ppojax.rlhf.rollout import advantages_and_returns, score
+from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
+from ppojax.rlhf.core.rollout import advantages_and_returns, score
+from ppojax.rlhf.post.reward_model import pair_margins
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
 from ppojax.rlhf.tasks.sorting import (
     RewardModelConfig,
     gold,
-    pair_margins,
     ranked_samples,
     sorting_sft,
     sorting_targets,
@@ -315,11 +317,22 @@ def test_task_config_names_the_field():
 
 
 def test_library_never_imports_a_task():
+    """Every module of ppojax.rlhf, in every tier, imports without a task module coming along,
+    but the task app (apps/task_run.py and ``python -m ppojax.rlhf``, which runs it)."""
+    root = Path(ppojax.rlhf.__file__).parent
+    apps = (root / "tasks", root / "apps" / "task_run.py", root / "__main__.py")
+    names = [
+        ".".join(("ppojax", "rlhf", *path.relative_to(root).with_suffix("").parts))
+        for path in sorted(root.rglob("*.py"))
+        if not any(path == app or app in path.parents for app in apps)
+    ]
+    assert {"ppojax.rlhf.core.trainer", "ppojax.rlhf.post.sft", "ppojax.rlhf.apps.jobs"} <= set(
+        names
+    )
     code = (
-        "import sys, pkgutil, importlib, ppojax.rlhf\n"
-        "for info in pkgutil.iter_modules(ppojax.rlhf.__path__, 'ppojax.rlhf.'):\n"
-        "    if info.name not in ('ppojax.rlhf.tasks', 'ppojax.rlhf.__main__'):\n"
-        "        importlib.import_module(info.name)\n"
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name.removesuffix('.__init__'))\n"
         "print(sorted(m for m in sys.modules if m.startswith('ppojax.rlhf.tasks')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -369,10 +382,10 @@ def test_whiten_advantages_normalizes_over_real_tokens_only_when_asked():
     assert (np.asarray(on)[~np.asarray(mask)] == 0).all()
 
 
-def test_pair_margins_orders_each_pair_by_gold_and_drops_ties():
+def test_pair_margins_orders_each_pair_by_the_ranking_and_drops_ties():
     scores = jnp.array([[0.0, 1.0, 2.0]])
-    gold_scores = jnp.array([[0.5, 0.2, 0.5]])  # pairs (0, 1), (0, 2), (1, 2)
-    margins, counted = pair_margins(scores, gold_scores)
+    ranking = jnp.array([[0.5, 0.2, 0.5]])  # pairs (0, 1), (0, 2), (1, 2)
+    margins, counted = pair_margins(scores, ranking)
     # (0, 1): 0 wins, 0 - 1; (0, 2): a tie; (1, 2): 2 wins, 2 - 1
     np.testing.assert_allclose(margins, [[-1.0, 0.0, 1.0]])
     np.testing.assert_array_equal(counted, [[True, False, True]])
@@ -395,7 +408,7 @@ def test_ranked_samples_carry_the_gold_of_each_sample(small_sft):
     for k in range(3):
         responses, response_mask = ranked.responses[:, k], ranked.response_mask[:, k]
         expected = gold(ranked.prompts, ranked.prompt_mask, responses, response_mask)
-        np.testing.assert_allclose(ranked.gold[:, k], expected)
+        np.testing.assert_allclose(ranked.ranking[:, k], expected)
 
 
 def test_reward_model_ranks_held_out_pairs_well_above_chance(small_sft):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps
-from ppojax.rlhf.__main__ import frozen_params, main, prepare
-from ppojax.rlhf.model import zero_value_head
+from ppojax.rlhf.apps.task_run import frozen_params, main, prepare
+from ppojax.rlhf.models.transformer import zero_value_head
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
 from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.runs import checkpoints, folder, loop

@@ -10,9 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from ppojax.rlhf import RLHFConfig, completions, from_pretrained, make_trainer, preference
+from ppojax.rlhf import RLHFConfig, from_pretrained, make_trainer
 from ppojax.rlhf import data as text_data
 from ppojax.rlhf import text_rewards as tr
+from ppojax.rlhf.post import dpo, reward_model, sft
+from ppojax.rlhf.post import pairs as pair_data
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf"
 
@@ -132,6 +134,21 @@ def test_held_out_split_keeps_rows_and_columns_together(lm):
             assert part.columns["answer"][row] == rows[index]["answer"]
     with pytest.raises(ValueError, match="held_out=10 leaves 0 of 10"):
         text_data.split_held_out(data, held_out=10)
+
+
+def test_held_out_split_takes_the_same_rows_of_prompts_and_of_any_array_pytree(lm):
+    """One split for prompts (``PromptData``) and pairs (any pytree of [N, ...] arrays): the
+    same seed holds out the same rows of both, each part in the data's order."""
+    data = text_data.load_prompts([f"q{i}" for i in range(10)], lm.tokenizer)
+    arrays = {"row": np.arange(10), "pair": np.arange(20).reshape(10, 2)}
+    train, held = text_data.split_held_out(arrays, 3, seed=4)
+    _, held_prompts = text_data.split_held_out(data, 3, seed=4)
+    assert held["row"].tolist() == [int(prompt[1:]) for prompt in held_prompts.prompts]
+    assert held["row"].tolist() == sorted(held["row"].tolist())
+    assert sorted([*train["row"].tolist(), *held["row"].tolist()]) == list(range(10))
+    np.testing.assert_array_equal(held["pair"], 2 * held["row"][:, None] + np.arange(2))
+    with pytest.raises(ValueError, match="held_out=0 leaves 10 of 10 rows"):
+        text_data.split_held_out(arrays, 0)
 
 
 def test_draw_batch_takes_distinct_rows_inside_jit(lm):
@@ -281,7 +298,7 @@ PAIRS = [
 
 @pytest.fixture(scope="module")
 def pairs(lm):
-    return preference.load_pairs(PAIRS, lm.tokenizer)
+    return pair_data.load_pairs(PAIRS, lm.tokenizer)
 
 
 def test_pairs_encode_prompt_left_and_responses_right_with_eos(lm, pairs):
@@ -299,7 +316,7 @@ def test_pairs_encode_prompt_left_and_responses_right_with_eos(lm, pairs):
 def test_identical_chosen_and_rejected_names_the_line(lm, tmp_path):
     path = write_jsonl(tmp_path / "pairs.jsonl", [PAIRS[0], "", {**PAIRS[1], "rejected": "7"}])
     with pytest.raises(ValueError, match=r"pairs.jsonl, line 3: 'chosen' and 'rejected' are"):
-        preference.load_pairs(path, lm.tokenizer)
+        pair_data.load_pairs(path, lm.tokenizer)
 
 
 def numpy_dpo(chosen, rejected, ref_chosen, ref_rejected, beta, loss_type):
@@ -319,7 +336,7 @@ LOGPS = (
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
 def test_dpo_loss_matches_numpy_and_reports_margins(loss_type):
-    loss, metrics = preference.dpo_loss(*map(jnp.asarray, LOGPS), 0.5, loss_type)
+    loss, metrics = dpo.dpo_loss(*map(jnp.asarray, LOGPS), 0.5, loss_type)
     # float32 against float64 on losses of order 1: relative 1e-6
     np.testing.assert_allclose(loss, numpy_dpo(*LOGPS, 0.5, loss_type), rtol=1e-6)
     chosen = 0.5 * (LOGPS[0] - LOGPS[2])
@@ -331,12 +348,12 @@ def test_dpo_loss_matches_numpy_and_reports_margins(loss_type):
 
 def test_ipo_differs_and_vmap_over_beta_equals_separate_calls():
     arrays = tuple(map(jnp.asarray, LOGPS))
-    sigmoid = preference.dpo_loss(*arrays, 0.5)[0]
-    assert abs(float(sigmoid - preference.dpo_loss(*arrays, 0.5, "ipo")[0])) > 0.1
+    sigmoid = dpo.dpo_loss(*arrays, 0.5)[0]
+    assert abs(float(sigmoid - dpo.dpo_loss(*arrays, 0.5, "ipo")[0])) > 0.1
     betas = jnp.array([0.1, 0.5, 2.0])
-    swept = jax.vmap(lambda b: preference.dpo_loss(*arrays, b, "ipo"))(betas)
+    swept = jax.vmap(lambda b: dpo.dpo_loss(*arrays, b, "ipo"))(betas)
     for i, beta in enumerate([0.1, 0.5, 2.0]):
-        alone = preference.dpo_loss(*arrays, beta, "ipo")
+        alone = dpo.dpo_loss(*arrays, beta, "ipo")
         np.testing.assert_allclose(swept[0][i], alone[0], rtol=1e-6)
         np.testing.assert_allclose(
             swept[1]["rewards/margins"][i], alone[1]["rewards/margins"], rtol=1e-6
@@ -345,7 +362,7 @@ def test_ipo_differs_and_vmap_over_beta_equals_separate_calls():
 
 def test_one_dpo_step_on_a_checkpoint_lowers_the_loss(lm, pairs):
     optimizer = optax.adam(1e-3)
-    step = jax.jit(preference.make_dpo_step(lm.policy_apply, optimizer))
+    step = jax.jit(dpo.make_dpo_step(lm.policy_apply, optimizer))
     params, opt_state = lm.params, optimizer.init(lm.params)
     new_params, _, before = step(params, opt_state, pairs, lm.params, 0.5)
     # at the reference every implicit reward is 0: the loss is log 2
@@ -357,7 +374,7 @@ def test_one_dpo_step_on_a_checkpoint_lowers_the_loss(lm, pairs):
 
 def test_dpo_step_vmaps_over_beta(lm, pairs):
     optimizer = optax.sgd(1e-2)
-    step = preference.make_dpo_step(lm.policy_apply, optimizer, loss_type="ipo")
+    step = dpo.make_dpo_step(lm.policy_apply, optimizer, loss_type="ipo")
     opt_state = optimizer.init(lm.params)
     betas = jnp.array([0.1, 1.0])
     swept = jax.jit(jax.vmap(lambda b: step(lm.params, opt_state, pairs, lm.params, b)))(betas)
@@ -371,7 +388,7 @@ def test_dpo_step_vmaps_over_beta(lm, pairs):
 
 def test_reward_model_steps_lower_the_loss_and_accuracy_reads_the_scores(lm, pairs):
     optimizer = optax.adam(3e-3)
-    step = jax.jit(preference.make_reward_model_step(lm.critic_apply, optimizer))
+    step = jax.jit(reward_model.make_reward_model_step(lm.critic_apply, optimizer))
     params = lm.init_value_head(lm.params)
     opt_state = optimizer.init(params)
     params, opt_state, first = step(params, opt_state, pairs)
@@ -379,8 +396,8 @@ def test_reward_model_steps_lower_the_loss_and_accuracy_reads_the_scores(lm, pai
     for _ in range(4):
         params, opt_state, metrics = step(params, opt_state, pairs)
     assert metrics["loss"] < first["loss"]
-    chosen, rejected = preference.pair_scores(lm.critic_apply, params, pairs)
-    accuracy = preference.pair_accuracy(lm.critic_apply, params, pairs)
+    chosen, rejected = reward_model.pair_scores(lm.critic_apply, params, pairs)
+    accuracy = reward_model.pair_accuracy(lm.critic_apply, params, pairs)
     assert accuracy == np.mean(np.asarray(chosen) > np.asarray(rejected))
 
 
@@ -405,7 +422,7 @@ def log_softmax(x):
 
 
 def test_sft_loss_is_on_completion_tokens_only(lm):
-    data = completions.load_completions(COMPLETIONS, lm.tokenizer)
+    data = sft.load_completions(COMPLETIONS, lm.tokenizer)
     prompt_len = data.prompts.shape[1]
     tokens = jnp.concatenate([data.prompts, data.targets], axis=1)
     mask = jnp.concatenate([data.prompt_mask, data.target_mask], axis=1)
@@ -417,7 +434,7 @@ def test_sft_loss_is_on_completion_tokens_only(lm):
     eos = lm.tokenizer.eos_id
     assert [int(data.targets[r][data.target_mask[r]][-1]) for r in range(3)] == [eos] * 3
     optimizer = optax.adam(3e-3)
-    step = jax.jit(completions.make_sft_step(lm.policy_apply, optimizer))
+    step = jax.jit(sft.make_sft_step(lm.policy_apply, optimizer))
     params, opt_state, first = step(lm.params, optimizer.init(lm.params), data)
     # float32 log-softmax over 288 logits against float64: the mean of ~5.7 nats within 1e-5
     np.testing.assert_allclose(first["loss"], -np.mean(picked), rtol=1e-5)
@@ -429,20 +446,16 @@ def test_sft_loss_is_on_completion_tokens_only(lm):
 def test_example_length_limits_cut_drop_or_name_the_row(lm):
     long_answer = len(answer_text(lm, COMPLETIONS[2]["completion"])) + 1
     with pytest.warns(UserWarning, match="1 examples truncated and 0 dropped"):
-        data = completions.load_completions(COMPLETIONS, lm.tokenizer, max_response_len=4)
+        data = sft.load_completions(COMPLETIONS, lm.tokenizer, max_response_len=4)
     assert data.targets.shape[1] == 4 and long_answer > 4
     np.testing.assert_array_equal(
         data.targets[2], answer_text(lm, COMPLETIONS[2]["completion"])[:4]
     )
     with pytest.warns(UserWarning, match="0 examples truncated and 1 dropped"):
-        data = completions.load_completions(
-            COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="drop"
-        )
+        data = sft.load_completions(COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="drop")
     assert data.targets.shape == (2, 4)
     with pytest.raises(ValueError, match="row 3: .* over max_len=None / max_response_len=4"):
-        completions.load_completions(
-            COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="error"
-        )
+        sft.load_completions(COMPLETIONS, lm.tokenizer, max_response_len=4, overflow="error")
 
 
 def test_a_row_without_a_column_names_the_line(lm, tmp_path):

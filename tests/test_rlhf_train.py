@@ -15,11 +15,11 @@ from ppojax.rlhf import (
     run_steps,
     sample_responses,
 )
-from ppojax.rlhf.lora import tree_bytes
-from ppojax.rlhf.model import transformer
-from ppojax.rlhf.objective import LossParts, rlhf_loss
-from ppojax.rlhf.rollout import Roles, collect
-from ppojax.rlhf.trainer import policy_params_fn
+from ppojax.rlhf.core.lora import tree_bytes
+from ppojax.rlhf.core.objective import LossParts, rlhf_loss
+from ppojax.rlhf.core.rollout import Roles, collect
+from ppojax.rlhf.core.trainer import policy_params_fn
+from ppojax.rlhf.models.transformer import transformer
 
 VOCAB, PAD, EOS, GOOD = 6, 0, 1, 4
 PROMPT_WIDTH, RESPONSE_LEN = 4, 5

@@ -18,8 +18,8 @@ import pytest
 
 from ppojax.cli import main
 from ppojax.rlhf import from_pretrained, save_pretrained
+from ppojax.rlhf.apps.text_run import drop_lines_after
 from ppojax.rlhf.models.pretrained import load_value_head
-from ppojax.rlhf.text_run import drop_lines_after
 from ppojax.runs import folder
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "hf" / "llama"

@@ -105,7 +105,7 @@ def run_rlhf(argv: Sequence[str]) -> int:
     """``ppojax rlhf [options]``: a model folder (``--model``) through ``ppojax.cli.text``, or
     a built-in task through the RLHF run's own command line (python -m ppojax.rlhf)."""
     from ppojax.cli import text
-    from ppojax.rlhf.__main__ import main as rlhf_main
+    from ppojax.rlhf.apps.task_run import main as rlhf_main
 
     if text.is_model_run(list(argv)):
         return text.main("rlhf", list(argv))

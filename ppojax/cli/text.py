@@ -1,5 +1,5 @@
 """``ppojax sft | rm | dpo`` and ``ppojax rlhf --model``: a Hugging Face model folder trained
-on a JSONL file into a run folder (``ppojax.rlhf.text_run``), its final model in ``final/``.
+on a JSONL file into a run folder (``ppojax.rlhf.apps.text_run``), its final model in ``final/``.
 
     ppojax sft --model FOLDER --data sft.jsonl --steps 200            # prompt, completion
     ppojax rm  --model FOLDER --pairs pairs.jsonl --steps 200 --held-out 64
@@ -25,7 +25,7 @@ from typing import Any
 
 from ppojax.cli.flags import add_repeatable
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
-from ppojax.rlhf.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
 
 COMMANDS = ("sft", "rm", "dpo", "rlhf")
 DATA_FLAGS = {"sft": "data", "rm": "pairs", "dpo": "pairs", "rlhf": "prompts"}
@@ -238,8 +238,8 @@ def start(
     made), then train into a new run folder under ``out``, or on in ``run_dir``."""
     import jax
 
+    from ppojax.rlhf.apps.text_run import train_job
     from ppojax.rlhf.models.pretrained import from_pretrained
-    from ppojax.rlhf.text_run import train_job
     from ppojax.runs import folder
     from ppojax.runs.loggers import WandbRun, options_from_settings
     from ppojax.runs.loop import LoopOptions
@@ -282,7 +282,7 @@ def sample_writer(
     """The hook that writes samples.jsonl (and a W&B table) every ``sample_every`` steps."""
     import jax
 
-    from ppojax.rlhf.text_run import SampleWriter
+    from ppojax.rlhf.apps.text_run import SampleWriter
 
     config = rlhf_config(settings, lm)
     return SampleWriter(
@@ -313,7 +313,8 @@ def rlhf_config(settings: dict[str, Any], lm: Any) -> RLHFConfig:
 
 def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
     """The run's ``Job`` and, for rlhf, its prompts (for the samples); the data checked."""
-    from ppojax.rlhf import jobs
+    from ppojax.rlhf.apps import jobs
+    from ppojax.rlhf.data import split_held_out
 
     command, path = settings["command"], Path(settings["data"])
     size, rate = settings["batch_size"], settings.get("learning_rate")
@@ -326,7 +327,9 @@ def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
         return jobs.sft_job(lm, data, size, rate), None
     if command == "dpo":
         return jobs.dpo_job(lm, data, size, rate, settings["loss"], settings["beta"]), None
-    train, held = jobs.split_pairs(data, settings["held_out"], settings["seed"])
+    train, held = data, None
+    if settings["held_out"]:
+        train, held = split_held_out(data, settings["held_out"], settings["seed"])
     return jobs.reward_model_job(lm, train, size, rate, held), None
 
 
@@ -338,8 +341,8 @@ def check_batch(path: Path, rows: int, batch_size: int) -> None:
 def load_examples(settings: dict[str, Any], lm: Any) -> Any:
     """The completions (sft) or pairs (rm, dpo) of the run's JSONL file, checked to fit the
     model's context."""
-    from ppojax.rlhf.completions import load_completions
-    from ppojax.rlhf.preference import load_pairs
+    from ppojax.rlhf.post.pairs import load_pairs
+    from ppojax.rlhf.post.sft import load_completions
 
     load = load_completions if settings["command"] == "sft" else load_pairs
     path = Path(settings["data"])
@@ -362,7 +365,7 @@ def load_examples(settings: dict[str, Any], lm: Any) -> Any:
 
 def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
     """The RLHF job of ``settings``: the prompts, text rewards and reward model it names."""
-    from ppojax.rlhf import jobs
+    from ppojax.rlhf.apps import jobs
     from ppojax.rlhf.data import load_prompts
     from ppojax.rlhf.models.pretrained import from_pretrained, load_value_head
 

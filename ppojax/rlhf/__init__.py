@@ -1,9 +1,13 @@
 """RLHF for any causal language model: PPO (token-level GAE), GRPO and RLOO as one jitted pure
 step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply``, optional
-``critic_apply`` and reward functions by ``make_trainer``. Tasks live in
-``ppojax.rlhf.tasks``; the library never imports them."""
+``critic_apply`` and reward functions by ``make_trainer``; SFT, reward models and DPO beside it.
 
-from ppojax.rlhf.advantages import (
+In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
+``models`` (the built-in transformer, Hugging Face families), ``data`` and ``text_rewards``
+(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO). ``apps`` (run folders,
+the commands) and ``tasks`` (the digit demos) sit on top; the library never imports them."""
+
+from ppojax.rlhf.core.advantages import (
     group_advantages,
     kl_estimate,
     leave_one_out_advantages,
@@ -11,31 +15,10 @@ from ppojax.rlhf.advantages import (
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.completions import CompletionData, load_completions, make_sft_step
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.data import (
-    PromptData,
-    draw_batch,
-    hf_split,
-    load_prompts,
-    read_jsonl,
-    split_held_out,
-)
-from ppojax.rlhf.lora import tree_bytes
-from ppojax.rlhf.model import LanguageModel, TransformerLM, transformer
-from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
-from ppojax.rlhf.objective import RLHFBatch, aggregate
-from ppojax.rlhf.preference import (
-    PairData,
-    dpo_loss,
-    load_pairs,
-    make_dpo_step,
-    make_reward_model_step,
-    pair_accuracy,
-    pair_log_probs,
-)
-from ppojax.rlhf.reward import bradley_terry_loss, reward_model
-from ppojax.rlhf.sampling import (
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.lora import tree_bytes
+from ppojax.rlhf.core.objective import RLHFBatch, aggregate
+from ppojax.rlhf.core.sampling import (
     KVCacheHook,
     Samples,
     SamplingSettings,
@@ -44,7 +27,32 @@ from ppojax.rlhf.sampling import (
     response_stats,
     sample_responses,
 )
-from ppojax.rlhf.sft import sft_loss, train_sft
+from ppojax.rlhf.core.trainer import RLHFState, Trainer, make_trainer, run_steps
+from ppojax.rlhf.data import (
+    PromptData,
+    draw_batch,
+    hf_split,
+    load_prompts,
+    read_jsonl,
+    split_held_out,
+)
+from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
+from ppojax.rlhf.models.transformer import LanguageModel, TransformerLM, transformer
+from ppojax.rlhf.post.dpo import dpo_loss, make_dpo_step, pair_log_probs
+from ppojax.rlhf.post.pairs import PairData, load_pairs
+from ppojax.rlhf.post.reward_model import (
+    bradley_terry_loss,
+    make_reward_model_step,
+    pair_accuracy,
+    reward_model,
+)
+from ppojax.rlhf.post.sft import (
+    CompletionData,
+    load_completions,
+    make_sft_step,
+    sft_loss,
+    train_sft,
+)
 from ppojax.rlhf.text_rewards import (
     call_text_reward,
     exact_match,
@@ -53,7 +61,6 @@ from ppojax.rlhf.text_rewards import (
     regex_reward,
     text_reward,
 )
-from ppojax.rlhf.trainer import RLHFState, Trainer, make_trainer, run_steps
 
 __all__ = [
     "CompletionData",

@@ -253,29 +253,31 @@ def load_prompts(
     )
 
 
-def select(data: PromptData, rows: np.ndarray) -> PromptData:
-    """The given rows of ``data`` (host indices), arrays and host lists alike."""
+def split_held_out(data: Any, held_out: int | float, seed: int = 0) -> tuple[Any, Any]:
+    """(train, held-out) rows of ``data`` (a ``PromptData``, or any pytree of [N, ...] arrays
+    such as a ``PairData``), shuffled by ``seed``; ``held_out`` is a count or a fraction in
+    (0, 1). Both parts keep at least one row, each in its original order."""
+    count = leading_rows(data)
+    size = round(held_out * count) if isinstance(held_out, float) else held_out
+    if not 0 < size < count:
+        raise ValueError(
+            f"held_out={held_out!r} leaves {count - size} of {count} rows for training; "
+            "give a count or fraction that leaves at least one in each part."
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    return take_rows(data, np.sort(order[size:])), take_rows(data, np.sort(order[:size]))
+
+
+def take_rows(data: Any, rows: np.ndarray) -> Any:
+    """The given rows (host indices) of a ``PromptData``, arrays and host lists alike, or of
+    every leaf of a pytree of [N, ...] arrays."""
+    if not isinstance(data, PromptData):
+        return jax.tree.map(lambda leaf: leaf[rows], data)
     host = HostPart(
         tuple(data.prompts[i] for i in rows),
         {name: tuple(values[i] for i in rows) for name, values in data.columns.items()},
     )
     return PromptData(data.tokens[rows], data.mask[rows], host, 0, 0)
-
-
-def split_held_out(
-    data: PromptData, held_out: int | float, seed: int = 0
-) -> tuple[PromptData, PromptData]:
-    """(train, held-out) rows of ``data``, shuffled by ``seed``; ``held_out`` is a count or a
-    fraction in (0, 1). Both parts keep at least one row."""
-    count = len(data)
-    size = round(held_out * count) if isinstance(held_out, float) else held_out
-    if not 0 < size < count:
-        raise ValueError(
-            f"held_out={held_out!r} leaves {count - size} of {count} prompts for training; "
-            "give a count or fraction that leaves at least one in each part."
-        )
-    order = np.random.default_rng(seed).permutation(count)
-    return select(data, np.sort(order[size:])), select(data, np.sort(order[:size]))
 
 
 def leading_rows(data: Any) -> int:

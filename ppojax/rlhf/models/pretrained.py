@@ -23,13 +23,13 @@ import numpy as np
 from jax.sharding import Mesh
 from safetensors.numpy import load_file, save_file
 
-from ppojax.rlhf import lora
+from ppojax.rlhf.core import lora
+from ppojax.rlhf.core.sampling import KVCacheHook
+from ppojax.rlhf.core.sharding import shard_state
 from ppojax.rlhf.models.config import DecoderConfig, read_config
 from ppojax.rlhf.models.decoder import Decoder, KVCache, empty_cache
-from ppojax.rlhf.models.sharding import shard_state
 from ppojax.rlhf.models.tokenizer import Tokenizer
 from ppojax.rlhf.models.weights import SINGLE, load_params, save_params
-from ppojax.rlhf.sampling import KVCacheHook
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -144,7 +144,7 @@ def from_pretrained(
     (None: float32; "bfloat16" for bfloat16 params and compute), ``policy_apply``,
     ``critic_apply``, ``kv_cache``, ``tokenizer``, ``config``. With a ("data", "fsdp")
     ``mesh`` each device receives only its shards of the params
-    (``ppojax.rlhf.models.sharding``)."""
+    (``ppojax.rlhf.core.sharding``)."""
     folder = model_folder(path)
     dtype = resolve_dtype(dtype)
     config = read_config(folder)

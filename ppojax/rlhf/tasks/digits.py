@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from ppojax.checks import ConfigError, check_positive_int, static
-from ppojax.rlhf.model import LanguageModel, transformer
-from ppojax.rlhf.sampling import Sequences
-from ppojax.rlhf.sft import train_sft
+from ppojax.rlhf.core.sampling import Sequences
+from ppojax.rlhf.models.transformer import LanguageModel, transformer
+from ppojax.rlhf.post.sft import train_sft
 
 PAD = 0
 BOS = 1

@@ -11,7 +11,6 @@ practice: far from it the proxy can be wrong, and a policy without a KL leash ex
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,11 +18,10 @@ import optax
 from flax import struct
 
 from ppojax.checks import ConfigError, check_positive_int, static
-from ppojax.engine import losses
-from ppojax.rlhf.model import zero_value_head
-from ppojax.rlhf.reward import bradley_terry_loss, last_token_scores
-from ppojax.rlhf.sampling import SamplingSettings, Sequences, sample_responses
-from ppojax.rlhf.sft import make_adam
+from ppojax.rlhf.core.sampling import SamplingSettings, sample_responses
+from ppojax.rlhf.models.transformer import zero_value_head
+from ppojax.rlhf.post.reward_model import RankedSamples, ranking_loss
+from ppojax.rlhf.post.sft import make_adam
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask, scorer, sft_start, targets
 
 SORTING = DigitTask(
@@ -73,21 +71,11 @@ class RewardModelConfig:
             )
 
 
-class RankedSamples(NamedTuple):
-    """K SFT samples per prompt and their gold scores: ``prompts`` [B, P], ``prompt_mask``,
-    ``responses`` [B, K, R], ``response_mask`` [B, K, R], ``gold`` [B, K]."""
-
-    prompts: jax.Array
-    prompt_mask: jax.Array
-    responses: jax.Array
-    response_mask: jax.Array
-    gold: jax.Array
-
-
 def ranked_samples(
     task: DigitTask, sft_params: dict, batch_size: int, samples: int, key: jax.Array
 ) -> RankedSamples:
-    """``samples`` SFT samples (temperature 1) for each of ``batch_size`` fresh prompts."""
+    """``samples`` SFT samples (temperature 1) for each of ``batch_size`` fresh prompts,
+    ranked by their gold scores."""
     prompt_key, sample_key = jax.random.split(key)
     prompts, prompt_mask = task.prompts(prompt_key, batch_size)
     repeated, repeated_mask = (jnp.repeat(x, samples, axis=0) for x in (prompts, prompt_mask))
@@ -106,33 +94,6 @@ def ranked_samples(
     )
 
 
-def pair_margins(scores: jax.Array, gold_scores: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Every pair i < j of a prompt's K samples, from scores and gold [B, K]: the margin
-    [B, K(K-1)/2] (reward-model score of the gold-better sample minus the other's) and which
-    pairs count (gold differs: a tie carries no preference)."""
-    first, second = jnp.triu_indices(scores.shape[1], k=1)
-    order = jnp.sign(gold_scores[:, first] - gold_scores[:, second])
-    return order * (scores[:, first] - scores[:, second]), order != 0
-
-
-def ranking_loss(task: DigitTask, params: dict, ranked: RankedSamples):
-    """Bradley-Terry loss over every counted pair of samples of a prompt, and (as aux) the
-    fraction of those pairs the reward model orders as gold does."""
-    batch_size, samples, response_len = ranked.responses.shape
-    repeated, repeated_mask = (
-        jnp.repeat(x, samples, axis=0) for x in (ranked.prompts, ranked.prompt_mask)
-    )
-    flat = (
-        x.reshape(batch_size * samples, response_len)
-        for x in (ranked.responses, ranked.response_mask)
-    )
-    sequences = Sequences(repeated, repeated_mask, *flat)
-    scores = last_token_scores(task.model().critic_apply, params, sequences)
-    margins, counted = pair_margins(scores.reshape(batch_size, samples), ranked.gold)
-    accuracy = losses.masked_mean((margins > 0).astype(jnp.float32), counted)
-    return bradley_terry_loss(margins, jnp.zeros_like(margins), counted), accuracy
-
-
 def train_reward_model(
     task: DigitTask, config: RewardModelConfig, sft_params: dict, key: jax.Array
 ) -> tuple[dict, dict[str, jax.Array]]:
@@ -141,6 +102,7 @@ def train_reward_model(
     accuracy on 1024 independent pairs (two samples per prompt)."""
     optimizer = make_adam(config.learning_rate, config.max_grad_norm)
     params = zero_value_head(sft_params)
+    critic_apply = task.model().critic_apply
 
     def step(carry: tuple[dict, optax.OptState], step_key: jax.Array):
         params, opt_state = carry
@@ -148,7 +110,7 @@ def train_reward_model(
             task, sft_params, config.batch_size, config.samples_per_prompt, step_key
         )
         (loss, accuracy), grads = jax.value_and_grad(ranking_loss, argnums=1, has_aux=True)(
-            task, params, ranked
+            critic_apply, params, ranked
         )
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), (loss, accuracy)
@@ -156,5 +118,6 @@ def train_reward_model(
     train_key, eval_key = jax.random.split(key)
     keys = jax.random.split(train_key, config.steps)
     (params, _), (loss, accuracy) = jax.lax.scan(step, (params, optimizer.init(params)), keys)
-    held_out = ranking_loss(task, params, ranked_samples(task, sft_params, 1024, 2, eval_key))[1]
+    held_out_samples = ranked_samples(task, sft_params, 1024, 2, eval_key)
+    held_out = ranking_loss(critic_apply, params, held_out_samples)[1]
     return params, {"loss": loss, "accuracy": accuracy, "held_out_accuracy": held_out}

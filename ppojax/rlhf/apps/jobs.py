@@ -1,7 +1,7 @@
 """What ``ppojax sft | rm | dpo | rlhf --model`` train, each as a ``Job``: its state at step 0,
 what every step reads but never changes (the data, a reference, a reward model's params: an
 argument of the compiled chunk, never checkpointed), a pure step, and the params its run
-folder's ``final/`` holds. ``ppojax.rlhf.text_run`` trains a job into a run folder.
+folder's ``final/`` holds. ``ppojax.rlhf.apps.text_run`` trains a job into a run folder.
 
     job = sft_job(lm, load_completions("sft.jsonl", lm.tokenizer), batch_size=8, learning_rate=1e-4)
     state, metrics = job.step(job.frozen, job.state, key)
@@ -18,25 +18,21 @@ import jax
 import numpy as np
 import optax
 
-from ppojax.rlhf.completions import CompletionData, make_sft_step
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.data import PromptData, draw_batch
-from ppojax.rlhf.models.pretrained import PretrainedLM
-from ppojax.rlhf.preference import (
-    PairData,
-    make_dpo_step,
-    make_reward_model_step,
-    pair_accuracy,
-)
-from ppojax.rlhf.reward import reward_model
-from ppojax.rlhf.text_rewards import TextReward, text_reward
-from ppojax.rlhf.trainer import (
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.trainer import (
     RLHFState,
     Trainer,
     make_trainer,
     policy_params_fn,
     reward_names,
 )
+from ppojax.rlhf.data import PromptData, draw_batch
+from ppojax.rlhf.models.pretrained import PretrainedLM
+from ppojax.rlhf.post.dpo import make_dpo_step
+from ppojax.rlhf.post.pairs import PairData
+from ppojax.rlhf.post.reward_model import make_reward_model_step, pair_accuracy, reward_model
+from ppojax.rlhf.post.sft import CompletionData, make_sft_step
+from ppojax.rlhf.text_rewards import TextReward, text_reward
 from ppojax.runs.loop import StepFn
 
 PAIR_CURVES = ("loss", "rewards/accuracies", "rewards/margins")
@@ -145,21 +141,6 @@ def dpo_job(
     )
     frozen = {"data": pairs, "extra": (lm.params, np.float32(beta))}
     return Job(state, frozen, step, params_of, PAIR_CURVES)
-
-
-def split_pairs(pairs: PairData, held_out: int, seed: int) -> tuple[PairData, PairData | None]:
-    """(train, held-out) pairs, ``held_out`` of them drawn by ``seed`` (None for 0)."""
-    count = pairs.prompts.shape[0]
-    if held_out == 0:
-        return pairs, None
-    if not 0 < held_out < count:
-        raise ValueError(
-            f"--held-out {held_out} leaves {count - held_out} of {count} pairs for training; "
-            "keep at least one on each side."
-        )
-    order = np.random.default_rng(seed).permutation(count)
-    train, held = np.sort(order[held_out:]), np.sort(order[:held_out])
-    return jax.tree.map(lambda a: a[train], pairs), jax.tree.map(lambda a: a[held], pairs)
 
 
 def rlhf_job(

@@ -25,12 +25,12 @@ from flax import struct
 
 from ppojax.checks import ConfigError
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
-from ppojax.rlhf import lora
-from ppojax.rlhf.advantages import update_kl_coef
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.objective import LossParts, RLHFBatch, rlhf_loss
-from ppojax.rlhf.rollout import Roles, collect, rollout_metrics
-from ppojax.rlhf.sampling import KVCacheHook, PolicyApply
+from ppojax.rlhf.core import lora
+from ppojax.rlhf.core.advantages import update_kl_coef
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.objective import LossParts, RLHFBatch, rlhf_loss
+from ppojax.rlhf.core.rollout import Roles, collect, rollout_metrics
+from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 
 RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 CriticApply = Callable[[Any, jax.Array, jax.Array], jax.Array]

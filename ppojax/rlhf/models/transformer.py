@@ -16,8 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ppojax.rlhf.core.sampling import KVCacheHook
 from ppojax.rlhf.models.decoder import MASKED_SCORE, KVCache, Slot
-from ppojax.rlhf.sampling import KVCacheHook
 
 
 def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, heads: int) -> KVCache:

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.engine import losses
-from ppojax.rlhf.advantages import kl_estimate
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.sampling import PolicyApply, Sequences, response_stats, response_values
+from ppojax.rlhf.core.advantages import kl_estimate
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_stats, response_values
 
 
 class RLHFBatch(NamedTuple):

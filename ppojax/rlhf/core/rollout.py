@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.engine import losses
-from ppojax.rlhf import advantages as adv
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.objective import RLHFBatch
-from ppojax.rlhf.sampling import (
+from ppojax.rlhf.core import advantages as adv
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.objective import RLHFBatch
+from ppojax.rlhf.core.sampling import (
     KVCacheHook,
     PolicyApply,
     Samples,

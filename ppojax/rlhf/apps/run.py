@@ -26,10 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.rlhf.config import RLHFConfig
-from ppojax.rlhf.trainer import RLHFState, Trainer
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
-from ppojax.runs.loop import LoopOptions, StepFn, plot_metrics, train_loop
+from ppojax.runs.loop import LoopOptions, LoopResult, StepFn, plot_metrics, train_loop
 
 PLOT_FILE = "curves.png"
 FROZEN_DIR = "frozen"
@@ -76,24 +76,30 @@ def load_frozen(run_dir: Path, template: Any) -> Any:
     return checkpoints.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
 
 
-def summarize(
-    metrics: dict[str, np.ndarray], seconds: float, rows: int, timed_steps: int
-) -> dict[str, Any]:
-    """Means over the last 10% of steps; wall time and sampled response tokens per second of
-    the ``timed_steps`` last steps (those this process ran, compilation included)."""
-    steps = len(next(iter(metrics.values())))
+def summarize(result: LoopResult, **extra: Any) -> dict[str, Any]:
+    """What every RLHF run folder's summary.json holds: the steps, the means of their last
+    10%, ``extra``, the wall time of the steps this call trained (compilation included) and
+    the versions."""
+    metrics = result.metrics
+    steps = len(next(iter(metrics.values()))) if metrics else 0
     tail = max(1, steps // 10)
-    final = {name: float(np.mean(values[-tail:])) for name, values in metrics.items()}
-    lengths = metrics["completions/mean_length"][steps - timed_steps :]
-    tokens = float(np.sum(lengths)) * rows
     return {
         "steps": steps,
-        "final (mean of the last 10% of steps)": final,
-        "timed_steps": timed_steps,
-        "wall_s": round(seconds, 2),
-        "response_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else math.nan,
+        "final (mean of the last 10% of steps)": {
+            name: float(np.mean(values[-tail:])) for name, values in metrics.items()
+        },
+        **extra,
+        "wall_s": round(result.seconds, 2),
         "versions": folder.versions(),
     }
+
+
+def response_tokens_per_s(result: LoopResult, rows: int) -> float:
+    """Sampled response tokens per second of the steps this call trained, ``rows`` responses a
+    step."""
+    lengths = result.metrics["completions/mean_length"][result.start :]
+    tokens = float(np.sum(lengths)) * rows
+    return round(tokens / result.seconds, 1) if result.seconds > 0 else math.nan
 
 
 def curve_names(metrics: dict[str, Any]) -> tuple[str, ...]:
@@ -133,6 +139,10 @@ def train_run(
     result = train_loop(run_dir, step, state, None, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
-    summary = summarize(result.metrics, result.seconds, rows, num_steps - result.start)
+    summary = summarize(
+        result,
+        timed_steps=num_steps - result.start,
+        response_tokens_per_s=response_tokens_per_s(result, rows),
+    )
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
     return result.state, result.metrics

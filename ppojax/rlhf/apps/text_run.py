@@ -1,4 +1,4 @@
-"""A ``Job`` (``ppojax.rlhf.jobs``) trained into a run folder, from a Hugging Face folder to a
+"""A ``Job`` (``ppojax.rlhf.apps.jobs``) trained into a run folder, from a Hugging Face folder to a
 Hugging Face folder. A run folder holds::
 
     config.json        the command's settings (what --resume reads back)
@@ -26,15 +26,16 @@ from typing import Any
 import jax
 import numpy as np
 
+from ppojax.rlhf.apps.jobs import Job
+from ppojax.rlhf.apps.run import PLOT_FILE, summarize
+from ppojax.rlhf.core.sampling import response_mask
 from ppojax.rlhf.data import PromptData
-from ppojax.rlhf.jobs import Job
 from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
 from ppojax.runs import folder
 from ppojax.runs.loop import LoopOptions, LoopResult, plot_metrics, train_loop
 
-PLOT_FILE = "curves.png"
 SAMPLES_FILE = "samples.jsonl"
 FINAL_DIR = "final"
 
@@ -48,21 +49,6 @@ def save_final(lm: PretrainedLM, params: dict, run_dir: Path) -> Path:
         shutil.rmtree(final)
     os.replace(temporary, final)
     return final
-
-
-def summarize(metrics: dict[str, np.ndarray], result: LoopResult) -> dict[str, Any]:
-    """Means of the last 10% of steps, the steps this call trained and their wall time."""
-    steps = len(next(iter(metrics.values()))) if metrics else 0
-    tail = max(1, steps // 10)
-    return {
-        "steps": steps,
-        "final (mean of the last 10% of steps)": {
-            name: float(np.mean(values[-tail:])) for name, values in metrics.items()
-        },
-        "resumed_from_step": result.start or None,
-        "wall_s": round(result.seconds, 2),
-        "versions": folder.versions(),
-    }
 
 
 def train_job(
@@ -79,7 +65,7 @@ def train_job(
     result = train_loop(run_dir, job.step, job.state, job.frozen, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
     save_final(lm, job.model_params(result.state, job.frozen), run_dir)
-    summary = summarize(result.metrics, result)
+    summary = summarize(result, resumed_from_step=result.start or None)
     if job.evaluate is not None:
         summary["held_out"] = job.evaluate(result.state, job.frozen)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
@@ -130,8 +116,7 @@ class SampleWriter:
             return
         params = self.job.model_params(state, self.job.frozen)
         tokens = np.asarray(self.sample(params, jax.random.fold_in(self.key, end)))
-        is_eos = tokens == self.lm.tokenizer.eos_id
-        mask = np.cumsum(is_eos, axis=1) - is_eos == 0  # up to the first EOS, included
+        mask = np.asarray(response_mask(tokens, self.lm.tokenizer.eos_id))
         responses = decode_responses(self.lm.tokenizer, tokens, mask)
         rows = [
             {"step": end, "prompt": prompt, "response": response}

@@ -57,7 +57,7 @@ def check_mesh(mesh: Mesh) -> None:
     if set(mesh.axis_names) != {DATA, FSDP}:
         raise ValueError(
             f"the mesh has axes {mesh.axis_names}; ppojax.rlhf's sharding needs exactly "
-            f"({DATA!r}, {FSDP!r}): build it with ppojax.rlhf.models.sharding.make_mesh."
+            f"({DATA!r}, {FSDP!r}): build it with ppojax.rlhf.core.sharding.make_mesh."
         )
 
 
