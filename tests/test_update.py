@@ -316,3 +316,22 @@ def test_epochs_on_a_tree_of_several_dtypes_match_a_loop_of_optax_steps():
     np.testing.assert_allclose(np.float32(carry.params["h"]), np.float32(expected["h"]), rtol=2**-7)
     restored = jax.tree.leaves(carry.opt_state)
     assert [leaf.shape for leaf in restored] == [leaf.shape for leaf in jax.tree.leaves(state)]
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_clipped_adam_clips_to_the_global_norm_then_takes_an_adam_step(flat):
+    """Hand values: grads (3, 4) have norm 5, clipped to norm 1 they are (0.6, 0.8); Adam's
+    first step is -lr * m_hat / (sqrt(v_hat) + eps) = -lr * g / (|g| + eps) per element."""
+    from ppojax.engine.optim import clipped_adam
+
+    params = {"a": jnp.zeros(1), "b": jnp.zeros(1)}
+    grads = {"a": jnp.array([3.0]), "b": jnp.array([-4.0])}
+    eps, lr = 1e-3, 0.1
+    optimizer = clipped_adam(lr, 1.0, eps=eps, flat=flat)
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    # Adam's bias correction divides by 1 - 0.999 computed in float32: 0.999's rounding error
+    # (~6e-8) is ~6e-5 of that difference, so the update agrees to ~1e-4, not to float32's 1e-7
+    np.testing.assert_allclose(updates["a"], [-lr * 0.6 / (0.6 + eps)], rtol=1e-4)
+    np.testing.assert_allclose(updates["b"], [lr * 0.8 / (0.8 + eps)], rtol=1e-4)
+    wrong = {"a": jnp.array([-lr]), "b": jnp.array([lr])}  # unclipped: -lr * sign(g)
+    assert not np.allclose(updates["a"], wrong["a"], rtol=1e-4, atol=0)

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import optax
 
+from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.trainer import (
     RLHFState,
@@ -51,11 +52,6 @@ class Job(NamedTuple):
     evaluate: Callable[[Any, Any], dict[str, float]] | None = None
 
 
-def optimizer(learning_rate: float) -> optax.GradientTransformation:
-    """Adam with gradients clipped to global norm 1."""
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(learning_rate))
-
-
 def params_of(state: Any, frozen: Any) -> dict:
     return state["params"]
 
@@ -70,7 +66,7 @@ def supervised_job(
     """State {"params", "opt_state"} and the step of an optimizer step on a batch of ``data``
     (``frozen["data"]``); ``make_step(optimizer)`` gives ``(params, opt_state, batch,
     *extra) -> (params, opt_state, metrics)``, extra being ``frozen["extra"]``."""
-    adam = optimizer(learning_rate)
+    adam = clipped_adam(learning_rate, 1.0)
     update = make_step(adam)
 
     def step(frozen: dict, state: dict, key: jax.Array):

@@ -25,6 +25,7 @@ from flax import struct
 
 from ppojax.checks import ConfigError
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
+from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core import lora
 from ppojax.rlhf.core.advantages import update_kl_coef
 from ppojax.rlhf.core.config import RLHFConfig
@@ -57,13 +58,6 @@ class Trainer(NamedTuple):
     step: Callable[..., tuple[RLHFState, dict[str, jax.Array]]]
     reward_names: tuple[str, ...]
     config: RLHFConfig
-
-
-def make_optimizer(config: RLHFConfig) -> optax.GradientTransformation:
-    """Global-norm clipping at max_grad_norm, then Adam at learning_rate."""
-    return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.learning_rate)
-    )
 
 
 def reward_names(reward_fns: Sequence[RewardFn]) -> tuple[str, ...]:
@@ -121,7 +115,7 @@ def make_trainer(
     ``kv_cache``: the model's fast sampler; without one every step recomputes in full."""
     fns = (reward_fns,) if callable(reward_fns) else tuple(reward_fns)
     check_inputs(config, fns, critic_apply)
-    optimizer = make_optimizer(config)
+    optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
 
     def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
         """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen

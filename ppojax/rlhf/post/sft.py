@@ -20,6 +20,7 @@ import jax
 import optax
 
 from ppojax.engine import losses
+from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_stats
 from ppojax.rlhf.data import Encoding, encode_examples, labelled_rows
 
@@ -74,11 +75,6 @@ def make_sft_step(
     return step
 
 
-def make_adam(learning_rate: Any, max_grad_norm: Any) -> optax.GradientTransformation:
-    """Global-norm gradient clipping, then Adam."""
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate))
-
-
 def train_sft(
     policy_apply: PolicyApply,
     params: Any,
@@ -92,7 +88,7 @@ def train_sft(
     """``steps`` Adam steps of ``sft_loss`` on ``data(key) -> Sequences`` (or the same four
     arrays as a tuple) of prompts and their targets, one fresh batch per step (``lax.scan``);
     the params and the loss [steps]."""
-    optimizer = make_adam(learning_rate, max_grad_norm)
+    optimizer = clipped_adam(learning_rate, max_grad_norm)
     update = make_sft_step(policy_apply, optimizer)
 
     def step(carry: tuple[Any, optax.OptState], step_key: jax.Array):

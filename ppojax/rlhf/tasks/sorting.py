@@ -18,10 +18,10 @@ import optax
 from flax import struct
 
 from ppojax.checks import ConfigError, check_positive_int, static
+from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.sampling import SamplingSettings, sample_responses
 from ppojax.rlhf.models.transformer import zero_value_head
 from ppojax.rlhf.post.reward_model import RankedSamples, ranking_loss
-from ppojax.rlhf.post.sft import make_adam
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask, scorer, sft_start, targets
 
 SORTING = DigitTask(
@@ -100,7 +100,7 @@ def train_reward_model(
     """``config.steps`` Adam steps of Bradley-Terry on fresh ranked samples, from the SFT
     weights (value head at 0); the params, loss and accuracy per step, and the held-out
     accuracy on 1024 independent pairs (two samples per prompt)."""
-    optimizer = make_adam(config.learning_rate, config.max_grad_norm)
+    optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
     params = zero_value_head(sft_params)
     critic_apply = task.model().critic_apply
 
