@@ -23,26 +23,25 @@ its rows are left out. Writes ``--out`` after every row (an interrupted run keep
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import functools
+import importlib
+import json
 import os
+import shlex
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-# the CUDA plugin must not start as a backend here: it finds no cuDNN and logs so at length
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import jax
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import functools  # noqa: E402
-import importlib  # noqa: E402
-import json  # noqa: E402
-import shlex  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import types  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import jax  # noqa: E402
 from gpu import (  # noqa: E402
     WORKS,
     failure,
@@ -153,6 +152,55 @@ def count_row(
     return row
 
 
+TABLE_START, TABLE_END = "<!-- gpu-program-table:start -->", "<!-- gpu-program-table:end -->"
+NAMES = {"ppojax": "ppojax", "rejax": "rejax", "purejaxrl": "PureJaxRL"}
+
+
+def size(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
+
+
+def markdown_table(report: dict) -> str:
+    """The README's table of ``report``: per work and target, launches and bytes per update of
+    each program, and ppojax's launches per env step and per minibatch step."""
+    programs = [name for name in NAMES if any(row["program"] == name for row in report["rows"])]
+    found = {(r["work"], r["target"], r["program"]): r for r in report["rows"] if "error" not in r}
+    names = " / ".join(NAMES[name] for name in programs)
+    lines = [
+        f"| work | target | launches per update: {names} | bytes per update: {names} "
+        "| ppojax launches per env step / minibatch step |",
+        "|---|---|---|---|---|",
+    ]
+    keys = dict.fromkeys((row["work"], row["target"]) for row in report["rows"])
+    for work, target in sorted(keys, key=lambda key: (key[1] != "h200", key[1])):
+        rows = [found.get((work, target, name)) for name in programs]
+        per_update = [row["per_update"] if row else None for row in rows]
+        launch_text = " / ".join(f"{p['launches']:,}" if p else "-" for p in per_update)
+        byte_text = " / ".join(size(p["bytes"]) if p else "-" for p in per_update)
+        own = found.get((work, target, "ppojax"))
+        steps = (
+            f"{own['per_env_step']['launches']} / {own['per_minibatch_step']['launches']}"
+            if own
+            else "-"
+        )
+        lines.append(f"| {work} | {target.upper()} | {launch_text} | {byte_text} | {steps} |")
+    versions = report["versions"]
+    lines.append("")
+    lines.append(
+        f"Counted on {report['machine']['cpu']} ({report['date'][:10]}), jax {versions['jax']}, "
+        f"CUDA plugin {versions['cuda_plugin']}, rejax {versions['rejax']}: "
+        f"`{report['command']}`"
+    )
+    return "\n".join(lines)
+
+
+def readme_with_table(readme: str, table: str) -> str:
+    """``readme`` with the block between the table's markers replaced by ``table``."""
+    head, rest = readme.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}"
+
+
 def header(argv: list[str]) -> dict[str, Any]:
     plugin = package_version("jax-cuda13-plugin") or package_version("jax-cuda12-plugin")
     return {
@@ -187,6 +235,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--purejaxrl", type=Path, help="a checkout of luchris429/purejaxrl")
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
+    parser.add_argument("--readme", type=Path, help="write --out's table into this README")
     args = parser.parse_args(argv)
     args.targets = args.targets or ["h200", "h100"]
     works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
@@ -194,7 +243,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.out is None:
         smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "gpu_program.json"
         args.out = smoke_out if args.smoke else DEFAULT_OUT
-    if "purejaxrl" in args.programs and args.purejaxrl is None:
+    if "purejaxrl" in args.programs and args.purejaxrl is None and args.readme is None:
         print("no --purejaxrl checkout: PureJaxRL's rows are left out", flush=True)
         args.programs = [name for name in args.programs if name != "purejaxrl"]
     return args
@@ -203,6 +252,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.readme is not None:
+        report = json.loads(args.out.read_text())
+        args.readme.write_text(readme_with_table(args.readme.read_text(), markdown_table(report)))
+        print(f"wrote the table of {args.out} into {args.readme}", flush=True)
+        return 0
+    # the CUDA plugin must not start as a backend: it finds no cuDNN and logs so at length
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     makers = {"ppojax": ppojax_program, "rejax": rejax_program}
     if args.purejaxrl is not None:
         makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)
