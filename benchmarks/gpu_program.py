@@ -10,9 +10,10 @@ PPO config, as benchmarks/gpu.py times them on a GPU, is compiled here for one G
 target (``ppojax.runtime.deviceless``: XLA's spec of the H200 and of the H100 SXM, the CUDA
 plugin from ``pip install "ppojax[gpu-aot]"``), at the four works of benchmarks/gpu.py, and
 its optimized HLO counted (``ppojax.runtime.launches``: each fusion, custom call and copy is
-a launch; its bytes are its operands' and its result's, no cache credit; loops times their
-trip counts). Phases: one env step (the rollout loop's body), GAE (its loop), one minibatch
-step (the update loop's body), the epochs, the rest, one update, the whole program.
+a launch; its bytes are its operands' and its result's, no cache credit, of a buffer sliced
+or updated in place the slice; loops times their trip counts). Phases: one env step (the
+rollout loop's body), GAE (its loop), one minibatch step (the update loop's body), the
+epochs, the rest, one update, the whole program.
 
 PureJaxRL: ``--purejaxrl DIR`` is a checkout of github.com/luchris429/purejaxrl (its
 ``purejaxrl/ppo.py`` is imported from there, not copied); it unpacks gymnax's old five-value
@@ -218,7 +219,8 @@ def header(argv: list[str]) -> dict[str, Any]:
         "counting": [
             "a launch: each fusion, custom call, copy, sort or collective of the entry "
             "computation or of a loop's body or condition (condition once a trip)",
-            "bytes: operands' and result's sizes of every launch, no cache credit",
+            "bytes: operands' and result's sizes of every launch, no cache credit; of a buffer "
+            "a fusion slices or updates in place (dynamic-slice, dynamic-update-slice), the slice",
             "per_update: one trip of the update loop; rollout, gae, epochs: their loops "
             "inside it times their trips; rest: the update's launches outside them",
             "no autotuning (default Triton gemms) and the generic sort instead of CUB",

@@ -78,6 +78,46 @@ def test_launches_and_bytes_of_hand_written_hlo():
     assert program.by_opcode() == {"copy": 10, "custom-call": 1, "fusion": 30}
 
 
+def test_a_fusion_counts_the_slices_it_reads_and_the_update_it_writes_in_place():
+    """A rollout's store of one step into its [T, ...] buffer and GAE's read of one step: the
+    GPU touches the slice, not the buffer."""
+    hlo = """HloModule slices
+
+%store (buffer: f32[128,64], index: s32[], row: f32[1,64]) -> f32[128,64] {
+  %buffer = f32[128,64]{1,0} parameter(0)
+  %row = f32[1,64]{1,0} parameter(2)
+  %twice = f32[1,64]{1,0} add(%row, %row)
+  %index = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %dus = f32[128,64]{1,0} dynamic-update-slice(%buffer, %twice, %index, %zero)
+}
+
+%load (table: f32[128,64], i: s32[], other: f32[64]) -> (f32[1,64], f32[64]) {
+  %table = f32[128,64]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %slice = f32[1,64]{1,0} dynamic-slice(%table, %i, %z), dynamic_slice_sizes={1,64}
+  %other = f32[64]{0} parameter(2)
+  %neg = f32[64]{0} negate(%other)
+  ROOT %pair = (f32[1,64]{1,0}, f32[64]{0}) tuple(%slice, %neg)
+}
+
+ENTRY %main (b: f32[128,64], k: s32[], r: f32[1,64], o: f32[64]) -> f32[128,64] {
+  %b = f32[128,64]{1,0} parameter(0)
+  %k = s32[] parameter(1)
+  %r = f32[1,64]{1,0} parameter(2)
+  %o = f32[64]{0} parameter(3)
+  %stored = f32[128,64]{1,0} fusion(%b, %k, %r), kind=kLoop, calls=%store
+  %loaded = (f32[1,64]{1,0}, f32[64]{0}) fusion(%b, %k, %o), kind=kLoop, calls=%load
+  ROOT %done = f32[128,64]{1,0} copy(%stored)
+}
+"""
+    program = launches.count(hlo)
+    # store: index 4 B, row 256 B read, 256 B written; load: a 256 B slice, index 4 B and
+    # 256 B read, 512 B written; the copy: 32 KiB read and written
+    assert [launch.bytes for launch in program.launches] == [516, 1028, 2 * 128 * 64 * 4]
+
+
 def test_calls_are_inlined_a_conditional_counts_its_largest_branch_and_unknown_trips_once():
     hlo = """HloModule more
 

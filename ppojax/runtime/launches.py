@@ -8,8 +8,10 @@ The model, deliberately plain:
   that does work: each fusion, custom call, copy, sort, collective; not parameters, constants,
   tuples, get-tuple-element or bitcasts (no kernel), nor while, call and conditional (control
   flow: their computations are counted instead; a conditional by its largest branch);
-- its bytes are its operands' and its result's sizes, every time: no credit for the caches
-  (an in-place update counts the whole buffer it updates);
+- its bytes are its operands' and its result's sizes, every time: no credit for the caches.
+  A fusion that slices a buffer (``dynamic-slice``) counts the slices, and one that updates a
+  buffer in place (``dynamic-update-slice``, as a scan stores its step) counts the update,
+  not the buffer: that is what the GPU touches;
 - a loop's body and condition are counted once per trip, multiplied by the trip count XLA
   records (``known_trip_count``); a loop without one is counted for one trip and says so.
 
@@ -57,7 +59,7 @@ DTYPE_BYTES = {
     "c128": 16,
 }
 HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
-INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
+INSTRUCTION = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
 ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
 TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
@@ -130,7 +132,7 @@ def operand_names(text: str) -> list[str]:
     """The operand names of an instruction, from the text after its opcode's "(" up to the
     matching ")": the last word of each top-level, comma-separated item."""
     depth, item, items = 0, [], []
-    for char in text:
+    for char in re.sub(r"/\*.*?\*/", "", text):  # long operand lists carry /*index=5*/
         if char in "([{":
             depth += 1
         elif char in ")]}":
@@ -148,6 +150,7 @@ def operand_names(text: str) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Instruction:
+    root: bool
     name: str
     shape: str
     opcode: str
@@ -170,7 +173,8 @@ def computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
         elif name is not None:
             parsed = INSTRUCTION.match(line)
             if parsed:
-                found[name].append(Instruction(*parsed.groups()))
+                root, *rest = parsed.groups()
+                found[name].append(Instruction(root is not None, *rest))
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
     return found, entry
@@ -209,10 +213,15 @@ class Counter:
             elif inst.opcode == "conditional":
                 self.add_largest_branch(block, inst.rest)
             elif inst.opcode not in NO_LAUNCH:
-                read = sum(shape_bytes(shapes.get(op, "")) for op in operand_names(inst.rest))
-                block.launches.append(
-                    Launch(inst.name, inst.opcode, read + shape_bytes(inst.shape))
-                )
+                block.launches.append(Launch(inst.name, inst.opcode, self.bytes_of(inst, shapes)))
+
+    def bytes_of(self, inst: Instruction, shapes: dict[str, str]) -> int:
+        """Operand and result bytes of a launch; of a fusion, what it touches (``touched``)."""
+        operands = [shape_bytes(shapes.get(name, "")) for name in operand_names(inst.rest)]
+        fused = attribute(inst.rest, "calls") if inst.opcode == "fusion" else []
+        if fused and fused[0] in self.computations:
+            return touched(self.computations[fused[0]], operands, shape_bytes(inst.shape))
+        return sum(operands) + shape_bytes(inst.shape)
 
     def add_largest_branch(self, block: Block, rest: str) -> None:
         branches = attribute(rest, "branch_computations") or (
@@ -223,6 +232,43 @@ class Counter:
             largest = max(counted, key=Block.launches_per_trip)
             block.launches += largest.launches
             block.loops += largest.loops
+
+
+def touched(fused: list[Instruction], operands: list[int], result: int) -> int:
+    """Bytes a fusion reads and writes, given its fused computation, its operands' sizes and
+    its result's: a buffer it only slices (operand 0 of ``dynamic-slice`` alone) counts the
+    slices; a buffer it updates in place (operand 0 of a ``dynamic-update-slice`` at its
+    root, used nowhere else) is not read, and the update is what is written, as a GPU runs
+    them; everything else in full."""
+    root = next((inst for inst in fused if inst.root), None)
+    if root is None:
+        return sum(operands) + result
+    by_name = {inst.name: inst for inst in fused}
+    users: dict[str, list[Instruction]] = {}
+    for inst in fused:
+        for name in operand_names(inst.rest):
+            users.setdefault(name, []).append(inst)
+    outputs = operand_names(root.rest) if root.opcode == "tuple" else [root.name]
+    updated = {
+        name: by_name[operand_names(by_name[name].rest)[1]]
+        for name in outputs
+        if name in by_name and by_name[name].opcode == "dynamic-update-slice"
+    }
+    in_place = {operand_names(by_name[name].rest)[0] for name in updated}
+    total = 0
+    for inst in (inst for inst in fused if inst.opcode == "parameter"):
+        direct = users.get(inst.name, [])
+        if direct and all(
+            user.opcode == "dynamic-slice" and operand_names(user.rest)[0] == inst.name
+            for user in direct
+        ):
+            total += sum(shape_bytes(user.shape) for user in direct)
+        elif not (inst.name in in_place and len(direct) == 1):
+            index = int(re.match(r"\s*(\d+)", inst.rest).group(1))
+            total += operands[index] if index < len(operands) else 0
+    for name in (name for name in outputs if name in by_name):
+        total += shape_bytes((updated.get(name) or by_name[name]).shape)
+    return total
 
 
 def count(hlo: str) -> Block:
