@@ -259,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         args.readme.write_text(readme_with_table(args.readme.read_text(), markdown_table(report)))
         print(f"wrote the table of {args.out} into {args.readme}", flush=True)
         return 0
-    # the CUDA plugin must not start as a backend: it finds no cuDNN and logs so at length
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # the CUDA plugin must not start as a backend: it finds no cuDNN, and then gives no
+    # topology either (jax read JAX_PLATFORMS at import: set its flag)
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
     makers = {"ppojax": ppojax_program, "rejax": rejax_program}
     if args.purejaxrl is not None:
         makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)

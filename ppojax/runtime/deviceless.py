@@ -97,6 +97,11 @@ def topology(target: str, devices: int = 1) -> Any:
     try:
         return topologies.get_topology_desc(platform="cuda", target_config=text, topology=shape)
     except Exception as error:  # the plugin raises XlaRuntimeError, which has no public name
+        if "not implemented for cuda" in str(error):
+            raise DevicelessError(
+                "the CUDA plugin did not start: set JAX_PLATFORMS=cpu (or the jax_platforms "
+                "flag) before JAX starts its backends, so that it does not look for a GPU"
+            ) from error
         if "parse" not in str(error).lower() or text == without_newer_fields(text):
             raise DevicelessError(f"no {target} topology from the CUDA plugin: {error}") from error
     return topologies.get_topology_desc(
