@@ -253,7 +253,10 @@ SMALL_CONFIG = dict(
     update_epochs=2,
     num_minibatches=2,
 )
-EXPECTED = {"0.10.2": {"per_env_step": 17, "per_minibatch_step": 60}}
+EXPECTED = {
+    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 60},  # Python 3.11's jax
+    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 62},  # Python 3.12's and 3.13's
+}
 
 
 def test_small_ppo_program_launches_on_the_h200():
