@@ -147,6 +147,7 @@ def compile_for(
     (arrays, Python numbers or ``ShapeDtypeStruct`` leaves; ``static_argnums`` pass as they
     are). Returns the ``jax.stages.Compiled``; it cannot run here, but ``as_text()`` is the
     target's optimized HLO and ``memory_analysis()`` its buffers."""
+    require_plugin()  # before the cached topology, so that its absence is always named
     mesh = target_mesh(target)
     shaped = [
         arg if index in static_argnums else abstract(arg, mesh) for index, arg in enumerate(args)
