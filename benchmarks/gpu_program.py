@@ -180,7 +180,7 @@ def markdown_table(report: dict) -> str:
         byte_text = " / ".join(size(p["bytes"]) if p else "-" for p in per_update)
         own = found.get((work, target, "ppojax"))
         steps = (
-            f"{own['per_env_step']['launches']} / {own['per_minibatch_step']['launches']}"
+            f"{own['per_env_step']['launches']:.4g} / {own['per_minibatch_step']['launches']}"
             if own
             else "-"
         )

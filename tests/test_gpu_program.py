@@ -197,6 +197,11 @@ def test_ppo_phases_name_the_loops_by_their_trips_and_order():
     phases = launches.ppo_phases(block("main", 1, 0, [flat]), 5, 8, 3, 2)
     assert phases["per_minibatch_step"]["launches"] == 7
     assert phases["gae"]["loops"] == []
+    # a rollout in 2 chunks of 4 steps, 1 launch a chunk besides its steps' 3
+    chunked = block("update", 5, 0, [block("chunks", 2, 1, [block("rollout", 4, 3)]), epochs])
+    phases = launches.ppo_phases(block("main", 1, 0, [chunked]), 5, 8, 3, 2)
+    assert phases["rollout"]["launches"] == 2 * (1 + 4 * 3)
+    assert phases["per_env_step"]["launches"] == 26 / 8
     with pytest.raises(ValueError, match="no loop of 4 updates"):
         launches.ppo_phases(program, updates=4, num_steps=8, epochs=3, minibatches=2)
 

@@ -290,13 +290,24 @@ def summary(block: Block, trips: int | None = None) -> dict[str, Any]:
     }
 
 
+def per_step(rollout: Block, num_steps: int) -> dict[str, Any]:
+    """Launches and bytes of one env step: the rollout's over its ``num_steps`` steps (a
+    fraction where the rollout runs in chunks, each with its own launches)."""
+    launches, moved = rollout.total_launches(), rollout.total_bytes()
+    return {
+        "launches": launches // num_steps if launches % num_steps == 0 else launches / num_steps,
+        "bytes": round(moved / num_steps),
+    }
+
+
 def ppo_phases(
     program: Block, updates: int, num_steps: int, epochs: int, minibatches: int
 ) -> dict[str, Any]:
     """A PPO program's loops by role, and launches and bytes of each:
 
     - ``update``: the outermost loop of ``updates`` trips that holds loops (one update a trip);
-    - ``rollout``: its first loop of ``num_steps`` trips (one env step a trip);
+    - ``rollout``: its first loop of ``num_steps`` trips (one env step a trip), or of fewer
+      trips holding one that makes up ``num_steps`` (the rollout in chunks);
     - ``gae``: the loops between the rollout and the epochs (GAE's reverse scan, which may be
       unrolled into fewer trips);
     - ``epochs``: its loop of ``epochs`` trips holding one of ``minibatches`` trips (the
@@ -314,7 +325,7 @@ def ppo_phases(
     roles = update_roles(update, num_steps, epochs, minibatches)
     phases = {
         "per_update": summary(update, 1),
-        "per_env_step": summary(roles["rollout"], 1),
+        "per_env_step": per_step(roles["rollout"], num_steps),
         "rollout": summary(roles["rollout"]),
         "gae": {
             "loops": [loop.trips for loop in roles["gae"]],
@@ -332,13 +343,23 @@ def ppo_phases(
         "bytes": phases["per_update"]["bytes"] - sum(phases[part]["bytes"] for part in counted),
     }
     phases["per_minibatch_step"]["by_opcode"] = roles["minibatch"].by_opcode()
-    phases["per_env_step"]["by_opcode"] = roles["rollout"].by_opcode()
+    phases["rollout"]["by_opcode"] = {
+        opcode: number * (roles["rollout"].trips or 1)
+        for opcode, number in roles["rollout"].by_opcode().items()
+    }
     return phases
 
 
 def update_roles(update: Block, num_steps: int, epochs: int, minibatches: int) -> dict[str, Any]:
     loops = update.loops
-    rollout = next((i for i, loop in enumerate(loops) if loop.trips == num_steps), None)
+
+    def steps_of(loop: Block) -> int:
+        """Env steps a loop covers: its trips, or its trips times an inner loop's where XLA
+        or the program cut the rollout into chunks."""
+        inner = [(loop.trips or 1) * (child.trips or 1) for child in loop.loops]
+        return num_steps if num_steps in [loop.trips, *inner] else 0
+
+    rollout = next((i for i, loop in enumerate(loops) if steps_of(loop)), None)
     if rollout is None:
         raise ValueError(f"no rollout loop of {num_steps} trips in the update")
 
