@@ -1,0 +1,289 @@
+"""What ppojax, rejax 0.1.3 and PureJaxRL would run on a GPU, counted without one: kernel
+launches and bytes per env step, GAE, minibatch step and update.
+
+    JAX_PLATFORMS=cpu python benchmarks/gpu_program.py --purejaxrl DIR
+        [--targets h200 h100] [--works NAME ...] [--programs ppojax rejax purejaxrl]
+        [--out benchmarks/results/gpu_program.json] [--smoke]
+
+Each library's ``jax.jit(jax.vmap(train))`` over keys, on CartPole-v1 with PureJaxRL's classic
+PPO config, as benchmarks/gpu.py times them on a GPU, is compiled here for one GPU of each
+target (``ppojax.runtime.deviceless``: XLA's spec of the H200 and of the H100 SXM, the CUDA
+plugin from ``pip install "ppojax[gpu-aot]"``), at the four works of benchmarks/gpu.py, and
+its optimized HLO counted (``ppojax.runtime.launches``: each fusion, custom call and copy is
+a launch; its bytes are its operands' and its result's, no cache credit, of a buffer sliced
+or updated in place the slice; loops times their trip counts). Phases: one env step (the
+rollout loop's body), GAE (its loop), one minibatch step (the update loop's body), the
+epochs, the rest, one update, the whole program.
+
+PureJaxRL: ``--purejaxrl DIR`` is a checkout of github.com/luchris429/purejaxrl (its
+``purejaxrl/ppo.py`` is imported from there, not copied); it unpacks gymnax's old five-value
+step, so its env gets gymnax's LegacyStepAPIWrapper as rejax's does. Without ``--purejaxrl``
+its rows are left out. Writes ``--out`` after every row (an interrupted run keeps its rows).
+``--smoke``: the works shrunk to seconds of compiling, results in /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu import (  # noqa: E402
+    WORKS,
+    failure,
+    git_commit,
+    legacy_step_env,
+    package_version,
+    rejax_algo,
+    write_atomic,
+)
+from gpu_parts import classic  # noqa: E402
+from machine import machine_description  # noqa: E402
+
+import ppojax  # noqa: E402
+from ppojax.runtime import deviceless, launches  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu_program.json"
+# name: (agents, envs per agent, updates): benchmarks/gpu.py's works
+COUNTED_WORKS = {
+    name: (agents, envs, updates) for name, (agents, envs, updates, *_) in WORKS.items()
+}
+SMOKE_WORKS = {"1 agent x 4 envs": (1, 4, 3), "2 agents x 8 envs": (2, 8, 3)}
+PROGRAMS = ("ppojax", "rejax", "purejaxrl")
+
+
+def ppojax_program(config: ppojax.PPOConfig, keys: jax.Array) -> tuple[Callable, tuple]:
+    return jax.vmap(ppojax.train, in_axes=(None, 0)), (config, keys)
+
+
+def rejax_program(config: ppojax.PPOConfig, keys: jax.Array) -> tuple[Callable, tuple]:
+    return jax.vmap(rejax_algo(config).train), (keys,)
+
+
+def purejaxrl_config(config: ppojax.PPOConfig) -> dict[str, Any]:
+    """PureJaxRL's config dict for ``config`` (its classic CartPole settings)."""
+    return {
+        "LR": config.learning_rate,
+        "NUM_ENVS": config.num_envs,
+        "NUM_STEPS": config.num_steps,
+        "TOTAL_TIMESTEPS": config.num_updates * config.batch_size,
+        "UPDATE_EPOCHS": config.update_epochs,
+        "NUM_MINIBATCHES": config.num_minibatches,
+        "GAMMA": config.gamma,
+        "GAE_LAMBDA": config.gae_lambda,
+        "CLIP_EPS": config.clip_eps,
+        "ENT_COEF": config.ent_coef,
+        "VF_COEF": config.vf_coef,
+        "MAX_GRAD_NORM": config.max_grad_norm,
+        "ACTIVATION": config.activation,
+        "ENV_NAME": config.env_id,
+        "ANNEAL_LR": config.anneal_lr,
+        "DEBUG": False,
+    }
+
+
+@functools.cache
+def purejaxrl_module(folder: Path) -> types.ModuleType:
+    """PureJaxRL's ``ppo`` module from its checkout (it imports its ``wrappers`` by that name,
+    so its folder goes on the path), its ``gymnax.make`` giving the five-value step."""
+    sys.path.insert(0, str(folder / "purejaxrl"))
+    ppo = importlib.import_module("ppo")
+    gymnax = ppo.gymnax
+
+    def make(env_id: str, **kwargs: Any) -> tuple[Any, Any]:
+        env, params = gymnax.make(env_id, **kwargs)
+        return legacy_step_env(env), params
+
+    ppo.gymnax = types.SimpleNamespace(make=make)
+    return ppo
+
+
+def purejaxrl_program(folder: Path) -> Callable[..., tuple[Callable, tuple]]:
+    def program(config: ppojax.PPOConfig, keys: jax.Array) -> tuple[Callable, tuple]:
+        return jax.vmap(purejaxrl_module(folder).make_train(purejaxrl_config(config))), (keys,)
+
+    return program
+
+
+def count_row(
+    program: str, make: Callable, work: str, spec: tuple[int, int, int], target: str
+) -> dict:
+    """One program at one work compiled for ``target`` and counted."""
+    agents, envs, updates = spec
+    config = classic(envs, updates)
+    row: dict[str, Any] = {
+        "program": program,
+        "work": work,
+        "target": target,
+        "agents": agents,
+        "envs_per_agent": envs,
+        "num_steps": config.num_steps,
+        "updates": updates,
+        "epochs": config.update_epochs,
+        "minibatches": config.num_minibatches,
+    }
+    fn, args = make(config, jax.random.split(jax.random.key(0), agents))
+    began = time.perf_counter()
+    compiled = deviceless.compile_for(fn, args, target)
+    row["compile_s"] = round(time.perf_counter() - began, 1)
+    program_tree = launches.count(compiled.as_text())
+    row.update(
+        launches.ppo_phases(
+            program_tree, updates, config.num_steps, config.update_epochs, config.num_minibatches
+        )
+    )
+    memory = compiled.memory_analysis()
+    row["temp_bytes"] = getattr(memory, "temp_size_in_bytes", None)
+    row["loops"] = launches.tree(program_tree).splitlines()
+    return row
+
+
+TABLE_START, TABLE_END = "<!-- gpu-program-table:start -->", "<!-- gpu-program-table:end -->"
+NAMES = {"ppojax": "ppojax", "rejax": "rejax", "purejaxrl": "PureJaxRL"}
+
+
+def size(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.0f} MB"
+
+
+def markdown_table(report: dict) -> str:
+    """The README's table of ``report``: per work and target, launches and bytes per update of
+    each program, and ppojax's launches per env step and per minibatch step."""
+    programs = [name for name in NAMES if any(row["program"] == name for row in report["rows"])]
+    found = {(r["work"], r["target"], r["program"]): r for r in report["rows"] if "error" not in r}
+    names = " / ".join(NAMES[name] for name in programs)
+    lines = [
+        f"| work | target | launches per update: {names} | bytes per update: {names} "
+        "| ppojax launches per env step / minibatch step |",
+        "|---|---|---|---|---|",
+    ]
+    keys = dict.fromkeys((row["work"], row["target"]) for row in report["rows"])
+    for work, target in sorted(keys, key=lambda key: (key[1] != "h200", key[1])):
+        rows = [found.get((work, target, name)) for name in programs]
+        per_update = [row["per_update"] if row else None for row in rows]
+        launch_text = " / ".join(f"{p['launches']:,}" if p else "-" for p in per_update)
+        byte_text = " / ".join(size(p["bytes"]) if p else "-" for p in per_update)
+        own = found.get((work, target, "ppojax"))
+        steps = (
+            f"{own['per_env_step']['launches']:.4g} / {own['per_minibatch_step']['launches']}"
+            if own
+            else "-"
+        )
+        lines.append(f"| {work} | {target.upper()} | {launch_text} | {byte_text} | {steps} |")
+    versions = report["versions"]
+    lines.append("")
+    lines.append(
+        f"Counted on {report['machine']['cpu']} ({report['date'][:10]}), jax {versions['jax']}, "
+        f"CUDA plugin {versions['cuda_plugin']}, rejax {versions['rejax']}: "
+        f"`{report['command']}`"
+    )
+    return "\n".join(lines)
+
+
+def readme_with_table(readme: str, table: str) -> str:
+    """``readme`` with the block between the table's markers replaced by ``table``."""
+    head, rest = readme.split(TABLE_START, 1)
+    _, tail = rest.split(TABLE_END, 1)
+    return f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}"
+
+
+def header(argv: list[str]) -> dict[str, Any]:
+    plugin = package_version("jax-cuda13-plugin") or package_version("jax-cuda12-plugin")
+    return {
+        "benchmark": "gpu_program: launches and bytes of each library's GPU program, counted "
+        "from its deviceless compile (CartPole-v1, PureJaxRL's classic PPO config)",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_description(),
+        "versions": {
+            name: package_version(name)
+            for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "rejax", "distrax")
+        }
+        | {"cuda_plugin": plugin, "ppojax_commit": git_commit()},
+        "command": shlex.join(["python", "benchmarks/gpu_program.py", *argv]),
+        "targets": {name: deviceless.TARGETS[name] for name in deviceless.TARGETS},
+        "counting": [
+            "a launch: each fusion, custom call, copy, sort or collective of the entry "
+            "computation or of a loop's body or condition (condition once a trip)",
+            "bytes: operands' and result's sizes of every launch, no cache credit; of a buffer "
+            "a fusion slices or updates in place (dynamic-slice, dynamic-update-slice), the slice",
+            "per_update: one trip of the update loop; rollout, gae, epochs: their loops "
+            "inside it times their trips; rest: the update's launches outside them",
+            "no autotuning (default Triton gemms) and the generic sort instead of CUB",
+        ],
+        "rows": [],
+    }
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", choices=list(deviceless.TARGETS))
+    parser.add_argument("--works", nargs="+", choices=list(COUNTED_WORKS))
+    parser.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
+    parser.add_argument("--purejaxrl", type=Path, help="a checkout of luchris429/purejaxrl")
+    parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
+    parser.add_argument("--readme", type=Path, help="write --out's table into this README")
+    args = parser.parse_args(argv)
+    args.targets = args.targets or ["h200", "h100"]
+    works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
+    args.works = {name: works[name] for name in (args.works or works) if name in works}
+    if args.out is None:
+        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "gpu_program.json"
+        args.out = smoke_out if args.smoke else DEFAULT_OUT
+    if "purejaxrl" in args.programs and args.purejaxrl is None and args.readme is None:
+        print("no --purejaxrl checkout: PureJaxRL's rows are left out", flush=True)
+        args.programs = [name for name in args.programs if name != "purejaxrl"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.readme is not None:
+        report = json.loads(args.out.read_text())
+        args.readme.write_text(readme_with_table(args.readme.read_text(), markdown_table(report)))
+        print(f"wrote the table of {args.out} into {args.readme}", flush=True)
+        return 0
+    # the CUDA plugin must not start as a backend: it finds no cuDNN, and then gives no
+    # topology either (jax read JAX_PLATFORMS at import: set its flag)
+    if not os.environ.get("JAX_PLATFORMS"):
+        jax.config.update("jax_platforms", "cpu")
+    makers = {"ppojax": ppojax_program, "rejax": rejax_program}
+    if args.purejaxrl is not None:
+        makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)
+    report = header(argv)
+    failed = 0
+    for target in args.targets:
+        for work, spec in args.works.items():
+            for program in args.programs:
+                try:
+                    row = count_row(program, makers[program], work, spec, target)
+                except Exception as error:  # one row's failure must not lose the others
+                    row = {"program": program, "work": work, "target": target}
+                    row["error"] = failure(error)
+                    failed += 1
+                report["rows"].append(row)
+                write_atomic(args.out, json.dumps(report, indent=1) + "\n")
+                brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
+                print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
+    print(f"wrote {args.out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

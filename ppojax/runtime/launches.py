@@ -1,0 +1,396 @@
+"""What a compiled GPU program runs: its kernel launches and the bytes they move, read from
+the optimized HLO text (``jax.stages.Compiled.as_text()``, e.g. from
+``ppojax.runtime.deviceless.compile_for``).
+
+The model, deliberately plain:
+
+- a launch is an instruction of the entry computation or of a while loop's body or condition
+  that does work: each fusion, custom call, copy, sort, collective; not parameters, constants,
+  tuples, get-tuple-element or bitcasts (no kernel), nor while, call and conditional (control
+  flow: their computations are counted instead; a conditional by its largest branch);
+- its bytes are its operands' and its result's sizes, every time: no credit for the caches.
+  A fusion that slices a buffer (``dynamic-slice``) counts the slices, and one that updates a
+  buffer in place (``dynamic-update-slice``, as a scan stores its step) counts the update,
+  not the buffer: that is what the GPU touches;
+- a loop's body and condition are counted once per trip, multiplied by the trip count XLA
+  records (``known_trip_count``); a loop without one is counted for one trip and says so.
+
+``count(hlo)`` gives the tree of loops; ``ppo_phases`` names the loops of a PPO program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+# instructions that launch no kernel of their own
+NO_LAUNCH = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "add-dependency",
+        "opt-barrier",
+        "domain",
+    }
+)
+CONTROL_FLOW = frozenset({"while", "call", "conditional"})
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
+HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
+INSTRUCTION = re.compile(r"^\s*(ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
+ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its instruction's name and opcode, and the bytes it reads and
+    writes (operands + result)."""
+
+    name: str
+    opcode: str
+    bytes: int
+
+
+@dataclasses.dataclass
+class Block:
+    """The entry computation or one while loop: its own launches per trip (body and
+    condition) and its loops, in schedule order. ``trips`` is None where XLA knows no trip
+    count (then counted as one trip)."""
+
+    name: str
+    trips: int | None
+    launches: list[Launch]
+    loops: list[Block]
+
+    def launches_per_trip(self) -> int:
+        """Launches of one trip, nested loops included (each times its trips)."""
+        return len(self.launches) + sum(loop.total_launches() for loop in self.loops)
+
+    def bytes_per_trip(self) -> int:
+        return sum(launch.bytes for launch in self.launches) + sum(
+            loop.total_bytes() for loop in self.loops
+        )
+
+    def total_launches(self) -> int:
+        return (self.trips or 1) * self.launches_per_trip()
+
+    def total_bytes(self) -> int:
+        return (self.trips or 1) * self.bytes_per_trip()
+
+    def walk(self) -> list[Block]:
+        """This block and every loop inside it, outermost first, in schedule order."""
+        return [self] + [inner for loop in self.loops for inner in loop.walk()]
+
+    def by_opcode(self) -> dict[str, int]:
+        """Launches of one trip by opcode, nested loops times their trips."""
+        counts: dict[str, int] = {}
+        for launch in self.launches:
+            counts[launch.opcode] = counts.get(launch.opcode, 0) + 1
+        for loop in self.loops:
+            for opcode, number in loop.by_opcode().items():
+                counts[opcode] = counts.get(opcode, 0) + (loop.trips or 1) * number
+        return dict(sorted(counts.items()))
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape such as ``f32[8,16]{1,0}`` or a tuple of them (tokens: 0)."""
+    total = 0
+    for dtype, dims in ARRAY.findall(shape):
+        if dtype not in DTYPE_BYTES:
+            continue
+        elements = 1
+        for dim in filter(None, dims.split(",")):
+            elements *= int(dim)
+        total += DTYPE_BYTES[dtype] * elements
+    return total
+
+
+def operand_names(text: str) -> list[str]:
+    """The operand names of an instruction, from the text after its opcode's "(" up to the
+    matching ")": the last word of each top-level, comma-separated item."""
+    depth, item, items = 0, [], []
+    for char in re.sub(r"/\*.*?\*/", "", text):  # long operand lists carry /*index=5*/
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        if char == "," and depth == 0:
+            items.append("".join(item))
+            item = []
+        else:
+            item.append(char)
+    items.append("".join(item))
+    return [entry.split()[-1].lstrip("%") for entry in items if entry.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    root: bool
+    name: str
+    shape: str
+    opcode: str
+    rest: str  # the text after "opcode(": operands, then attributes
+
+
+def computations(hlo: str) -> tuple[dict[str, list[Instruction]], str]:
+    """The module's computations, name -> instructions in schedule order, and the entry's
+    name."""
+    found: dict[str, list[Instruction]] = {}
+    name, entry = None, None
+    for line in hlo.splitlines():
+        header = HEADER.match(line)
+        if header and name is None:
+            name = header.group(2)
+            found[name] = []
+            entry = name if header.group(1) else entry
+        elif name is not None and line.strip() == "}":
+            name = None
+        elif name is not None:
+            parsed = INSTRUCTION.match(line)
+            if parsed:
+                root, *rest = parsed.groups()
+                found[name].append(Instruction(root is not None, *rest))
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return found, entry
+
+
+def attribute(rest: str, key: str) -> list[str]:
+    """Computation names given to ``key=`` (``body=%b``, ``branch_computations={%a, %b}``)."""
+    found = re.search(rf"\b{key}=(\{{[^}}]*\}}|%?[\w.\-]+)", rest)
+    return re.findall(r"[\w.\-]+", found.group(1).replace("%", "")) if found else []
+
+
+class Counter:
+    """Walks a module's computations from the entry, into loops, calls and conditionals."""
+
+    def __init__(self, hlo: str) -> None:
+        self.computations, self.entry = computations(hlo)
+
+    def block(self, name: str, computation: str, trips: int | None) -> Block:
+        block = Block(name, trips, [], [])
+        self.add(block, computation)
+        return block
+
+    def add(self, block: Block, computation: str) -> None:
+        """The launches and loops of ``computation`` into ``block``."""
+        shapes = {inst.name: inst.shape for inst in self.computations[computation]}
+        for inst in self.computations[computation]:
+            if inst.opcode == "while":
+                trips = TRIPS.search(inst.rest)
+                loop = Block(inst.name, int(trips.group(1)) if trips else None, [], [])
+                for part in attribute(inst.rest, "body") + attribute(inst.rest, "condition"):
+                    self.add(loop, part)
+                block.loops.append(loop)
+            elif inst.opcode == "call":
+                for part in attribute(inst.rest, "to_apply"):
+                    self.add(block, part)
+            elif inst.opcode == "conditional":
+                self.add_largest_branch(block, inst.rest)
+            elif inst.opcode not in NO_LAUNCH:
+                block.launches.append(Launch(inst.name, inst.opcode, self.bytes_of(inst, shapes)))
+
+    def bytes_of(self, inst: Instruction, shapes: dict[str, str]) -> int:
+        """Operand and result bytes of a launch; of a fusion, what it touches (``touched``)."""
+        operands = [shape_bytes(shapes.get(name, "")) for name in operand_names(inst.rest)]
+        fused = attribute(inst.rest, "calls") if inst.opcode == "fusion" else []
+        if fused and fused[0] in self.computations:
+            return touched(self.computations[fused[0]], operands, shape_bytes(inst.shape))
+        return sum(operands) + shape_bytes(inst.shape)
+
+    def add_largest_branch(self, block: Block, rest: str) -> None:
+        branches = attribute(rest, "branch_computations") or (
+            attribute(rest, "true_computation") + attribute(rest, "false_computation")
+        )
+        counted = [self.block(name, name, 1) for name in branches]
+        if counted:
+            largest = max(counted, key=Block.launches_per_trip)
+            block.launches += largest.launches
+            block.loops += largest.loops
+
+
+def touched(fused: list[Instruction], operands: list[int], result: int) -> int:
+    """Bytes a fusion reads and writes, given its fused computation, its operands' sizes and
+    its result's: a buffer it only slices (operand 0 of ``dynamic-slice`` alone) counts the
+    slices; a buffer it updates in place (operand 0 of a ``dynamic-update-slice`` at its
+    root, used nowhere else) is not read, and the update is what is written, as a GPU runs
+    them; everything else in full."""
+    root = next((inst for inst in fused if inst.root), None)
+    if root is None:
+        return sum(operands) + result
+    by_name = {inst.name: inst for inst in fused}
+    users: dict[str, list[Instruction]] = {}
+    for inst in fused:
+        for name in operand_names(inst.rest):
+            users.setdefault(name, []).append(inst)
+    outputs = operand_names(root.rest) if root.opcode == "tuple" else [root.name]
+    updated = {
+        name: by_name[operand_names(by_name[name].rest)[1]]
+        for name in outputs
+        if name in by_name and by_name[name].opcode == "dynamic-update-slice"
+    }
+    in_place = {operand_names(by_name[name].rest)[0] for name in updated}
+    total = 0
+    for inst in (inst for inst in fused if inst.opcode == "parameter"):
+        direct = users.get(inst.name, [])
+        if direct and all(
+            user.opcode == "dynamic-slice" and operand_names(user.rest)[0] == inst.name
+            for user in direct
+        ):
+            total += sum(shape_bytes(user.shape) for user in direct)
+        elif not (inst.name in in_place and len(direct) == 1):
+            index = int(re.match(r"\s*(\d+)", inst.rest).group(1))
+            total += operands[index] if index < len(operands) else 0
+    for name in (name for name in outputs if name in by_name):
+        total += shape_bytes((updated.get(name) or by_name[name]).shape)
+    return total
+
+
+def count(hlo: str) -> Block:
+    """The launches of a compiled module's text, as a tree: the entry, then its loops."""
+    counter = Counter(hlo)
+    return counter.block(counter.entry, counter.entry, 1)
+
+
+def summary(block: Block, trips: int | None = None) -> dict[str, Any]:
+    """Launches and bytes of ``block``: per trip and, times ``trips`` (default its own), in
+    all."""
+    trips = block.trips if trips is None else trips
+    return {
+        "trips": trips,
+        "launches_per_trip": block.launches_per_trip(),
+        "bytes_per_trip": block.bytes_per_trip(),
+        "launches": (trips or 1) * block.launches_per_trip(),
+        "bytes": (trips or 1) * block.bytes_per_trip(),
+    }
+
+
+def per_step(rollout: Block, num_steps: int) -> dict[str, Any]:
+    """Launches and bytes of one env step: the rollout's over its ``num_steps`` steps (a
+    fraction where the rollout runs in chunks, each with its own launches)."""
+    launches, moved = rollout.total_launches(), rollout.total_bytes()
+    return {
+        "launches": launches // num_steps if launches % num_steps == 0 else launches / num_steps,
+        "bytes": round(moved / num_steps),
+    }
+
+
+def ppo_phases(
+    program: Block, updates: int, num_steps: int, epochs: int, minibatches: int
+) -> dict[str, Any]:
+    """A PPO program's loops by role, and launches and bytes of each:
+
+    - ``update``: the outermost loop of ``updates`` trips that holds loops (one update a trip);
+    - ``rollout``: its first loop of ``num_steps`` trips (one env step a trip), or of fewer
+      trips holding one that makes up ``num_steps`` (the rollout in chunks);
+    - ``gae``: the loops between the rollout and the epochs (GAE's reverse scan, which may be
+      unrolled into fewer trips);
+    - ``epochs``: its loop of ``epochs`` trips holding one of ``minibatches`` trips (the
+      ``minibatch`` loop, one gradient step a trip), or one loop of ``epochs * minibatches``
+      trips (both at once);
+    - ``rest``: the update's launches outside those loops.
+
+    Raises ValueError when the program has no such loops."""
+    update = next(
+        (b for b in program.walk()[1:] if b.trips == updates and b.loops),
+        None,
+    )
+    if update is None:
+        raise ValueError(f"no loop of {updates} updates holding loops in the program")
+    roles = update_roles(update, num_steps, epochs, minibatches)
+    phases = {
+        "per_update": summary(update, 1),
+        "per_env_step": per_step(roles["rollout"], num_steps),
+        "rollout": summary(roles["rollout"]),
+        "gae": {
+            "loops": [loop.trips for loop in roles["gae"]],
+            "launches": sum(loop.total_launches() for loop in roles["gae"]),
+            "bytes": sum(loop.total_bytes() for loop in roles["gae"]),
+        },
+        "per_minibatch_step": summary(roles["minibatch"], 1),
+        "epochs": summary(roles["epochs"]),
+        "whole_program": summary(program, 1),
+    }
+    counted = ("rollout", "gae", "epochs")
+    phases["rest"] = {
+        "launches": phases["per_update"]["launches"]
+        - sum(phases[part]["launches"] for part in counted),
+        "bytes": phases["per_update"]["bytes"] - sum(phases[part]["bytes"] for part in counted),
+    }
+    phases["per_minibatch_step"]["by_opcode"] = roles["minibatch"].by_opcode()
+    phases["rollout"]["by_opcode"] = {
+        opcode: number * (roles["rollout"].trips or 1)
+        for opcode, number in roles["rollout"].by_opcode().items()
+    }
+    return phases
+
+
+def update_roles(update: Block, num_steps: int, epochs: int, minibatches: int) -> dict[str, Any]:
+    loops = update.loops
+
+    def steps_of(loop: Block) -> int:
+        """Env steps a loop covers: its trips, or its trips times an inner loop's where XLA
+        or the program cut the rollout into chunks."""
+        inner = [(loop.trips or 1) * (child.trips or 1) for child in loop.loops]
+        return num_steps if num_steps in [loop.trips, *inner] else 0
+
+    rollout = next((i for i, loop in enumerate(loops) if steps_of(loop)), None)
+    if rollout is None:
+        raise ValueError(f"no rollout loop of {num_steps} trips in the update")
+
+    def holds_minibatches(loop: Block) -> Block | None:
+        if loop.trips == epochs * minibatches:
+            return loop
+        if loop.trips == epochs:
+            return next((inner for inner in loop.loops if inner.trips == minibatches), None)
+        return None
+
+    found = next(
+        ((i, holds_minibatches(loop)) for i, loop in enumerate(loops) if holds_minibatches(loop)),
+        None,
+    )
+    if found is None or found[0] < rollout:
+        raise ValueError(
+            f"no loop of {epochs} epochs x {minibatches} minibatches after the rollout"
+        )
+    index, minibatch = found
+    return {
+        "rollout": loops[rollout],
+        "gae": loops[rollout + 1 : index],
+        "epochs": loops[index],
+        "minibatch": minibatch,
+    }
+
+
+def tree(block: Block, depth: int = 0) -> str:
+    """The loop tree as indented lines: name, trips, launches and bytes per trip."""
+    line = (
+        f"{'  ' * depth}{block.name}: {block.trips} trips, {block.launches_per_trip()} launches"
+        f" and {block.bytes_per_trip()} bytes a trip ({len(block.launches)} of its own)"
+    )
+    return "\n".join([line] + [tree(loop, depth + 1) for loop in block.loops])

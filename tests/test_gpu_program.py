@@ -1,0 +1,304 @@
+"""Compiling for a GPU without one (ppojax.runtime.deviceless) and counting what it would run
+(ppojax.runtime.launches): the counting on HLO written by hand, the targets' specs, and the
+launches of a small PPO program compiled for the H200, exactly.
+
+The compiled tests need JAX's CUDA plugin (``pip install "ppojax[gpu-aot]"``) and skip
+without it, unless ``PPOJAX_REQUIRE_GPU_AOT`` is set (CI sets it where it installed the
+plugin, so that they cannot skip there)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import ppojax
+from ppojax.runtime import deviceless, launches
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# 10 trips of a loop whose body launches an increment, an add and a copy and whose condition
+# launches a compare; then a gemm in the entry
+HAND_HLO = """HloModule hand, is_scheduled=true
+
+%fused_add (p0: f32[4], p1: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  %p1 = f32[4]{0} parameter(1)
+  ROOT %add = f32[4]{0} add(%p0, %p1)
+}
+
+%body (arg: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %arg = (s32[], f32[4]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%arg), index=0
+  %x = f32[4]{0} get-tuple-element(%arg), index=1
+  %next = s32[] fusion(%i), kind=kLoop, calls=%fused_increment
+  %y = f32[4]{0} fusion(%x, %x), kind=kLoop, calls=%fused_add
+  %z = f32[4]{0} copy(%y)
+  ROOT %t = (s32[], f32[4]{0}) tuple(%next, %z)
+}
+
+%cond (arg.1: (s32[], f32[4])) -> pred[] {
+  %arg.1 = (s32[], f32[4]{0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%arg.1), index=0
+  ROOT %lt = pred[] fusion(%i.1), kind=kLoop, calls=%fused_less
+}
+
+ENTRY %main (x.1: f32[4], w.1: bf16[4,8]) -> (f32[8], f32[4]) {
+  %x.1 = f32[4]{0} parameter(0)
+  %w.1 = bf16[4,8]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[4]{0}) tuple(%zero, %x.1)
+  %loop = (s32[], f32[4]{0}) while(%init), condition=%cond, body=%body, backend_config=TRIPS
+  %out = f32[4]{0} get-tuple-element(%loop), index=1
+  %mm = f32[8]{0} custom-call(%out, %w.1), custom_call_target="__cublas$gemm"
+  ROOT %r = (f32[8]{0}, f32[4]{0}) tuple(%mm, %out)
+}
+""".replace("TRIPS", '{"known_trip_count":{"n":"10"}}')
+
+
+def test_launches_and_bytes_of_hand_written_hlo():
+    program = launches.count(HAND_HLO)
+    # the gemm: reads f32[4] (16 B) and bf16[4,8] (64 B), writes f32[8] (32 B)
+    assert [(launch.opcode, launch.bytes) for launch in program.launches] == [
+        ("custom-call", 16 + 64 + 32)
+    ]
+    (loop,) = program.loops
+    assert loop.trips == 10
+    # increment s32 -> s32 (8 B), add of f32[4] twice -> f32[4] (48 B), copy (32 B), compare
+    # s32 -> pred (5 B)
+    assert [launch.bytes for launch in loop.launches] == [8, 48, 32, 5]
+    assert loop.launches_per_trip() == 4 and loop.bytes_per_trip() == 93
+    assert program.total_launches() == 1 + 10 * 4
+    assert program.total_bytes() == 112 + 10 * 93
+    assert program.by_opcode() == {"copy": 10, "custom-call": 1, "fusion": 30}
+
+
+def test_a_fusion_counts_the_slices_it_reads_and_the_update_it_writes_in_place():
+    """A rollout's store of one step into its [T, ...] buffer and GAE's read of one step: the
+    GPU touches the slice, not the buffer."""
+    hlo = """HloModule slices
+
+%store (buffer: f32[128,64], index: s32[], row: f32[1,64]) -> f32[128,64] {
+  %buffer = f32[128,64]{1,0} parameter(0)
+  %row = f32[1,64]{1,0} parameter(2)
+  %twice = f32[1,64]{1,0} add(%row, %row)
+  %index = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %dus = f32[128,64]{1,0} dynamic-update-slice(%buffer, %twice, %index, %zero)
+}
+
+%load (table: f32[128,64], i: s32[], other: f32[64]) -> (f32[1,64], f32[64]) {
+  %table = f32[128,64]{1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %slice = f32[1,64]{1,0} dynamic-slice(%table, %i, %z), dynamic_slice_sizes={1,64}
+  %other = f32[64]{0} parameter(2)
+  %neg = f32[64]{0} negate(%other)
+  ROOT %pair = (f32[1,64]{1,0}, f32[64]{0}) tuple(%slice, %neg)
+}
+
+ENTRY %main (b: f32[128,64], k: s32[], r: f32[1,64], o: f32[64]) -> f32[128,64] {
+  %b = f32[128,64]{1,0} parameter(0)
+  %k = s32[] parameter(1)
+  %r = f32[1,64]{1,0} parameter(2)
+  %o = f32[64]{0} parameter(3)
+  %stored = f32[128,64]{1,0} fusion(%b, %k, %r), kind=kLoop, calls=%store
+  %loaded = (f32[1,64]{1,0}, f32[64]{0}) fusion(%b, %k, %o), kind=kLoop, calls=%load
+  ROOT %done = f32[128,64]{1,0} copy(%stored)
+}
+"""
+    program = launches.count(hlo)
+    # store: index 4 B, row 256 B read, 256 B written; load: a 256 B slice, index 4 B and
+    # 256 B read, 512 B written; the copy: 32 KiB read and written
+    assert [launch.bytes for launch in program.launches] == [516, 1028, 2 * 128 * 64 * 4]
+
+
+def test_calls_are_inlined_a_conditional_counts_its_largest_branch_and_unknown_trips_once():
+    hlo = """HloModule more
+
+%small (a: f32[2]) -> f32[2] {
+  %a = f32[2]{0} parameter(0)
+  ROOT %f = f32[2]{0} fusion(%a), kind=kLoop, calls=%x
+}
+
+%large (b: f32[2]) -> f32[2] {
+  %b = f32[2]{0} parameter(0)
+  %g = f32[2]{0} fusion(%b), kind=kLoop, calls=%x
+  ROOT %h = f32[2]{0} copy(%g)
+}
+
+%called (c: f32[2]) -> f32[2] {
+  %c = f32[2]{0} parameter(0)
+  ROOT %k = f32[2]{0} fusion(%c), kind=kLoop, calls=%x
+}
+
+%body (d: f32[2]) -> f32[2] {
+  %d = f32[2]{0} parameter(0)
+  ROOT %m = f32[2]{0} fusion(%d), kind=kLoop, calls=%x
+}
+
+%cond (e: f32[2]) -> pred[] {
+  %e = f32[2]{0} parameter(0)
+  ROOT %n = pred[] fusion(%e), kind=kLoop, calls=%x
+}
+
+ENTRY %main (p: s32[], q: f32[2]) -> f32[2] {
+  %p = s32[] parameter(0)
+  %q = f32[2]{0} parameter(1)
+  %branch = f32[2]{0} conditional(%p, %q, %q), branch_computations={%small, %large}
+  %called.1 = f32[2]{0} call(%branch), to_apply=%called
+  ROOT %loop = f32[2]{0} while(%called.1), condition=%cond, body=%body
+}
+"""
+    program = launches.count(hlo)
+    assert [launch.name for launch in program.launches] == ["g", "h", "k"]
+    (loop,) = program.loops
+    assert loop.trips is None
+    assert [launch.name for launch in loop.launches] == ["m", "n"]
+    assert program.total_launches() == 3 + 2  # the unknown loop once
+
+
+def test_shape_bytes_and_operands():
+    assert launches.shape_bytes("f32[8,16]{1,0}") == 512
+    assert launches.shape_bytes("(s32[], bf16[3]{0}, pred[2,2]{1,0})") == 4 + 6 + 4
+    assert launches.shape_bytes("token[]") == 0
+    assert launches.operand_names("%a, %b.1), kind=kLoop, calls=%c") == ["a", "b.1"]
+    assert launches.operand_names("f32[2]{0} %a, s32[] %b), x=1") == ["a", "b"]
+    assert launches.operand_names("), kind=kLoop") == []
+
+
+def block(name: str, trips: int, own: int, loops: list | None = None) -> launches.Block:
+    """A block whose own launches move 10 bytes each."""
+    own_launches = [launches.Launch(f"{name}{i}", "fusion", 10) for i in range(own)]
+    return launches.Block(name, trips, own_launches, loops or [])
+
+
+def test_ppo_phases_name_the_loops_by_their_trips_and_order():
+    minibatch = block("minibatch", 2, 7)
+    epochs = block("epochs", 3, 1, [minibatch])
+    update = block("update", 5, 4, [block("rollout", 8, 3), block("gae", 8, 2), epochs])
+    program = block("main", 1, 6, [block("init", 64, 1), update])
+    phases = launches.ppo_phases(program, updates=5, num_steps=8, epochs=3, minibatches=2)
+    assert phases["per_env_step"]["launches"] == 3
+    assert phases["rollout"]["launches"] == 24
+    assert phases["gae"] == {"loops": [8], "launches": 16, "bytes": 160}
+    assert phases["per_minibatch_step"]["launches"] == 7
+    assert phases["epochs"]["launches"] == 3 * (1 + 2 * 7)
+    assert phases["per_update"]["launches"] == 4 + 24 + 16 + 45
+    assert phases["rest"] == {"launches": 4, "bytes": 40}
+    assert phases["whole_program"]["launches"] == 6 + 64 + 5 * 89
+    # epochs and minibatches as one loop of epochs x minibatches trips
+    flat = block("update", 5, 0, [block("rollout", 8, 3), block("steps", 6, 7)])
+    phases = launches.ppo_phases(block("main", 1, 0, [flat]), 5, 8, 3, 2)
+    assert phases["per_minibatch_step"]["launches"] == 7
+    assert phases["gae"]["loops"] == []
+    # a rollout in 2 chunks of 4 steps, 1 launch a chunk besides its steps' 3
+    chunked = block("update", 5, 0, [block("chunks", 2, 1, [block("rollout", 4, 3)]), epochs])
+    phases = launches.ppo_phases(block("main", 1, 0, [chunked]), 5, 8, 3, 2)
+    assert phases["rollout"]["launches"] == 2 * (1 + 4 * 3)
+    assert phases["per_env_step"]["launches"] == 26 / 8
+    with pytest.raises(ValueError, match="no loop of 4 updates"):
+        launches.ppo_phases(program, updates=4, num_steps=8, epochs=3, minibatches=2)
+
+
+def test_spec_files_unknown_targets_and_newer_fields():
+    assert 'name: "NVIDIA H200 141GB HBM3e"' in deviceless.spec_text("h200")
+    h100 = deviceless.spec_text("h100")
+    assert 'device_description_str: "NVIDIA H100 80GB HBM3 (deviceless)"' in h100
+    assert "memory_bandwidth: 3352320000000" in h100
+    with pytest.raises(deviceless.DevicelessError, match="known targets: h100, h200"):
+        deviceless.spec_text("b200")
+    stripped = deviceless.without_newer_fields(deviceless.spec_text("h200"))
+    assert "collective_memory_granularity" not in stripped
+    removed = set(deviceless.spec_text("h200").splitlines()) - set(stripped.splitlines())
+    assert removed == {"  collective_memory_granularity: 2097152"}
+
+
+def test_no_plugin_names_the_extra(monkeypatch):
+    monkeypatch.setattr(deviceless, "plugin_installed", lambda: False)
+    with pytest.raises(deviceless.DevicelessError, match=r"ppojax\[gpu-aot\]"):
+        deviceless.compile_for(jnp.sin, (jnp.ones(3),), "h200")
+
+
+def needs_plugin() -> None:
+    if deviceless.plugin_installed():
+        return
+    if os.environ.get("PPOJAX_REQUIRE_GPU_AOT"):
+        pytest.fail("PPOJAX_REQUIRE_GPU_AOT is set and JAX's CUDA plugin is not installed")
+    pytest.skip('JAX\'s CUDA plugin is not installed (pip install "ppojax[gpu-aot]")')
+
+
+@pytest.mark.parametrize("target", ["h200", "h100"])
+def test_a_sort_and_a_loop_compile_for_each_target(target):
+    """The H100 spec as published fails on a sort ("invalid device ordinal"); renamed, it
+    compiles, as the H200's does."""
+    needs_plugin()
+
+    def f(x: jax.Array) -> jax.Array:
+        return jnp.sort(jax.lax.fori_loop(0, 7, lambda i, c: jnp.sin(c) * 2.0, x))
+
+    compiled = deviceless.compile_for(f, (jax.ShapeDtypeStruct((1024,), jnp.float32),), target)
+    program = launches.count(compiled.as_text())
+    assert [loop.trips for loop in program.walk()[1:]] == [7]
+    assert "sort(" in compiled.as_text()
+
+
+# The small PPO program's launches on the H200 target per jax version (counted with
+# ppojax.runtime.launches; a change that splits or merges a fusion changes them)
+SMALL_CONFIG = dict(
+    env_id="CartPole-v1",
+    num_envs=4,
+    num_steps=8,
+    total_timesteps=4 * 8 * 3,
+    update_epochs=2,
+    num_minibatches=2,
+)
+EXPECTED = {
+    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 60},  # Python 3.11's jax
+    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 62},  # Python 3.12's and 3.13's
+}
+
+
+def test_small_ppo_program_launches_on_the_h200():
+    needs_plugin()
+    if jax.__version__ not in EXPECTED:
+        pytest.fail(f"no launch counts recorded for jax {jax.__version__}: count them and add")
+    config = ppojax.PPOConfig(**SMALL_CONFIG)
+    keys = jax.random.split(jax.random.key(0), 1)
+    program = jax.vmap(ppojax.train, in_axes=(None, 0))
+    compiled = deviceless.compile_for(program, (config, keys), "h200")
+    phases = launches.ppo_phases(launches.count(compiled.as_text()), 3, 8, 2, 2)
+    counted = {part: phases[part]["launches"] for part in EXPECTED[jax.__version__]}
+    assert counted == EXPECTED[jax.__version__]
+    assert phases["rollout"]["trips"] == 8 and phases["epochs"]["trips"] == 2
+
+
+def test_the_readme_table_is_the_one_gpu_program_py_makes_from_the_result_file():
+    """The README's counts are generated, never typed: they equal what
+    ``python benchmarks/gpu_program.py --readme README.md`` writes from gpu_program.json, and
+    the file holds the four works for the three programs on both targets."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_program", ROOT / "benchmarks" / "gpu_program.py"
+    )
+    gpu_program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_program)
+    report = json.loads((ROOT / "benchmarks" / "results" / "gpu_program.json").read_text())
+    text = (ROOT / "README.md").read_text()
+    table = gpu_program.markdown_table(report)
+    assert gpu_program.readme_with_table(text, table) == text, (
+        "run python benchmarks/gpu_program.py --readme README.md"
+    )
+    counted = {(row["program"], row["work"], row["target"]) for row in report["rows"]}
+    works = gpu_program.COUNTED_WORKS
+    assert counted == {
+        (program, work, target)
+        for program in gpu_program.PROGRAMS
+        for work in works
+        for target in deviceless.TARGETS
+    }
+    assert not [row for row in report["rows"] if "error" in row]
