@@ -63,7 +63,7 @@ import ppojax
 from ppojax.ppo.rollout import collect_rollout, rollout_start
 from ppojax.ppo.train import init_state, make_agent
 from ppojax.runs.policy import evaluate, make_act
-from ppojax.runtime.hlo import program_size
+from ppojax.runtime.launches import program_size
 from ppojax.runtime.sharding import jit_over_runs, place_runs
 
 EVAL_EPISODES = 128

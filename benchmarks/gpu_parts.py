@@ -5,7 +5,7 @@ one minibatch step costs, and what each kernels candidate is worth.
   phases, each compiled alone and timed (best of a few runs): the rollout (env, forward pass,
   sampling: the "rollout alone" ceiling), GAE (with V(next_obs)), the epochs, and the whole
   update; steps/s of each, and the kernels of each compiled phase
-  (``ppojax.runtime.hlo.kernel_count``; for the rollout, the kernels of one env step, the
+  (``ppojax.runtime.launches.kernel_count``; for the rollout, the kernels of one env step, the
   latency of a small batch).
 - ``minibatch_step(envs)``: one gradient step on one minibatch (batch / num_minibatches
   samples): the kernels of its compiled program (instructions of the entry computation and of
@@ -44,7 +44,7 @@ from ppojax.ppo.rollout import collect_rollout, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, update_step
 from ppojax.ppo.update import make_optimizer, ppo_loss_function, ppo_update
 from ppojax.runtime import kernels, pallas_ppo
-from ppojax.runtime.hlo import kernel_count
+from ppojax.runtime.launches import kernel_count
 
 ENV_ID = "CartPole-v1"
 EVAL_EPISODES = 16

@@ -25,12 +25,10 @@ its rows are left out. Writes ``--out`` after every row (an interrupted run keep
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import importlib
 import json
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -40,23 +38,20 @@ from pathlib import Path
 from typing import Any
 
 import jax
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu import (  # noqa: E402
-    WORKS,
+from common import (
     failure,
-    git_commit,
     legacy_step_env,
     package_version,
+    record,
     rejax_algo,
-    write_atomic,
+    with_block,
+    write_json,
 )
-from gpu_parts import classic  # noqa: E402
-from machine import machine_description  # noqa: E402
+from gpu import WORKS
+from gpu_parts import classic
 
-import ppojax  # noqa: E402
-from ppojax.runtime import deviceless, launches  # noqa: E402
+import ppojax
+from ppojax.runtime import deviceless, launches
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu_program.json"
 # name: (agents, envs per agent, updates): benchmarks/gpu.py's works
@@ -197,24 +192,15 @@ def markdown_table(report: dict) -> str:
 
 def readme_with_table(readme: str, table: str) -> str:
     """``readme`` with the block between the table's markers replaced by ``table``."""
-    head, rest = readme.split(TABLE_START, 1)
-    _, tail = rest.split(TABLE_END, 1)
-    return f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}"
+    return with_block(readme, TABLE_START, TABLE_END, table)
 
 
 def header(argv: list[str]) -> dict[str, Any]:
     plugin = package_version("jax-cuda13-plugin") or package_version("jax-cuda12-plugin")
-    return {
+    report = {
         "benchmark": "gpu_program: launches and bytes of each library's GPU program, counted "
         "from its deviceless compile (CartPole-v1, PureJaxRL's classic PPO config)",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_description(),
-        "versions": {
-            name: package_version(name)
-            for name in ("jax", "jaxlib", "flax", "optax", "gymnax", "rejax", "distrax")
-        }
-        | {"cuda_plugin": plugin, "ppojax_commit": git_commit()},
-        "command": shlex.join(["python", "benchmarks/gpu_program.py", *argv]),
+        **record(__file__, argv, "rejax", "distrax"),
         "targets": {name: deviceless.TARGETS[name] for name in deviceless.TARGETS},
         "counting": [
             "a launch: each fusion, custom call, copy, sort or collective of the entry "
@@ -227,6 +213,8 @@ def header(argv: list[str]) -> dict[str, Any]:
         ],
         "rows": [],
     }
+    report["versions"]["cuda_plugin"] = plugin
+    return report
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -278,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["error"] = failure(error)
                     failed += 1
                 report["rows"].append(row)
-                write_atomic(args.out, json.dumps(report, indent=1) + "\n")
+                write_json(args.out, report)
                 brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
                 print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
     print(f"wrote {args.out}", flush=True)

@@ -15,7 +15,9 @@ The model, deliberately plain:
 - a loop's body and condition are counted once per trip, multiplied by the trip count XLA
   records (``known_trip_count``); a loop without one is counted for one trip and says so.
 
-``count(hlo)`` gives the tree of loops; ``ppo_phases`` names the loops of a PPO program.
+``count(hlo)`` gives the tree of loops; ``ppo_phases`` names the loops of a PPO program;
+``kernel_count`` and ``program_size`` are the smaller readings the CPU benchmarks take (a
+loop's kernels once, not per trip; a program's fusions and lines).
 """
 
 from __future__ import annotations
@@ -275,6 +277,24 @@ def count(hlo: str) -> Block:
     """The launches of a compiled module's text, as a tree: the entry, then its loops."""
     counter = Counter(hlo)
     return counter.block(counter.entry, counter.entry, 1)
+
+
+def kernel_count(hlo: str) -> dict[str, int]:
+    """Launches by opcode of one trip of every block: the entry and each loop's body and
+    condition once (kernels per trip, not per step), neither what runs inside a fusion nor
+    computations no one runs."""
+    counts: dict[str, int] = {}
+    for block in count(hlo).walk():
+        for launch in block.launches:
+            counts[launch.opcode] = counts.get(launch.opcode, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def program_size(compiled: Any) -> dict[str, int]:
+    """Fusions and lines of a compiled program's text (``jax.stages.Compiled``): what XLA's
+    compile time and a small batch's per-step overhead grow with."""
+    text = compiled.as_text()
+    return {"fusions": len(re.findall(r" fusion\(", text)), "instructions": text.count("\n")}
 
 
 def summary(block: Block, trips: int | None = None) -> dict[str, Any]:
