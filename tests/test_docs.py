@@ -119,6 +119,12 @@ def test_the_readme_keeps_the_test_command_ci_runs():
         'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && '
         ".venv/bin/python -m pytest -q -n 2 --dist worksteal"
     )
+    marker = lines.index("<!-- test-command-3.12: .ci/run runs the next line verbatim too -->")
+    assert lines[marker + 1] == "```bash"
+    assert lines[marker + 2] == (
+        'python3.12 -m venv .venv-3.12 && .venv-3.12/bin/pip install -e ".[dev]" && '
+        '.venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal -m "not slow"'
+    )
 
 
 def relative_links(text: str) -> list[str]:
