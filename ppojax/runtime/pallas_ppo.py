@@ -17,7 +17,8 @@ kernel computed, so ``jax.value_and_grad`` of it works unchanged in the update.
 Every dimension is padded to a power of two of at least 16, as Triton's matrix products want:
 padded inputs and weights are zero, padded action logits are the lowest float32 (probability
 exactly 0), a Gaussian's padded action columns are left out of its sums, and padded rows
-weigh 0. Off a GPU the kernel runs in Pallas's interpreter, for tests.
+weigh 0. Lowered for any platform but a GPU's (CUDA or ROCm), the kernel runs in Pallas's
+interpreter as plain XLA ops, for tests.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ def loss_and_grads(
 ) -> tuple[jax.Array, dict[str, jax.Array], Network]:
     """The loss, its METRICS (means over the rows) and its gradient in ``network``, in the
     network's shapes. ``rows``: obs [N, D], action [N] (int; [N, A] floats for a Gaussian),
-    old log-prob, normalized advantage, old value and target, each [N]."""
+    old log-prob, normalized advantage, old value and target, each [N]. ``interpret``: None
+    for the Triton kernel where the program is lowered for a GPU and Pallas's interpreter
+    elsewhere; True or False for one of them on every platform."""
     # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pallas_triton
@@ -166,20 +169,29 @@ def loss_and_grads(
     out_shape = [jax.ShapeDtypeStruct((programs, *p.shape), jnp.float32) for p in params]
     out_shape.append(jax.ShapeDtypeStruct((programs, 1, 16), jnp.float32))
     grad_specs.append(pl.BlockSpec((None, 1, 16), lambda i: (i, 0, 0)))
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
-    outputs = pl.pallas_call(
+    call = functools.partial(
+        pl.pallas_call,
         functools.partial(_kernel, settings, depth, block_rows, blocks),
         out_shape=out_shape,
         grid=(programs,),
         in_specs=row_specs + param_specs,
         out_specs=grad_specs,
-        interpret=interpret,
         # Triton, not Mosaic GPU: Mosaic stages whole blocks in shared memory, and a program's
         # rows (chunk x width floats) and the parameters do not fit there
         compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
         name="ppo_loss_and_grads",
-    )(*row_arrays, numbers, *params)
+    )
+    arrays = (*row_arrays, numbers, *params)
+    if interpret is None:
+        # The platform the program is lowered for decides, not the machine that traces it: a
+        # program compiled ahead for a GPU on a CPU host gets the Triton kernel. Both forms are
+        # traced; lowering keeps only the one for its platform.
+        triton = call(interpret=False)  # one callable for both: traced once
+        outputs = jax.lax.platform_dependent(
+            *arrays, cuda=triton, rocm=triton, default=call(interpret=True)
+        )
+    else:
+        outputs = call(interpret=interpret)(*arrays)
     return _summed(settings, coefficients, network, outputs)
 
 
