@@ -141,7 +141,7 @@ def test_truncating_metrics_drops_updates_after_the_checkpoint(tmp_path):
 def test_rolling_mean_skips_nan_updates():
     values = np.array([[np.nan, 2.0, np.nan, 4.0, 6.0]])
     expected = [[np.nan, 2.0, 2.0, 3.0, 5.0]]
-    np.testing.assert_allclose(folder.rolling_mean(values, window=2 + 1), expected)
+    np.testing.assert_allclose(plots.rolling_mean(values, window=2 + 1), expected)
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from ppojax.ppo.config import ConfigError, PPOConfig
+from ppojax.runs.plots import plot_learning_curves  # noqa: F401  (notebooks call it here)
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
@@ -378,19 +379,6 @@ def read_metrics(path: Path) -> tuple[list[dict[str, str]], dict[str, np.ndarray
     column = header.index("update")
     leading = {int(row[0]): dict(zip(header[:column], row[:column], strict=True)) for row in kept}
     return [leading[run] for run in range(runs)], metrics
-
-
-def rolling_mean(values: np.ndarray, window: int = 10) -> np.ndarray:
-    """Mean of the finite values among the last ``window`` updates, along the last axis
-    ([..., U] -> [..., U]); NaN where that window holds none (no episode ended yet)."""
-    finite = np.isfinite(values)
-    sums = np.cumsum(np.where(finite, values, 0.0), axis=-1)
-    counts = np.cumsum(finite, axis=-1)
-    pad = [(0, 0)] * (values.ndim - 1) + [(window, 0)]
-    sums = sums - np.pad(sums, pad)[..., : values.shape[-1]]
-    counts = counts - np.pad(counts, pad)[..., : values.shape[-1]]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
 def versions() -> dict[str, str]:

@@ -337,11 +337,12 @@ def train_loop(
 
     began = time.perf_counter()
     try:
-        runner = jax.jit(functools.partial(scan_chunk, keyed_step(step), length=length))
-        if plan:  # compiled ahead, so that the bar's rate counts training only
-            runner = runner.lower((key, frozen), state, 0, 0).compile(
-                compiler_options=compiler_options()
-            )
+        # jit, compiled on the first chunk: a program compiled ahead refuses inputs laid out
+        # otherwise than it was compiled for, and a sharded LM state may leave a chunk so.
+        runner = jax.jit(
+            functools.partial(scan_chunk, keyed_step(step), length=length),
+            compiler_options=compiler_options(),
+        )
         if bar is not None:
             bar.open()
         hooks = [keep, *options.hooks, *([bar] if bar is not None else [])]

@@ -336,7 +336,7 @@ def write_plots(
     plot_learning_curves(
         curves, env_steps, run_dir / folder.CURVE_FILE, f"ppojax PBT on {config.env_id}"
     )
-    plot_schedules(run_dir / PBT_PLOT, out.hyperparams, final_return(returns))
+    plot_schedules(run_dir / PBT_PLOT, out, final_return(returns))
 
 
 def write_table(path: Path, out: PBTOutput, done: int | None = None) -> None:

@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from ppojax.runs.folder import rolling_mean
-
 
 def panels(count: int, width: float, height: float) -> tuple[Any, Any]:
     """A figure of ``count`` panels in a row, each ``width`` x ``height`` inches, and the row
@@ -30,6 +28,19 @@ def panels(count: int, width: float, height: float) -> tuple[Any, Any]:
 def save(figure: Any, path: Path, dpi: int = 100) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=dpi)
+
+
+def rolling_mean(values: np.ndarray, window: int = 10) -> np.ndarray:
+    """Mean of the finite values among the last ``window`` updates, along the last axis
+    ([..., U] -> [..., U]); NaN where that window holds none (no episode ended yet)."""
+    finite = np.isfinite(values)
+    sums = np.cumsum(np.where(finite, values, 0.0), axis=-1)
+    counts = np.cumsum(finite, axis=-1)
+    pad = [(0, 0)] * (values.ndim - 1) + [(window, 0)]
+    sums = sums - np.pad(sums, pad)[..., : values.shape[-1]]
+    counts = counts - np.pad(counts, pad)[..., : values.shape[-1]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
 def plot_learning_curves(
@@ -94,18 +105,18 @@ def plot_metrics(path: Path, metrics: dict[str, np.ndarray], names: Sequence[str
     save(figure, path)
 
 
-def plot_schedules(path: Path, hyperparams: dict[str, np.ndarray], finals: np.ndarray) -> None:
-    """One panel per searched field: each member's value per interval (``hyperparams``: name
-    -> [members, intervals]), coloured by its final rank from ``finals`` [members] (the best
-    member darkest)."""
+def plot_schedules(path: Path, out: Any, finals: np.ndarray) -> None:
+    """One panel per searched field: each member's value per interval (``out``: a PBT output,
+    its ``hyperparams`` name -> [members, intervals]), coloured by its final rank from
+    ``finals`` [members] (the best member darkest)."""
     from matplotlib import colormaps
 
-    names = list(hyperparams)
+    names = list(out.hyperparams)
     rank = np.argsort(np.argsort(-np.nan_to_num(finals, nan=-np.inf)))  # 0: the best
     colours = colormaps["viridis"](rank / max(len(rank) - 1, 1))
     figure, axes = panels(len(names), 4.5, 3.4)
     for axis, name in zip(axes, names, strict=True):
-        values = np.asarray(hyperparams[name])
+        values = np.asarray(out.hyperparams[name])
         for member in range(values.shape[0]):
             axis.step(
                 np.arange(values.shape[1]), values[member], where="post", color=colours[member]
