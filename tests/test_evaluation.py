@@ -12,8 +12,9 @@ from ppojax.ppo.config import ConfigError
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES, eval_key
 from ppojax.ppo.train import init_state, make_agent, update_step
 from ppojax.ppo.update import make_optimizer
+from ppojax.runs.loop import ProgressBar
 from ppojax.runs.policy import evaluate, make_act
-from ppojax.runs.progress import ProgressBar, TensorBoardLog
+from ppojax.runs.progress import BAR_METRICS, TensorBoardLog
 
 
 def assert_trees_equal(a, b):
@@ -174,15 +175,16 @@ def test_bad_evaluation_settings_name_the_field(tiny_config, changes, field, mes
 
 
 def test_progress_bar_shows_the_latest_evaluation_return():
-    bar = ProgressBar(num_updates=4, start=0, steps_per_update=10, description="x")
+    bar = ProgressBar(4, 0, BAR_METRICS, scale=10, description="x")
     bar.open()
     nan = np.array([np.nan, np.nan])
     bar.report(np.int32(1), {"episode_return": np.array([20.0, 22.0]), "eval_return": nan})
     assert bar.bar.postfix == "return 21.0"
     bar.report(np.int32(2), {"episode_return": np.array([24.0, 26.0]), "eval_return": [100, 200]})
     chunk = {"episode_return": np.array([[30.0], [np.nan]]), "eval_return": nan[:, None]}
-    bar.chunk_done(3, {**chunk, "episode_length": np.array([[12.0], [14.0]])})
+    bar(2, None, {**chunk, "episode_length": np.array([[12.0], [14.0]])})
     assert bar.bar.postfix == "return 30.0, eval 150.0, length 13.0"
+    assert bar.bar.n == 3 * 10
     bar.close()
 
 

@@ -21,6 +21,7 @@ from ppojax.runs.experiment import (
     run_keys,
     run_table,
 )
+from ppojax.runs.loop import scan_chunk
 
 CONFIG = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 10, hidden_sizes=(8,))
 
@@ -30,6 +31,25 @@ def test_chunk_plan_covers_every_update_and_ends_chunks_on_checkpoints():
     assert chunk_plan(0, 10, 4, 3) == [(0, 3), (3, 3), (6, 3), (9, 1)]
     assert chunk_plan(4, 10, 3, 5) == [(4, 1), (5, 3), (8, 2)]
     assert chunk_plan(10, 10, 3, None) == []
+
+
+def test_scan_chunk_runs_count_numbered_steps_and_skips_the_rest():
+    """Steps 2, 3, 4 of a chunk of length 4 from step 2: the state adds each step's number
+    times the input (10 * (2 + 3 + 4) = 90), the metrics [runs, length] hold each step's
+    number and a zero for the skipped step, and ``after`` sees every step, ran or not."""
+    seen = []
+
+    def step(scale, state, number):
+        return state + scale * number, {"number": jnp.stack([number, -number])}
+
+    def after(scale, number, metrics, ran):
+        jax.debug.callback(lambda *values: seen.append(tuple(map(int, values))), number, ran)
+
+    run = jax.jit(lambda first, count: scan_chunk(step, 10, 0, first, count, 4, after))
+    state, metrics = jax.block_until_ready(run(2, 3))
+    assert int(state) == 90
+    np.testing.assert_array_equal(metrics["number"], [[2, 3, 4, 0], [-2, -3, -4, 0]])
+    assert sorted(seen) == [(2, 1), (3, 1), (4, 1), (5, 0)]
 
 
 def test_chunks_follow_checkpoints_and_reports_spread_over_the_run():

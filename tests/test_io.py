@@ -7,7 +7,7 @@ import pytest
 
 import ppojax
 from ppojax.ppo.config import ConfigError, UnknownFieldError
-from ppojax.runs import folder
+from ppojax.runs import folder, plots
 
 
 def test_config_round_trips_through_json(tmp_path):
@@ -141,12 +141,12 @@ def test_truncating_metrics_drops_updates_after_the_checkpoint(tmp_path):
 def test_rolling_mean_skips_nan_updates():
     values = np.array([[np.nan, 2.0, np.nan, 4.0, 6.0]])
     expected = [[np.nan, 2.0, 2.0, 3.0, 5.0]]
-    np.testing.assert_allclose(folder.rolling_mean(values, window=2 + 1), expected)
+    np.testing.assert_allclose(plots.rolling_mean(values, window=2 + 1), expected)
 
 
 def test_plot_writes_a_png(tmp_path):
     returns = np.array([[np.nan, 10.0, 20.0, 30.0], [np.nan, 12.0, 18.0, 35.0]])
-    folder.plot_learning_curves(
+    plots.plot_learning_curves(
         {"CartPole-v1": returns}, np.arange(1, 5) * 512, tmp_path / "c.png", "t"
     )
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

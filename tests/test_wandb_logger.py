@@ -15,7 +15,7 @@ import pytest
 from ppojax.cli.commands import main
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES, eval_key
 from ppojax.ppo.summary import final_return
-from ppojax.runs import checkpoints, folder
+from ppojax.runs import checkpoints, folder, plots
 from ppojax.runs.experiment import read_experiment, state_template
 from ppojax.runs.policy import evaluate, load
 
@@ -89,7 +89,7 @@ def png_width(path: Path) -> int:
 def test_learning_curve_puts_the_evaluation_beside_the_training_curve(swept, tmp_path):
     run_dir, _ = swept
     returns = np.array([[np.nan, 10.0, 20.0, 30.0]])
-    folder.plot_learning_curves({"x": returns}, np.arange(1, 5), tmp_path / "one.png", "t")
+    plots.plot_learning_curves({"x": returns}, np.arange(1, 5), tmp_path / "one.png", "t")
     assert png_width(run_dir / folder.CURVE_FILE) == 2 * png_width(tmp_path / "one.png")
 
 

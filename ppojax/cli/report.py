@@ -54,7 +54,7 @@ def print_learning_curve(returns: np.ndarray, batch_size: int, lengths: np.ndarr
     returns and lengths [runs, U]. Where no episode ended in a run's 10 updates (episodes
     longer than 10 rollouts), its latest window that had one stands in. The length shows
     learning where the return cannot (a goal reward of 1 whatever the time taken)."""
-    from ppojax.runs.folder import rolling_mean
+    from ppojax.runs.plots import rolling_mean
 
     smooth_returns, smooth_lengths = (
         carried_forward(rolling_mean(values)) for values in (returns, lengths)

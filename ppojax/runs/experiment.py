@@ -5,9 +5,8 @@ Progress reaches the host from inside the compiled loop: every few updates a
 bar; with the compilation cache on (``ppojax.runtime.cache``), which does not store programs
 with host callbacks, the updates run in chunks of one report interval instead. Checkpoints need the
 state on the host, so with ``checkpoint_every`` the updates run in chunks of one compiled
-program: a ``lax.scan`` of fixed length whose steps past ``count`` are skipped by
-``lax.cond``, so every chunk, the last partial one included, reuses the same executable, and
-chunked updates give the same numbers as one call.
+program (``ppojax.runs.loop.scan_chunk``), so every chunk, the last partial one included,
+reuses the same executable, and chunked updates give the same numbers as one call.
 
 Where the process has several devices (GPUs, or CPU devices from
 ``compiling.use_cpu_devices``), the runs are split along their axis over as many of them as
@@ -29,7 +28,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import jaxpr_as_fun
 
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
@@ -38,7 +36,8 @@ from ppojax.ppo.train import eval_due, init_state, make_agent, train_step
 from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.ppo.update import make_optimizer
 from ppojax.runs import folder
-from ppojax.runs.loop import chunk_plan, resume_point, train_chunks
+from ppojax.runs.loop import chunk_plan, resume_point, scan_chunk, train_chunks
+from ppojax.runs.plots import plot_learning_curves
 from ppojax.runs.progress import BAR_METRICS, ChunkHandler, RunOptions, divergence_report
 from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
@@ -128,8 +127,8 @@ def run_chunk(
     report_every: int = 1,
 ) -> tuple[TrainState, Metrics]:
     """Up to ``length`` updates (static) of every run from ``state`` [runs] (after ``first``
-    updates), of which the first ``count`` run. ``config`` is batched along ``config_axes``.
-    After every update whose number is a multiple of ``report_every``,
+    updates), of which the first ``count`` run (``loop.scan_chunk``). ``config`` is batched
+    along ``config_axes``. After every update whose number is a multiple of ``report_every``,
     ``report(update number, {metric: [runs]})`` runs on the host with the progress bar's
     metrics (``BAR_METRICS``); with evaluation also after every evaluation.
 
@@ -138,33 +137,19 @@ def run_chunk(
     """
     step = jax.vmap(update_one_run, in_axes=(config_axes, 0, None))
 
-    def body(carry: TrainState, index: jax.Array) -> tuple[TrainState, Metrics]:
-        update = first + index + 1
+    def ppo_update(config: PPOConfig, state: TrainState, number: jax.Array) -> Any:
+        return step(config, state, eval_due(config, number + 1))
+
+    def report_due(config: PPOConfig, number: jax.Array, metrics: Metrics, ran: jax.Array) -> None:
+        update = number + 1
         evaluates = eval_due(config, update)
-        # The update traced once, as a jaxpr that gives both the cond's branch and the
-        # metrics' shapes for the skipped steps' zeros: tracing it twice (eval_shape, then
-        # the branch) took 0.38 s each for the classic config, 45% of the runner's tracing.
-        update_jaxpr, out_shapes = jax.make_jaxpr(step, return_shape=True)(config, carry, evaluates)
-        metric_shapes = out_shapes[1]
+        due = update % report_every == 0
+        due = ran & (due if evaluates is None else due | evaluates)
+        values = {name: metrics[name] for name in BAR_METRICS if name in metrics}
+        jax.lax.cond(due, lambda: jax.debug.callback(report, update, values), lambda: None)
 
-        def update_branch(state: TrainState) -> tuple[TrainState, Metrics]:
-            leaves = jaxpr_as_fun(update_jaxpr)(*jax.tree.leaves((config, state, evaluates)))
-            return jax.tree.unflatten(jax.tree.structure(out_shapes), leaves)
-
-        def skip(state: TrainState) -> tuple[TrainState, Metrics]:
-            zeros = jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), metric_shapes)
-            return state, zeros
-
-        carry, metrics = jax.lax.cond(index < count, update_branch, skip, carry)
-        if report is not None:
-            due = update % report_every == 0
-            due = (index < count) & (due if evaluates is None else due | evaluates)
-            values = {name: metrics[name] for name in BAR_METRICS if name in metrics}
-            jax.lax.cond(due, lambda: jax.debug.callback(report, update, values), lambda: None)
-        return carry, metrics
-
-    state, metrics = jax.lax.scan(body, state, jnp.arange(length))
-    return state, jax.tree.map(lambda leaf: jnp.moveaxis(leaf, 0, 1), metrics)
+    after = None if report is None else report_due
+    return scan_chunk(ppo_update, config, state, first, count, length, after)
 
 
 def chunk_runner(
@@ -320,7 +305,7 @@ def continue_experiment(
             handler.bar.open()
         begin = time.perf_counter()
         order = METRIC_NAMES + EVAL_METRIC_NAMES
-        state = jax.block_until_ready(train_chunks(compiled, config, state, plan, handler, order))
+        state = jax.block_until_ready(train_chunks(compiled, config, state, plan, [handler], order))
         run_seconds = time.perf_counter() - begin
     except BaseException:
         # Interrupted or failed: keep the checkpoints saved so far, but never save the
@@ -383,7 +368,7 @@ def write_report(result: RunResult) -> None:
     returns = result.metrics["episode_return"]
     env_steps = (np.arange(returns.shape[1]) + 1) * config.batch_size
     evaluated = "eval_return" in result.metrics
-    folder.plot_learning_curves(
+    plot_learning_curves(
         curves_by_point(experiment, returns),
         env_steps,
         result.run_dir / folder.CURVE_FILE,

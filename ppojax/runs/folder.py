@@ -1,5 +1,5 @@
-"""Run folders: config and run settings as JSON, metrics as CSV, learning-curve plots and a
-summary (the checkpoints are ``ppojax.runs.checkpoints``'s).
+"""Run folders: config and run settings as JSON, metrics as CSV and a summary (the plots are
+``ppojax.runs.plots``'s, the checkpoints ``ppojax.runs.checkpoints``'s).
 
 A run folder holds::
 
@@ -24,7 +24,6 @@ import platform
 import sys
 import tempfile
 import typing
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ import jax
 import numpy as np
 
 from ppojax.ppo.config import ConfigError, PPOConfig
+from ppojax.runs.plots import plot_learning_curves  # noqa: F401  (notebooks call it here)
 
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"
@@ -379,76 +379,6 @@ def read_metrics(path: Path) -> tuple[list[dict[str, str]], dict[str, np.ndarray
     column = header.index("update")
     leading = {int(row[0]): dict(zip(header[:column], row[:column], strict=True)) for row in kept}
     return [leading[run] for run in range(runs)], metrics
-
-
-def rolling_mean(values: np.ndarray, window: int = 10) -> np.ndarray:
-    """Mean of the finite values among the last ``window`` updates, along the last axis
-    ([..., U] -> [..., U]); NaN where that window holds none (no episode ended yet)."""
-    finite = np.isfinite(values)
-    sums = np.cumsum(np.where(finite, values, 0.0), axis=-1)
-    counts = np.cumsum(finite, axis=-1)
-    pad = [(0, 0)] * (values.ndim - 1) + [(window, 0)]
-    sums = sums - np.pad(sums, pad)[..., : values.shape[-1]]
-    counts = counts - np.pad(counts, pad)[..., : values.shape[-1]]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-
-
-def plot_learning_curves(
-    curves: dict[str, np.ndarray],
-    env_steps: np.ndarray,
-    path: Path,
-    title: str,
-    eval_curves: dict[str, np.ndarray] | None = None,
-) -> None:
-    """Episode return against env steps, one line per label: the mean over seeds of each
-    seed's 10-update rolling mean, shaded between the lowest and highest seed. With
-    ``eval_curves`` a second panel beside it shows the evaluation returns, one point per
-    evaluation (mean over seeds, shaded between the lowest and highest seed).
-
-    ``curves`` and ``eval_curves`` map a label to returns [seeds, updates] (NaN on updates
-    without an evaluation); ``env_steps`` is [updates].
-    """
-    # A bare Figure draws without pyplot, leaving the caller's backend (a notebook's inline
-    # one) as it was.
-    from matplotlib.figure import Figure
-
-    panels = 1 if eval_curves is None else 2
-    figure = Figure(figsize=(7 * panels, 4.2))
-    axes = figure.subplots(1, panels, squeeze=False)
-    smoothed = {label: rolling_mean(returns) for label, returns in curves.items()}
-    draw_curves(axes[0, 0], smoothed, env_steps)
-    axes[0, 0].set_ylabel("episode return (10-update mean)")
-    axes[0, 0].set_title(title)
-    if eval_curves is not None:
-        draw_curves(axes[0, 1], eval_curves, env_steps, marker="o")
-        axes[0, 1].set_ylabel("evaluation return (fresh episodes)")
-        axes[0, 1].set_title("evaluation during training")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-
-
-def draw_curves(
-    axes: Any, curves: dict[str, np.ndarray], env_steps: np.ndarray, marker: str | None = None
-) -> None:
-    """One line per label on ``axes``: the mean over seeds [seeds, updates] at the updates
-    where some seed has a finite value, shaded between the lowest and highest seed."""
-    for label, values in curves.items():
-        kept = np.isfinite(values).any(axis=0)
-        with warnings.catch_warnings():
-            # A seed without a value yet (no episode ended) is left out silently.
-            warnings.simplefilter("ignore", category=RuntimeWarning)
-            mean = np.nanmean(values[:, kept], axis=0)
-            low, high = np.nanmin(values[:, kept], axis=0), np.nanmax(values[:, kept], axis=0)
-        seeds = values.shape[0]
-        spread = f"{seeds} seeds, band: lowest to highest" if seeds > 1 else "1 seed"
-        steps = env_steps[kept]
-        (line,) = axes.plot(steps, mean, label=f"{label} ({spread})", marker=marker, ms=3)
-        if seeds > 1:
-            axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, lw=0)
-    axes.set_xlabel("env steps (per seed)")
-    axes.grid(alpha=0.3)
-    axes.legend(loc="best", fontsize="small")
 
 
 def versions() -> dict[str, str]:

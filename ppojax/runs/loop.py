@@ -1,21 +1,24 @@
-"""The chunked host loop every run folder goes through: a compiled program runs a chunk of
-steps, the host writes its metrics rows and a checkpoint, and a resume starts again from the
-newest checkpoint that reads back, with the rows after it dropped.
+"""The one host loop every run folder goes through: PPO runs and sweeps
+(``ppojax.runs.experiment``), PBT (``ppojax.runs.pbt_folder``) and any other pure step
+(``train_loop``: SFT, reward models, DPO, RLHF).
 
-``chunk_plan`` cuts the steps into chunks that end on every multiple of ``checkpoint_every``;
-``train_chunks`` runs them, handing each chunk's metrics to the host while the next chunk
-runs; ``resume_point`` reads a run folder back. ``ppojax.runs.experiment`` drives PPO runs
-through these; ``train_loop`` drives any other pure step through them (SFT, reward models,
-DPO, RLHF): ``step(frozen, state, key) -> (state, metrics)``, step n on ``fold_in(key, n)``,
-so a run's numbers do not depend on where its chunks end, and each chunk is the same
-compiled program (a fixed-length ``lax.scan`` whose steps past the chunk's count are skipped
-by ``lax.cond``), so a resumed run computes bit for bit what the uninterrupted one did.
+A run is a compiled ``runner(inputs, state, first, count) -> (state, metrics)``: ``inputs``
+are frozen (a config, data, a reference model) and never checkpointed, ``state`` is carried
+and checkpointed. ``chunk_plan`` cuts the steps into chunks that end on every multiple of
+``checkpoint_every``; ``train_chunks`` runs them and hands each chunk to the hooks (metrics
+rows, checkpoints, the progress bar, loggers) while the next chunk runs; ``resume_point``
+reads a run folder back. ``scan_chunk`` is the one way a chunk is compiled: a fixed-length
+``lax.scan`` whose steps past the chunk's count are skipped by ``lax.cond``, so every chunk,
+the last partial one included, is the same program, and a resumed run computes bit for bit
+what the uninterrupted one did. ``ProgressBar`` is the one bar.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -25,12 +28,17 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import jaxpr_as_fun
 
 from ppojax.checks import check_bool, check_positive_int
+from ppojax.ppo.summary import latest_finite
 from ppojax.runs import checkpoints, folder
 from ppojax.runtime.compiling import compiler_options
 
-ChunkCallback = Callable[[int, Any, dict[str, np.ndarray]], None]
+# A hook: (first step of the chunk, state after it, host metrics [runs, count]).
+Hook = Callable[[int, Any, dict[str, np.ndarray]], None]
+# A numbered step: (inputs, state, step number) -> (state, metrics, each [runs]).
+NumberedStep = Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]]
 
 
 def chunk_plan(
@@ -48,31 +56,69 @@ def chunk_plan(
     return plan
 
 
+def scan_chunk(
+    step: NumberedStep,
+    inputs: Any,
+    state: Any,
+    first: jax.Array,
+    count: jax.Array,
+    length: int,
+    after: Callable[[Any, jax.Array, dict[str, jax.Array], jax.Array], None] | None = None,
+) -> tuple[Any, dict[str, jax.Array]]:
+    """Steps ``first .. first + count - 1`` of ``step(inputs, state, number)`` from
+    ``state``, in a ``lax.scan`` of ``length`` (static) whose steps past ``count`` are
+    skipped. ``after(inputs, number, metrics, ran)``, if given, is traced after every step
+    (a host callback for progress). Metrics [runs, length], zeros past ``count``."""
+
+    def body(state: Any, index: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+        number = first + index
+        # The step traced once, as a jaxpr that gives both the cond's branch and the metrics'
+        # shapes for the skipped steps' zeros: tracing it twice (eval_shape, then the branch)
+        # took 0.38 s each for the classic PPO config, 45% of the runner's tracing.
+        jaxpr, shapes = jax.make_jaxpr(step, return_shape=True)(inputs, state, number)
+
+        def run(state: Any) -> tuple[Any, dict[str, jax.Array]]:
+            leaves = jaxpr_as_fun(jaxpr)(*jax.tree.leaves((inputs, state, number)))
+            return jax.tree.unflatten(jax.tree.structure(shapes), leaves)
+
+        def skip(state: Any) -> tuple[Any, dict[str, jax.Array]]:
+            return state, jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes[1])
+
+        ran = index < count
+        state, metrics = jax.lax.cond(ran, run, skip, state)
+        if after is not None:
+            after(inputs, number, metrics, ran)
+        return state, metrics
+
+    state, metrics = jax.lax.scan(body, state, jnp.arange(length))
+    return state, jax.tree.map(lambda leaf: jnp.moveaxis(leaf, 0, 1), metrics)
+
+
 def train_chunks(
     runner: Callable[..., Any],
     inputs: Any,
     state: Any,
     plan: Sequence[tuple[int, int]],
-    on_chunk: ChunkCallback,
+    hooks: Sequence[Hook],
     order: Sequence[str] = (),
 ) -> Any:
-    """Run ``runner(inputs, state, first, count)`` for the chunks of ``plan`` and call
-    ``on_chunk(first, state, metrics)`` after each, with host metrics [runs, count] (the
-    names of ``order`` first, then the others sorted). The next chunk is dispatched before
-    the host handles the last one, so the device never waits for the files."""
+    """Run ``runner(inputs, state, first, count)`` for the chunks of ``plan`` and call every
+    hook with ``(first, state, metrics)`` after each, host metrics [runs, count] (the names
+    of ``order`` first, then the others sorted). The next chunk is dispatched before the
+    hooks handle the last one, so the device never waits for the files."""
     pending = None
     for first, count in plan:
         state, metrics = runner(inputs, state, first, count)
         if pending is not None:
-            _deliver(on_chunk, order, *pending)
+            _deliver(hooks, order, *pending)
         pending = (first, count, state, metrics)
     if pending is not None:
-        _deliver(on_chunk, order, *pending)
+        _deliver(hooks, order, *pending)
     return state
 
 
 def _deliver(
-    on_chunk: ChunkCallback,
+    hooks: Sequence[Hook],
     order: Sequence[str],
     first: int,
     count: int,
@@ -82,7 +128,19 @@ def _deliver(
     metrics = jax.device_get(metrics)
     names = [name for name in order if name in metrics]
     names += sorted(set(metrics) - set(names))
-    on_chunk(first, state, {name: np.asarray(metrics[name])[:, :count] for name in names})
+    metrics = {name: np.asarray(metrics[name])[:, :count] for name in names}
+    for hook in hooks:
+        hook(first, state, metrics)
+
+
+def write_rows(
+    run_dir: Path, columns: Sequence[dict[str, Any]], first: int, metrics: dict[str, np.ndarray]
+) -> None:
+    """Append a chunk's metrics [runs, count] to metrics.csv, one row per run and step after
+    ``first``, led by each run's ``columns`` ({"run", "seed", ...})."""
+    header = folder.metrics_header(columns, list(metrics))
+    rows = folder.metric_rows(columns, first, metrics)
+    folder.append_metrics(Path(run_dir) / folder.METRICS_FILE, header, rows)
 
 
 def resume_point(
@@ -116,31 +174,94 @@ def resume_point(
     return state, step, history
 
 
+class ProgressBar:
+    """A tqdm bar over ``total`` updates of ``scale`` units each (env steps of all runs
+    together; 1: the updates themselves), with the latest mean of some metrics beside it
+    (``metrics``: {name: label}). ``open`` shows it once compiling is done, so its rate counts
+    training only. Fed by ``report`` (also from an XLA thread, inside the compiled loop) and,
+    as a hook, after every chunk."""
+
+    def __init__(
+        self,
+        total: int,
+        start: int,
+        metrics: dict[str, str] | None = None,
+        *,
+        scale: int = 1,
+        unit: str = "step",
+        description: str | None = None,
+        digits: str = ".1f",
+    ) -> None:
+        self.total, self.update_number, self.scale = total, start, scale
+        self.metrics, self.unit, self.description = metrics or {}, unit, description
+        self.digits = digits
+        # Reports arrive on an XLA thread while the main thread may be finishing a chunk.
+        self.lock = threading.Lock()
+        self.bar: Any = None
+        self.shown: dict[str, float] = {}
+
+    def open(self) -> None:
+        # tqdm.auto warns in a notebook kernel without ipywidgets
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=self.total * self.scale,
+            initial=self.update_number * self.scale,
+            desc=self.description,
+            unit=self.unit,
+            unit_scale=True,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+
+    def report(self, update: Any, values: dict[str, Any]) -> None:
+        """Advance to ``update`` and show the mean of the finite values [runs] of each of the
+        bar's metrics in ``values`` (the old value stays where none is finite)."""
+        with self.lock:
+            for name, label in self.metrics.items():
+                row = np.asarray(values.get(name, np.nan), dtype=np.float64)
+                if np.isfinite(row).any():
+                    self.shown[label] = float(np.nanmean(row))
+            text = ", ".join(
+                f"{label} {value:{self.digits}}" for label, value in self.shown.items()
+            )
+            self.bar.set_postfix_str(text, refresh=False)
+            update = int(update)
+            if update > self.update_number:
+                self.bar.update((update - self.update_number) * self.scale)
+                self.update_number = update
+
+    def __call__(self, first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+        """The hook: a chunk from ``first`` ended; each run's latest finite value shown."""
+        count = next(iter(metrics.values())).shape[1]
+        shown = {name: latest_finite(metrics[name]) for name in self.metrics if name in metrics}
+        self.report(first + count, shown)
+
+    def write(self, message: str) -> None:
+        """A line on stderr above the bar."""
+        from tqdm import tqdm
+
+        with self.lock:
+            tqdm.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 StepFn = Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]]
 
 
-def scan_steps(
-    step: StepFn, length: int, inputs: tuple[jax.Array, Any], state: Any, first: Any, count: Any
-) -> tuple[Any, dict[str, jax.Array]]:
-    """Steps ``first .. first + count - 1`` of ``step(frozen, state, key)`` from ``state``,
-    step n on ``fold_in(key, n)``, where ``inputs = (key, frozen)``, in a ``lax.scan`` of
-    ``length`` (static) whose steps past ``count`` are skipped. Metrics [1, length] (one
-    run), zeros past ``count``."""
-    key, frozen = inputs
+def keyed_step(step: StepFn) -> NumberedStep:
+    """``step(frozen, state, key)`` as a numbered step of one run: step n on
+    ``fold_in(key, n)`` with ``inputs = (key, frozen)``, each metric [1]."""
 
-    def one(state: Any, number: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
-        return step(frozen, state, jax.random.fold_in(key, number))
+    def numbered(inputs: tuple[jax.Array, Any], state: Any, number: jax.Array) -> Any:
+        key, frozen = inputs
+        state, metrics = step(frozen, state, jax.random.fold_in(key, number))
+        return state, {name: jnp.asarray(value)[None] for name, value in metrics.items()}
 
-    shapes = jax.eval_shape(one, state, jnp.int32(0))[1]
-
-    def skip(state: Any, number: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
-        return state, jax.tree.map(lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), shapes)
-
-    def body(state: Any, index: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
-        return jax.lax.cond(index < count, one, skip, state, first + index)
-
-    state, metrics = jax.lax.scan(body, state, jnp.arange(length))
-    return state, {name: values[None] for name, values in metrics.items()}
+    return numbered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +278,7 @@ class LoopOptions:
     bar_metrics: tuple[str, ...] = ()
     resume: bool = False
     seed: int = 0
-    hooks: Sequence[ChunkCallback] = ()
+    hooks: Sequence[Hook] = ()
 
     def __post_init__(self) -> None:
         check_positive_int("LoopOptions", "num_steps", self.num_steps)
@@ -176,25 +297,6 @@ class LoopResult(NamedTuple):
     metrics: dict[str, np.ndarray]
     start: int
     seconds: float
-
-
-class StepBar:
-    """A tqdm bar over steps showing the latest value of some metrics."""
-
-    def __init__(self, total: int, start: int, names: Sequence[str]) -> None:
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
-        self.names = names
-
-    def __call__(self, first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
-        count = next(iter(metrics.values())).shape[1]
-        shown = {name: f"{metrics[name][0, -1]:.3g}" for name in self.names if name in metrics}
-        self.bar.set_postfix(shown, refresh=False)
-        self.bar.update(count)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def train_loop(
@@ -217,28 +319,33 @@ def train_loop(
         restored, start, history = resume_point(run_dir, state, 1)
         state = state if restored is None else restored
     length = min(options.checkpoint_every, options.num_steps)
-    runner = jax.jit(
-        functools.partial(scan_steps, step, length), compiler_options=compiler_options()
-    )
+    plan = chunk_plan(start, options.num_steps, length, options.checkpoint_every)
     columns = [{"run": 0, "seed": options.seed}]
-    store = checkpoints.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
-    bar = StepBar(options.num_steps, start, options.bar_metrics) if options.progress else None
     chunks: list[dict[str, np.ndarray]] = []
+    bar = None
+    if options.progress:
+        shown = {name: name for name in options.bar_metrics}
+        bar = ProgressBar(options.num_steps, start, shown, digits=".3g")
+    store = checkpoints.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
 
-    def on_chunk(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+    def keep(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
         count = next(iter(metrics.values())).shape[1]
-        header = folder.metrics_header(columns, list(metrics))
-        rows = folder.metric_rows(columns, first, metrics)
-        folder.append_metrics(run_dir / folder.METRICS_FILE, header, rows)
+        write_rows(run_dir, columns, first, metrics)
         checkpoints.save_checkpoint(store, first + count, state)
         chunks.append(metrics)
-        for hook in (*options.hooks, *([bar] if bar is not None else [])):
-            hook(first, state, metrics)
 
-    plan = chunk_plan(start, options.num_steps, length, options.checkpoint_every)
     began = time.perf_counter()
     try:
-        state = train_chunks(runner, (key, frozen), state, plan, on_chunk)
+        # jit, compiled on the first chunk: a program compiled ahead refuses inputs laid out
+        # otherwise than it was compiled for, and a sharded LM state may leave a chunk so.
+        runner = jax.jit(
+            functools.partial(scan_chunk, keyed_step(step), length=length),
+            compiler_options=compiler_options(),
+        )
+        if bar is not None:
+            bar.open()
+        hooks = [keep, *options.hooks, *([bar] if bar is not None else [])]
+        state = train_chunks(runner, (key, frozen), state, plan, hooks)
     finally:
         store.close()
         if bar is not None:
@@ -252,19 +359,3 @@ def train_loop(
         parts = [part[name] for part in (history, trained) if name in part]
         metrics[name] = np.concatenate(parts, 1)[0]
     return LoopResult(state, metrics, start, seconds)
-
-
-def plot_metrics(path: Path, metrics: dict[str, np.ndarray], names: Sequence[str]) -> None:
-    """One panel per metric name against the step (``metrics``: name -> [steps])."""
-    from matplotlib.figure import Figure
-
-    names = [name for name in names if name in metrics]
-    figure = Figure(figsize=(4 * len(names), 3.2))
-    axes = figure.subplots(1, len(names), squeeze=False)
-    for axis, name in zip(axes[0], names, strict=True):
-        axis.plot(np.arange(1, len(metrics[name]) + 1), metrics[name])
-        axis.set_title(name, fontsize="small")
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)

@@ -26,7 +26,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from tqdm import tqdm  # tqdm.auto warns in a notebook kernel without ipywidgets
 
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.pbt import (
@@ -49,6 +48,8 @@ from ppojax.runs.loggers import (
     options_from_settings,
     wandb_settings,
 )
+from ppojax.runs.loop import ProgressBar, chunk_plan, train_chunks
+from ppojax.runs.plots import plot_learning_curves, plot_schedules
 from ppojax.runtime.sharding import runs_sharding
 
 PBT_FILE = "pbt.json"
@@ -167,9 +168,9 @@ def train_population(
     carry: PBTCarry | None,
     progress: bool,
 ) -> tuple[PBTOutput, dict[str, Any]]:
-    """Train from ``carry`` (None: the start) to the end, a piece of ``checkpoint_every``
-    updates at a time, writing the tables and a checkpoint after each; then the plots and
-    summary.json."""
+    """Train from ``carry`` (None: the start) to the end through ``ppojax.runs.loop``, a piece
+    of ``checkpoint_every`` updates at a time (the loop's steps are intervals), writing the
+    tables and a checkpoint after each; then the plots and summary.json."""
     interval = settings["interval"]
     generations = config.num_updates // interval
     piece = settings["checkpoint_every"] // interval
@@ -182,42 +183,49 @@ def train_population(
     programs: dict[int, Any] = {}
 
     def program(count: int) -> Any:
+        """``count`` intervals (static: the last piece may be shorter), compiled once."""
         if count not in programs:
             step = functools.partial(
-                pbt_intervals,
-                count=count,
-                settings=pbt_settings(settings),
-                mesh=mesh,
+                pbt_intervals, count=count, settings=pbt_settings(settings), mesh=mesh
             )
             programs[count] = jax.jit(step).lower(config, carry).compile()
         return programs[count]
 
+    def runner(config: PPOConfig, carry: PBTCarry, first: int, count: int) -> Any:
+        # the metrics stay in the carry's records
+        return program(count)(config, carry), {}
+
     done = int(carry.generation)
-    if done < generations:
-        program(min(piece, generations - done))  # compiled here, timed apart from the run
+    plan = chunk_plan(done, generations, piece, piece)
+    if plan:
+        program(plan[0][1])  # compiled here, timed apart from the run
     compiled_at = time.perf_counter()
     store = checkpoints.open_checkpoints(
         run_dir, keep=settings.get("keep_checkpoints"), clean=True, record=settings
     )
     logger = wandb_log(run_dir, config, settings, carry)
-    bar = tqdm(
-        total=config.num_updates,
-        initial=done * interval,
+    bar = ProgressBar(
+        config.num_updates,
+        done * interval,
+        {"best": "best"},
         unit="update",
-        disable=not progress,
-        desc=f"PBT {config.env_id}",
+        description=f"PBT {config.env_id}",
     )
-    try:
-        while done < generations:
-            carry = jax.block_until_ready(program(min(piece, generations - done))(config, carry))
-            before, done = done, int(carry.generation)
-            write_tables(run_dir, config, carry)
-            if logger is not None:
-                logger.log(before * interval, wandb_metrics(carry, before, done))
-            checkpoints.save_checkpoint(store, done, carry)
+
+    def keep(first: int, carry: PBTCarry, metrics: dict[str, np.ndarray]) -> None:
+        done = int(carry.generation)
+        write_tables(run_dir, config, carry)
+        if logger is not None:
+            logger.log(first * interval, wandb_metrics(carry, first, done))
+        checkpoints.save_checkpoint(store, done, carry)
+        if progress:
             scores = np.asarray(carry.records.scores[done - 1])
-            bar.update(done * interval - bar.n)
-            bar.set_postfix(best=f"{np.nanmax(np.nan_to_num(scores, nan=-np.inf)):.1f}")
+            bar.report(done * interval, {"best": np.nanmax(np.nan_to_num(scores, nan=-np.inf))})
+
+    try:
+        if progress:
+            bar.open()
+        carry = jax.block_until_ready(train_chunks(runner, config, carry, plan, [keep]))
     except BaseException:
         if logger is not None:
             logger.abort()
@@ -325,7 +333,7 @@ def write_plots(
     returns = metrics["episode_return"]
     env_steps = (np.arange(returns.shape[1]) + 1) * config.batch_size
     curves = {f"member {member}": returns[member : member + 1] for member in range(len(returns))}
-    folder.plot_learning_curves(
+    plot_learning_curves(
         curves, env_steps, run_dir / folder.CURVE_FILE, f"ppojax PBT on {config.env_id}"
     )
     plot_schedules(run_dir / PBT_PLOT, out, final_return(returns))
@@ -350,33 +358,6 @@ def write_table(path: Path, out: PBTOutput, done: int | None = None) -> None:
         for interval in range(done)
     ]
     folder.write_metrics(path, ["member", "interval", *names, "score", "copied_from"], rows)
-
-
-def plot_schedules(path: Path, out: PBTOutput, finals: np.ndarray) -> None:
-    """One panel per searched field: each member's value per interval, coloured by its final
-    rank (the best member darkest)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(out.hyperparams)
-    rank = np.argsort(np.argsort(-np.nan_to_num(finals, nan=-np.inf)))  # 0: the best
-    colours = plt.cm.viridis(rank / max(len(rank) - 1, 1))
-    figure, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.4), squeeze=False)
-    for axis, name in zip(axes[0], names, strict=True):
-        values = np.asarray(out.hyperparams[name])
-        for member in range(values.shape[0]):
-            axis.step(
-                np.arange(values.shape[1]), values[member], where="post", color=colours[member]
-            )
-        axis.set_title(name, fontsize="small")
-        axis.set_xlabel("interval")
-        axis.grid(alpha=0.3)
-    figure.suptitle("PBT schedules (dark: best final return)", fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 def summarize(

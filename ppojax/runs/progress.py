@@ -1,107 +1,33 @@
-"""The host side of a run: what it shows and writes while the compiled chunks train.
+"""The host side of a PPO run: what it shows and writes while the compiled chunks train.
 
-``RunOptions`` says what to show and keep; ``ChunkHandler`` receives every chunk's metrics and
-states and feeds the progress bar (``ProgressBar``), metrics.csv, TensorBoard
-(``TensorBoardLog``), Weights & Biases and the checkpoints. ``ppojax.runs.experiment`` runs the
-chunks and hands them over; nothing here compiles or traces.
+``RunOptions`` says what to show and keep; ``ChunkHandler`` is the hook of
+``ppojax.runs.loop`` that receives every chunk's metrics and states and feeds the progress bar
+(``loop.ProgressBar``), metrics.csv, TensorBoard (``TensorBoardLog``), Weights & Biases and
+the checkpoints. ``ppojax.runs.experiment`` runs the chunks and hands them over; nothing here
+compiles or traces.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from ppojax.checks import check_bool, check_positive_int, show
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
-from ppojax.ppo.summary import latest_finite
 from ppojax.ppo.types import TrainState
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loggers import WandbLog, WandbOptions
+from ppojax.runs.loop import ProgressBar, write_rows
 
 # What the bar shows, as {metric: label}: the return, and the episode length beside it, since
 # on some tasks (a goal reward of 1 whatever the time taken) only the length shows learning.
 BAR_METRICS = {"episode_return": "return", "episode_length": "length", "eval_return": "eval"}
-
-
-class ProgressBar:
-    """A tqdm bar over env steps (all runs together) with steps/s, the latest mean return and
-    the latest mean evaluation return (with ``eval_every``), fed by ``report`` from inside the
-    compiled loop and by ``chunk_done`` after each chunk. ``open`` shows it, once compiling is
-    done, so that steps/s counts training only."""
-
-    def __init__(
-        self, num_updates: int, start: int, steps_per_update: int, description: str
-    ) -> None:
-        self.num_updates, self.description = num_updates, description
-        self.steps_per_update = steps_per_update
-        self.update_number = start
-        # Reports arrive on an XLA thread while the main thread may be finishing a chunk.
-        self.lock = threading.Lock()
-        self.bar: Any = None
-        self.shown: dict[str, float] = {}
-
-    def open(self) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            total=self.num_updates * self.steps_per_update,
-            initial=self.update_number * self.steps_per_update,
-            desc=self.description,
-            unit="step",
-            unit_scale=True,
-            dynamic_ncols=True,
-            mininterval=0.5,
-        )
-
-    def report(self, update: jax.Array, values: dict[str, jax.Array]) -> None:
-        """The metrics of ``BAR_METRICS`` at ``update``, each [runs] (NaN where no episode
-        ended, or no evaluation ran, at this update)."""
-        with self.lock:
-            for name, label in BAR_METRICS.items():
-                if name in values:
-                    self.show_return(label, np.asarray(values[name]))
-            self.advance(int(update))
-
-    def chunk_done(self, update: int, metrics: dict[str, np.ndarray]) -> None:
-        """A chunk ended at ``update``; ``metrics`` [runs, updates] are its metrics."""
-        with self.lock:
-            for name, label in BAR_METRICS.items():
-                if name in metrics:
-                    self.show_return(label, latest_finite(metrics[name]))
-            self.advance(update)
-
-    def show_return(self, label: str, values: np.ndarray) -> None:
-        """Show the mean of the finite ``values`` [runs] as ``label``; keep the old one if
-        none is finite."""
-        if not np.isfinite(values).any():
-            return
-        self.shown[label] = float(np.nanmean(values))
-        text = ", ".join(f"{name} {value:.1f}" for name, value in self.shown.items())
-        self.bar.set_postfix_str(text, refresh=False)
-
-    def advance(self, update: int) -> None:
-        if update > self.update_number:
-            self.bar.update((update - self.update_number) * self.steps_per_update)
-            self.update_number = update
-
-    def write(self, message: str) -> None:
-        """A line on stderr above the bar."""
-        from tqdm import tqdm
-
-        with self.lock:
-            tqdm.write(message, file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,9 +142,13 @@ class ChunkHandler:
         self.saved_step: int | None = start or None
         self.bar = self.checkpoints = self.tensorboard = self.wandb = None
         if options.progress:
-            steps_per_update = len(runs) * config.batch_size
-            description = f"{config.env_id} x{len(runs)}"
-            self.bar = ProgressBar(config.num_updates, start, steps_per_update, description)
+            self.bar = ProgressBar(
+                config.num_updates,
+                start,
+                BAR_METRICS,
+                scale=len(runs) * config.batch_size,
+                description=f"{config.env_id} x{len(runs)}",
+            )
         if run_dir is not None:
             self.checkpoints = checkpoints.open_checkpoints(
                 run_dir, options.keep_checkpoints, clean=True, record=record
@@ -233,12 +163,7 @@ class ChunkHandler:
         config = self.config
         self.chunks.append(metrics)
         if self.run_dir is not None:
-            header = folder.metrics_header(self.columns, list(metrics))
-            folder.append_metrics(
-                self.run_dir / folder.METRICS_FILE,
-                header,
-                folder.metric_rows(self.columns, first, metrics),
-            )
+            write_rows(self.run_dir, self.columns, first, metrics)
         if self.tensorboard is not None:
             self.tensorboard.write(first, metrics, config.batch_size)
         if self.wandb is not None:
@@ -247,7 +172,7 @@ class ChunkHandler:
         if self.checkpoints is not None and every and (first + count) % every == 0:
             self.save(first + count, state)
         if self.bar is not None:
-            self.bar.chunk_done(first + count, metrics)
+            self.bar(first, state, metrics)
         self.note_divergence(first, metrics)
 
     def note_divergence(self, first: int, metrics: dict[str, np.ndarray]) -> None:

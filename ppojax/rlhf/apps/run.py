@@ -29,7 +29,8 @@ import numpy as np
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
-from ppojax.runs.loop import LoopOptions, LoopResult, StepFn, plot_metrics, train_loop
+from ppojax.runs.loop import LoopOptions, LoopResult, StepFn, train_loop
+from ppojax.runs.plots import plot_metrics
 
 PLOT_FILE = "curves.png"
 FROZEN_DIR = "frozen"

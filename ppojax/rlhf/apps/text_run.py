@@ -34,7 +34,8 @@ from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
 from ppojax.runs import folder
-from ppojax.runs.loop import LoopOptions, LoopResult, plot_metrics, train_loop
+from ppojax.runs.loop import LoopOptions, LoopResult, train_loop
+from ppojax.runs.plots import plot_metrics
 
 SAMPLES_FILE = "samples.jsonl"
 FINAL_DIR = "final"
