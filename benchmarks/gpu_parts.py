@@ -40,10 +40,11 @@ from common import timed
 
 import ppojax
 from ppojax.engine.epochs import EpochCarry, OptimizerCarry, gradient_step, shuffle_into_minibatches
+from ppojax.ppo import pallas_loss
 from ppojax.ppo.rollout import collect_rollout, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, update_step
 from ppojax.ppo.update import make_optimizer, ppo_loss_function, ppo_update
-from ppojax.runtime import kernels, pallas_ppo
+from ppojax.runtime import kernels
 from ppojax.runtime.launches import kernel_count
 
 ENV_ID = "CartPole-v1"
@@ -155,14 +156,14 @@ PALLAS_TILES = ((64, 32, 4), (32, 32, 4), (64, 32, 8), (128, 16, 8))
 
 @contextlib.contextmanager
 def pallas_tile(tile: tuple[int, int, int] | None) -> Iterator[None]:
-    """``ppojax.runtime.pallas_ppo``'s tile (read while tracing) set to ``tile`` inside."""
+    """``ppojax.ppo.pallas_loss``'s tile (read while tracing) set to ``tile`` inside."""
     if tile is None:
         yield
         return
     names = ("BLOCK_ROWS", "BLOCKS_PER_PROGRAM", "NUM_WARPS")
     with contextlib.ExitStack() as stack:
         for name, value in zip(names, tile, strict=True):
-            stack.enter_context(mock.patch.object(pallas_ppo, name, value))
+            stack.enter_context(mock.patch.object(pallas_loss, name, value))
         yield
 
 

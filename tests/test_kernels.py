@@ -13,10 +13,11 @@ from tolerance import (
 )
 
 import ppojax
+from ppojax.ppo import pallas_loss
 from ppojax.ppo.train import init_state, make_agent
 from ppojax.ppo.types import Batch
-from ppojax.ppo.update import pallas_loss_applies, ppo_loss_function
-from ppojax.runtime import kernels, pallas_ppo
+from ppojax.ppo.update import ppo_loss_function
+from ppojax.runtime import kernels
 
 
 def test_plain_switches_the_stand_ins_off_and_back():
@@ -249,7 +250,7 @@ def pallas_and_plain(config: ppojax.PPOConfig, rows: int):
 
     plain = jax.jit(value_and_grad)(params, batch)
     with kernels.use("pallas_ppo_loss"):
-        assert pallas_loss_applies(agent, config)
+        assert pallas_loss.applies(agent, config)
         pallas = jax.jit(lambda p, b: value_and_grad(p, b))(params, batch)
     return pallas, plain
 
@@ -279,8 +280,8 @@ def test_pallas_ppo_loss_gives_ppo_loss_and_its_gradient(settings, rows):
 
 def test_pallas_ppo_loss_adds_up_blocks_and_programs(monkeypatch):
     # 100 rows in blocks of 16, two blocks a program: 4 programs, 28 padded rows of weight 0
-    monkeypatch.setattr(pallas_ppo, "BLOCK_ROWS", 16)
-    monkeypatch.setattr(pallas_ppo, "BLOCKS_PER_PROGRAM", 2)
+    monkeypatch.setattr(pallas_loss, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(pallas_loss, "BLOCKS_PER_PROGRAM", 2)
     pallas, plain = pallas_and_plain(ppojax.PPOConfig(), 100)
     (loss, metrics), grads = pallas
     (plain_loss, plain_metrics), plain_grads = plain
@@ -316,10 +317,10 @@ def test_pallas_ppo_loss_trains_as_ppo_loss_over_seeds(tiny_config, env_id):
 )
 def test_pallas_ppo_loss_leaves_other_configs_to_ppo_loss(tiny_config, settings):
     with kernels.use("pallas_ppo_loss"):
-        assert pallas_loss_applies(make_agent(tiny_config), tiny_config)
+        assert pallas_loss.applies(make_agent(tiny_config), tiny_config)
         config = tiny_config.replace(**settings)
-        assert not pallas_loss_applies(make_agent(config), config)
-    assert not pallas_loss_applies(make_agent(tiny_config), tiny_config)  # off by default
+        assert not pallas_loss.applies(make_agent(config), config)
+    assert not pallas_loss.applies(make_agent(tiny_config), tiny_config)  # off by default
 
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -350,12 +351,12 @@ def pallas_kernel_module(platform: str, continuous: bool, interpret: bool | None
         action = jax.ShapeDtypeStruct((rows,), jnp.int32)
     inputs = (jax.ShapeDtypeStruct((rows, 4), jnp.float32), action) + (floats,) * 4
     log_std = jax.ShapeDtypeStruct((3,), jnp.float32) if continuous else None
-    network = pallas_ppo.Network(layers([4, 64, 64, 3]), layers([4, 64, 64, 1]), log_std)
-    coefficients = pallas_ppo.Coefficients(*[jax.ShapeDtypeStruct((), jnp.float32)] * 4)
-    settings = pallas_ppo.LossSettings("tanh", 3, True, continuous)
+    network = pallas_loss.Network(layers([4, 64, 64, 3]), layers([4, 64, 64, 1]), log_std)
+    coefficients = pallas_loss.Coefficients(*[jax.ShapeDtypeStruct((), jnp.float32)] * 4)
+    settings = pallas_loss.LossSettings("tanh", 3, True, continuous)
 
     def loss(coefficients, network, inputs):
-        return pallas_ppo.loss_and_grads(
+        return pallas_loss.loss_and_grads(
             settings, coefficients, network, inputs, interpret=interpret
         )
 

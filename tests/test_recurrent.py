@@ -15,9 +15,9 @@ from ppojax.envs import PPOEnv
 from ppojax.networks import NetworkSettings, build_network, init_params, observation_template
 from ppojax.networks.distributions import policy_distribution
 from ppojax.ppo.loss import policy_outputs, replay_sequences
-from ppojax.ppo.rollout import Agent, draw_noise, env_step, rollout_start
+from ppojax.ppo.rollout import draw_noise, env_step, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, run_updates
-from ppojax.ppo.types import Batch, SequenceBatch
+from ppojax.ppo.types import Agent, Batch, SequenceBatch
 from ppojax.ppo.update import shuffle_sequences
 from ppojax.runs import Experiment, RunOptions, resume_experiment, run_experiment
 

@@ -17,8 +17,7 @@ from ppojax.engine import losses
 from ppojax.networks import reset_hidden
 from ppojax.networks.distributions import policy_distribution
 from ppojax.ppo.config import PPOConfig
-from ppojax.ppo.rollout import Agent
-from ppojax.ppo.types import Batch, Params, SequenceBatch
+from ppojax.ppo.types import Agent, Batch, Params, SequenceBatch
 
 
 def policy_objective_loss(

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.checks import ConfigError
-from ppojax.envs import PPOEnv
 from ppojax.envs.env import EpisodeState
 from ppojax.envs.normalize import (
     RewardNormalizer,
@@ -27,7 +26,7 @@ from ppojax.envs.normalize import (
     normalize_reward,
     update_observation_stats,
 )
-from ppojax.networks import ActorCritic, reset_hidden
+from ppojax.networks import reset_hidden
 from ppojax.networks.distributions import (
     deterministic_action,
     draw_action_noise,
@@ -35,15 +34,8 @@ from ppojax.networks.distributions import (
     sample_from_noise,
 )
 from ppojax.ppo.config import PPOConfig
-from ppojax.ppo.types import Params, TrainState, Transition
+from ppojax.ppo.types import Agent, Params, TrainState, Transition
 from ppojax.runtime import kernels
-
-
-class Agent(NamedTuple):
-    """The static parts of a run, rebuilt from the config: the env and the network module."""
-
-    env: PPOEnv
-    network: ActorCritic
 
 
 class RolloutCarry(NamedTuple):

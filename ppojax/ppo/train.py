@@ -25,7 +25,6 @@ from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import eval_key, eval_metrics, run_episodes, skipped_metrics
 from ppojax.ppo.loss import policy_kl, uses_analytic_kl
 from ppojax.ppo.rollout import (
-    Agent,
     act,
     collect_rollout,
     episode_metrics,
@@ -33,6 +32,7 @@ from ppojax.ppo.rollout import (
     rollout_start,
 )
 from ppojax.ppo.types import (
+    Agent,
     Batch,
     Metrics,
     SequenceBatch,

@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ppojax.envs import PPOEnv
 from ppojax.envs.normalize import RewardNormalizer, RunningStats
+from ppojax.networks import ActorCritic
 
 Params = Any
 Metrics = dict[str, jax.Array]
@@ -39,6 +41,13 @@ METRIC_NAMES: tuple[str, ...] = (
     # config.reset_pool is set and an env ended more episodes in a rollout than it holds)
     "repeated_starts",
 )
+
+
+class Agent(NamedTuple):
+    """The static parts of a run, rebuilt from the config: the env and the network module."""
+
+    env: PPOEnv
+    network: ActorCritic
 
 
 class Transition(NamedTuple):

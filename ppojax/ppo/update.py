@@ -15,16 +15,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ppojax.engine import losses
 from ppojax.engine.epochs import LossFn, OptimizerCarry, run_epochs, shuffle_into_minibatches
 from ppojax.engine.optim import clipped_adam
-from ppojax.networks import flatten_observation
-from ppojax.networks.fused import actor_critic_layers
+from ppojax.ppo import pallas_loss
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.loss import ppo_loss
-from ppojax.ppo.rollout import Agent
-from ppojax.ppo.types import Batch, Params, SequenceBatch
-from ppojax.runtime import kernels, pallas_ppo
+from ppojax.ppo.types import Agent, Batch, SequenceBatch
 
 
 def learning_rate_at(config: PPOConfig, gradient_step: jax.Array) -> jax.Array:
@@ -82,58 +78,13 @@ def shuffle_any(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
     return shuffle_into_minibatches(key, batch, num_minibatches)
 
 
-def pallas_loss_applies(agent: Agent, config: PPOConfig) -> bool:
-    """Whether the kernels candidate "pallas_ppo_loss" is chosen and computes this config's
-    loss: PPO-Clip, one Categorical without a mask or a Gaussian with a log-std parameter,
-    two float32 MLP torsos of tanh or relu."""
-    spec = agent.env.spec
-    return (
-        kernels.stand_in("pallas_ppo_loss")
-        and config.policy_objective == "clip"
-        and spec.action_nvec is None
-        and not spec.masked
-        and not (config.state_dependent_std and not spec.discrete)
-        and config.encoder == "mlp"
-        and config.recurrent is None
-        and not config.shared_torso
-        and config.compute_dtype == "float32"
-        and config.activation in pallas_ppo.ACTIVATIONS
-    )
-
-
-def pallas_ppo_loss(
-    agent: Agent, config: PPOConfig, params: Params, batch: Batch
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``ppo_loss`` where ``pallas_loss_applies``, its value and gradient from the kernel."""
-    spec = agent.env.spec
-    settings = pallas_ppo.LossSettings(
-        config.activation, spec.action_dim, config.vf_clip_eps is not None, not spec.discrete
-    )
-    coefficients = pallas_ppo.Coefficients(
-        *(
-            jnp.asarray(0.0 if value is None else value, jnp.float32)
-            for value in (config.clip_eps, config.vf_clip_eps, config.vf_coef, config.ent_coef)
-        )
-    )
-    advantage = batch.advantage
-    if config.normalize_advantages:
-        advantage = losses.normalize(advantage)
-    obs = flatten_observation(batch.obs)
-    rows = (obs, batch.action, batch.log_prob, advantage, batch.value, batch.target)
-    actor, critic = actor_critic_layers(params["params"], len(config.hidden_sizes))
-    log_std = None if spec.discrete else params["params"]["log_std"]
-    network = pallas_ppo.Network(actor, critic, log_std)
-    loss, metrics = pallas_ppo.ppo_loss(settings, coefficients, network, rows)
-    return loss, {**metrics, "penalty_kl": jnp.float32(jnp.nan)}
-
-
 def ppo_loss_function(agent: Agent, config: PPOConfig, kl_coef: jax.Array) -> LossFn:
     """``ppo_loss`` of this agent and config as a function of (params, minibatch); with the
     kernels candidate "pallas_ppo_loss" where it applies, the same loss and gradient from one
-    Pallas kernel (``ppojax.runtime.pallas_ppo``)."""
-    if not pallas_loss_applies(agent, config):
-        return functools.partial(ppo_loss, agent, config, kl_coef)
-    return functools.partial(pallas_ppo_loss, agent, config)
+    Pallas kernel (``ppojax.ppo.pallas_loss``)."""
+    if pallas_loss.applies(agent, config):
+        return functools.partial(pallas_loss.env_ppo_loss, agent, config)
+    return functools.partial(ppo_loss, agent, config, kl_coef)
 
 
 def ppo_update(

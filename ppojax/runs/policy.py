@@ -25,9 +25,8 @@ from ppojax.ppo.evaluation import (
     max_episode_steps,
     run_episodes,
 )
-from ppojax.ppo.rollout import Agent
 from ppojax.ppo.train import make_agent
-from ppojax.ppo.types import TrainState
+from ppojax.ppo.types import Agent, TrainState
 from ppojax.runs import checkpoints
 from ppojax.runs.experiment import read_experiment, run_table, state_template
 

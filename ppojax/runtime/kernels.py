@@ -30,7 +30,7 @@ computes what its plain form computes (tests/test_kernels.py):
   block-diagonal layers (``ppojax.networks.fused``): one matrix product per layer for both
   instead of two, in the forward and the backward pass (the same parameters and outputs);
 - "pallas_ppo_loss": PPO-Clip's loss and its gradient for two MLP torsos and a Categorical
-  or a Gaussian head in one Pallas kernel per block of rows (``ppojax.runtime.pallas_ppo``),
+  or a Gaussian head in one Pallas kernel per block of rows (``ppojax.ppo.pallas_loss``),
   activations kept on chip, instead of XLA's kernels per layer and loss term (the same loss
   and gradient).
 """

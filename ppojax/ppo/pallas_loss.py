@@ -31,7 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.runtime.ppo_block import ACTIVATIONS, METRICS, Coefficients, LossSettings, block
+from ppojax.engine import losses
+from ppojax.networks import flatten_observation
+from ppojax.networks.fused import actor_critic_layers
+from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.pallas_block import ACTIVATIONS, METRICS, Coefficients, LossSettings, block
+from ppojax.ppo.types import Agent, Batch, Params
+from ppojax.runtime import kernels
 
 # Rows a program takes at a time, and blocks per program: its gradient sums stay in registers
 # over BLOCKS_PER_PROGRAM blocks, and only one copy per program is written out and summed.
@@ -253,3 +259,48 @@ def _ppo_loss_backward(settings, saved, cotangents):
 
 
 ppo_loss.defvjp(_ppo_loss_forward, _ppo_loss_backward)
+
+
+def applies(agent: Agent, config: PPOConfig) -> bool:
+    """Whether the kernels candidate "pallas_ppo_loss" is chosen and computes this config's
+    loss: PPO-Clip, one Categorical without a mask or a Gaussian with a log-std parameter,
+    two float32 MLP torsos of tanh or relu."""
+    spec = agent.env.spec
+    return (
+        kernels.stand_in("pallas_ppo_loss")
+        and config.policy_objective == "clip"
+        and spec.action_nvec is None
+        and not spec.masked
+        and not (config.state_dependent_std and not spec.discrete)
+        and config.encoder == "mlp"
+        and config.recurrent is None
+        and not config.shared_torso
+        and config.compute_dtype == "float32"
+        and config.activation in ACTIVATIONS
+    )
+
+
+def env_ppo_loss(
+    agent: Agent, config: PPOConfig, params: Params, batch: Batch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``ppo.loss.ppo_loss`` where ``applies``: its value and gradient from the kernel."""
+    spec = agent.env.spec
+    settings = LossSettings(
+        config.activation, spec.action_dim, config.vf_clip_eps is not None, not spec.discrete
+    )
+    coefficients = Coefficients(
+        *(
+            jnp.asarray(0.0 if value is None else value, jnp.float32)
+            for value in (config.clip_eps, config.vf_clip_eps, config.vf_coef, config.ent_coef)
+        )
+    )
+    advantage = batch.advantage
+    if config.normalize_advantages:
+        advantage = losses.normalize(advantage)
+    obs = flatten_observation(batch.obs)
+    rows = (obs, batch.action, batch.log_prob, advantage, batch.value, batch.target)
+    actor, critic = actor_critic_layers(params["params"], len(config.hidden_sizes))
+    log_std = None if spec.discrete else params["params"]["log_std"]
+    network = Network(actor, critic, log_std)
+    loss, metrics = ppo_loss(settings, coefficients, network, rows)
+    return loss, {**metrics, "penalty_kl": jnp.float32(jnp.nan)}
