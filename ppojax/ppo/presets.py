@@ -117,8 +117,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # sigma 1, 6% at 2, none at 0.5, while the cost shrinks the std within the first episodes.
     # With white noise this preset stays at the do-nothing policy (-0.0 on every seed, and
     # -0.04 with a state-dependent std starting at log-std 0.5: benchmarks/results/
-    # exploration.json),
-    # and no variant tried with white noise in tuning runs brought all seeds to the flag:
+    # exploration.json, benchmarks/README.md's "One-off studies"), and no variant tried with
+    # white noise in tuning runs brought all seeds to the flag:
     # normalized observations with entropy 0.1 and normalized rewards, no advantage
     # normalization with entropy 0.1 or 0.2, 256-step rollouts, lr 1e-4, 128 envs, gamma
     # 0.999, entropy 0.05, initial log-stds of 0.5 and 1 (init_log_std), a state-dependent
@@ -156,8 +156,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # observations' mean cos(theta) over the run 0.37 against 0.70-0.74, mean angular
     # velocity -0.9 and -1.8 against ~0); with no bonus nothing explores out of it. A bonus
     # of 0.005 rescued 5602's two but stuck two of 5603's (-746 and -568, again the two
-    # lowest entropies). 0.02 left none stuck on either set (5603's keys: worst -163.5, mean
-    # -151.4; 5602's: worst -172.9, mean -150.0; results/seeds.json has the preset's run).
+    # lowest entropies). 0.02 left none stuck on either set (5603's keys: worst -163.4, mean
+    # -151.4, results/seeds.json; 5602's: worst -172.9, mean -150.0) and evaluates -153.0 on
+    # learning.json's 4 seeds (-155.7 without).
     # Correlated action noise (0.5) made 4 seeds of 5601's 16 collapse late into spinning.
     "Pendulum-v1": {
         "num_envs": 16,
