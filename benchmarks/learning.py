@@ -249,6 +249,14 @@ def hardware(row: dict) -> str:
 
 def run_task(task: str, seeds: int, total_timesteps: int | None, seed: int) -> dict:
     """Compile and run one task over ``seeds`` keys; the row the JSON keeps for it."""
+    config, metrics, compile_s, run_s = run_metrics(task, seeds, total_timesteps, seed)
+    return make_row(task_name(task), config, metrics, compile_s, run_s)
+
+
+def run_metrics(
+    task: str, seeds: int, total_timesteps: int | None, seed: int
+) -> tuple[Any, dict[str, np.ndarray], float, float]:
+    """``run_task``'s run: the config, the metrics [seeds, updates], compile and run seconds."""
     import jax
 
     import ppojax
@@ -263,7 +271,7 @@ def run_task(task: str, seeds: int, total_timesteps: int | None, seed: int) -> d
     out = jax.block_until_ready(compiled(config, keys))
     run_s = time.perf_counter() - start
     metrics = {name: np.asarray(values, np.float64) for name, values in out.metrics.items()}
-    return make_row(task_name(task), config, metrics, compile_s, run_s)
+    return config, metrics, compile_s, run_s
 
 
 def make_row(
@@ -454,10 +462,24 @@ def seeds_text(row: dict) -> str:
     return ", ".join(f"{value:.1f}" for value in values)
 
 
-def learning_table(rows: list[dict], link: str) -> str:
+def fresh_seeds_cell(task: str, robustness: dict) -> str:
+    """The worst of seeds.py's fresh seeds and how many never learn, "not run" for a task it
+    lists as not run, "-" for one it does not know (a variant)."""
+    for row in robustness.get("tasks", []):
+        if row["task"] == task:
+            return f"{row['worst']:.1f}; {row['never_learn']} of {row['seeds']}"
+    for row in robustness.get("not_run", []):
+        if row["task"] == task:
+            return "not run (GPU)" if "GPU" in row["not_run"] else "not run (no midpoint)"
+    return "-"
+
+
+def learning_table(rows: list[dict], link: str, robustness: dict | None = None) -> str:
     """task | budget | mean | per seed | published | hardware | link, one line per task; a
     task measured with an earlier version of its preset is marked *, and a line under the
-    table gives the values it was measured with where today's preset differs."""
+    table gives the values it was measured with where today's preset differs. With
+    ``robustness`` (seeds.json's contents), a column after the per-seed returns: the worst
+    fresh seed and how many seeds never learn."""
     earlier: list[str] = []
     lines = []
     for row in rows:
@@ -479,11 +501,15 @@ def learning_table(rows: list[dict], link: str) -> str:
         if row["mean"] is not None and row.get("max_return"):
             mean += f", {100 * row['mean'] / row['max_return']:.1f}% of max"
         task = row["task"] + (" *" if drift else "")
-        budget = steps_text(row["budget"])
+        fresh = () if robustness is None else (fresh_seeds_cell(row["task"], robustness),)
         figure = f"[{Path(link).name}]({link})"
-        lines.append((task, budget, mean, seeds_text(row), shown, hardware(row), figure))
-    header = ("task", "budget", "mean of 4 seeds", "per seed", "published PPO", "hardware", "plot")
-    table = markdown_table(header, lines)
+        line = (task, steps_text(row["budget"]), mean, seeds_text(row), *fresh)
+        lines.append((*line, shown, hardware(row), figure))
+    fresh_head = (
+        () if robustness is None else (f"{robustness['seeds']} fresh seeds: worst; never learn",)
+    )
+    header = ("task", "budget", "mean of 4 seeds", "per seed", *fresh_head)
+    table = markdown_table((*header, "published PPO", "hardware", "plot"), lines)
     if earlier:
         note = "\\* measured with an earlier preset, where it differed: "
         table += "\n\n" + note + "; ".join(earlier)
@@ -653,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     figure_path = args.out.with_suffix(".png")
     if args.table or args.readme:
-        table = learning_table(read_results(args.out)["tasks"], args.link)
+        seeds_path = args.out.with_name("seeds.json")  # seeds.py's result, beside this one
+        robustness = read_results(seeds_path) if seeds_path.exists() else None
+        table = learning_table(read_results(args.out)["tasks"], args.link, robustness)
         if args.readme:
             text = args.readme.read_text()
             args.readme.write_text(with_block(text, TABLE_START, TABLE_END, table))

@@ -242,3 +242,62 @@ def test_the_pbt_tables_in_the_docs_are_the_result_file_s():
     assert table.startswith("| task | budget per member |")
     for doc in (ROOT / "docs" / "guide.md", ROOT / "benchmarks" / "README.md"):
         assert table in doc.read_text(), f"{doc}: rerun `python benchmarks/pbt.py --table`"
+
+
+def table_cells(table: str, column: int) -> dict[str, str]:
+    """A markdown table's ``column`` (0 = the task), by task (its * mark dropped)."""
+    rows = [line.split(" | ") for line in table.splitlines()[2:] if line.startswith("| ")]
+    return {row[0][2:].removesuffix(" *"): row[column] for row in rows}
+
+
+def test_learning_py_s_table_takes_the_fresh_seed_column_from_seeds_json_beside_it(tmp_path):
+    """The worst seed and the never-learning count of a task seeds.py ran, "not run" with the
+    reason's kind for one it lists as not run, "-" for one it does not know (a variant); no
+    column without seeds.json."""
+    out = tmp_path / "learning.json"
+    out.write_text((ROOT / "benchmarks" / "results" / "learning.json").read_text())
+    without = run_benchmark("learning", "--table", "--out", str(out)).stdout
+    robustness = {
+        "seeds": 16,
+        "tasks": [{"task": "Pendulum-v1", "worst": -171.26, "never_learn": 1, "seeds": 16}],
+        "not_run": [
+            {"task": "Breakout-MinAtar", "not_run": "needs a GPU: hours on a 2-core CPU"},
+            {"task": "navix/Navix-Empty-5x5-v0", "not_run": "no published return"},
+        ],
+    }
+    (tmp_path / "seeds.json").write_text(json.dumps(robustness))
+    table = run_benchmark("learning", "--table", "--out", str(out)).stdout
+    assert table.splitlines()[0].count("|") == without.splitlines()[0].count("|") + 1
+    assert "| 16 fresh seeds: worst; never learn |" in table.splitlines()[0]
+    cells = table_cells(table, 4)
+    assert cells["Pendulum-v1"] == "-171.3; 1 of 16"
+    assert cells["Breakout-MinAtar"] == "not run (GPU)"
+    assert cells["navix/Navix-Empty-5x5-v0"] == "not run (no midpoint)"
+    assert cells["CartPole-v1:bf16"] == "-"
+    assert table_cells(without, 4) == table_cells(table, 5)  # the published column moved on
+
+
+def test_seeds_py_counts_the_seeds_below_the_random_published_midpoint(tmp_path):
+    """Two seeds of CartPole and MountainCar trained 1024 steps: the midpoint is halfway from
+    the random policy's return to the published one, and every seed below it is counted.
+    MountainCar pays -1 a step until the flag, which uniformly random actions never reach in
+    the 200-step limit, so its random return is exactly -200 (midpoint (-200 - 118) / 2);
+    CartPole's random episodes last about 22 steps."""
+    out = tmp_path / "seeds.json"
+    args = ("--tasks", "CartPole-v1", "MountainCar-v0", "--seeds", "2")
+    run_benchmark("seeds", *args, "--total-timesteps", "1024", "--out", str(out))
+    result = json.loads(out.read_text())
+    cartpole, mountain_car = result["tasks"]
+    assert mountain_car["random_return"] == -200.0 and mountain_car["midpoint"] == -159.0
+    assert 18.0 < cartpole["random_return"] < 27.0, cartpole["random_return"]
+    assert cartpole["midpoint"] == pytest.approx((cartpole["random_return"] + 500) / 2, abs=0.01)
+    for row in (cartpole, mountain_car):
+        finals = np.asarray(row["final_return_per_seed"])
+        assert row["never_learn_seeds"] == np.flatnonzero(finals < row["midpoint"]).tolist()
+        assert row["never_learn"] == len(row["never_learn_seeds"])
+        assert row["worst"] == finals.min() and row["worst_seed"] == finals.argmin()
+        assert row["mean"] == pytest.approx(finals.mean(), abs=0.01)
+        assert len(row["final_entropy_per_seed"]) == 2
+    assert "Pendulum-v1" not in {row["task"] for row in result["tasks"]}
+    not_run = {row["task"]: row["not_run"] for row in result["not_run"]}
+    assert "GPU" in not_run["Breakout-MinAtar"] and "CartPole-v1:bf16" not in not_run

@@ -116,8 +116,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # noise rarely does: simulated, N(0, sigma) actions reach it in 2% of 999-step episodes at
     # sigma 1, 6% at 2, none at 0.5, while the cost shrinks the std within the first episodes.
     # With white noise this preset stays at the do-nothing policy (-0.0 on every seed, and
-    # -0.04 with a state-dependent std starting at log-std 0.5: benchmarks/exploration.py),
-    # and no variant tried with white noise in tuning runs brought all seeds to the flag:
+    # -0.04 with a state-dependent std starting at log-std 0.5: benchmarks/results/
+    # exploration.json, benchmarks/README.md's "One-off studies"), and no variant tried with
+    # white noise in tuning runs brought all seeds to the flag:
     # normalized observations with entropy 0.1 and normalized rewards, no advantage
     # normalization with entropy 0.1 or 0.2, 256-step rollouts, lr 1e-4, 128 envs, gamma
     # 0.999, entropy 0.05, initial log-stds of 0.5 and 1 (init_log_std), a state-dependent
@@ -134,18 +135,31 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_every": 200,  # of 1953 updates
     },
     # 16 envs x 256 steps, 10 epochs x 16 minibatches, lr 1e-3 annealed, gamma 0.97, clip 0.1,
-    # no entropy bonus, normalized observations and rewards. gymnax-blines' -130 is out of
+    # entropy bonus 0.02, normalized observations and rewards. gymnax-blines' -130 is out of
     # reach: the best policy of Pendulum's own dynamics scores about -138 on average from
-    # uniform starts (benchmarks/pendulum_optimum.py, value iteration on a grid). A return
-    # varies by ~75 (std) with the start angle, so 64 evaluation episodes (10 gave a
-    # standard error of ~30 per seed, -150 on a GPU with one seed at -116); the standard
-    # error of a mean over 4 x 64 episodes is ~5. Tried at 1M steps, 4 seeds, final
-    # evaluation (benchmarks/exploration.py, results/exploration.json): gamma 0.95 with clip
-    # 0.2, the preset before, -259.9 (one seed stuck at -561, the others -156 to -166; -164.6
-    # in learning.json at 181ebc8, whose arithmetic differed), a state-dependent std -216.2
-    # (one stuck at -397), correlated action noise at 0.5 -160.2. Earlier, gamma 0.98 -159.4
-    # and 0.99 -160.5 with clip 0.2; and, worse or within the noise in tuning runs, gamma
-    # 0.9, GAE 0.9, initial log-std -0.5, 128-128 layers, 32 envs x 128 steps.
+    # uniform starts (benchmarks/results/pendulum_optimum.json, value iteration on a grid;
+    # benchmarks/README.md, "One-off studies"). A return varies by ~75 (std) with the start
+    # angle, so 64 evaluation episodes (10 gave a standard error of ~30 per seed, -150 on a
+    # GPU with one seed at -116); the standard error of a mean over 4 x 64 episodes is ~5.
+    # Tried at 1M steps, 4 seeds, final evaluation (benchmarks/results/exploration.json, "One-
+    # off studies"): gamma 0.95 with clip 0.2, the preset before, -259.9 (one seed stuck at
+    # -561, the others -156 to -166; -164.6 in learning.json at 181ebc8, whose arithmetic
+    # differed), a state-dependent std -216.2 (one stuck at -397), correlated action noise at
+    # 0.5 -160.2. Earlier, gamma 0.98 -159.4 and 0.99 -160.5 with clip 0.2; and, worse or
+    # within the noise in tuning runs, gamma 0.9, GAE 0.9, initial log-std -0.5, 128-128
+    # layers, 32 envs x 128 steps.
+    # Why the entropy bonus: without it 3 of 32 fresh seeds never balanced (benchmarks/
+    # seeds.py; keys from 5602 and 5603, none of 5601's 16) and ended at -1177, -546 and -949.
+    # Each had balanced or nearly (an evaluation of -144, -204 or -157 early), then its std
+    # collapsed (the lowest final entropies of their 16; 5602's two end at log-std -1.9 and
+    # -3.0 against -0.7 to -1.2) while its policy spun the pendulum round (5602's two: the
+    # observations' mean cos(theta) over the run 0.37 against 0.70-0.74, mean angular
+    # velocity -0.9 and -1.8 against ~0); with no bonus nothing explores out of it. A bonus
+    # of 0.005 rescued 5602's two but stuck two of 5603's (-746 and -568, again the two
+    # lowest entropies). 0.02 left none stuck on either set (5603's keys: worst -163.4, mean
+    # -151.4, results/seeds.json; 5602's: worst -172.9, mean -150.0) and evaluates -153.0 on
+    # learning.json's 4 seeds (-155.7 without).
+    # Correlated action noise (0.5) made 4 seeds of 5601's 16 collapse late into spinning.
     "Pendulum-v1": {
         "num_envs": 16,
         "num_steps": 256,
@@ -155,7 +169,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-3,
         "gamma": 0.97,
         "clip_eps": 0.1,
-        "ent_coef": 0.0,
+        "ent_coef": 0.02,
         "normalize_observations": True,
         "normalize_rewards": True,
         "eval_every": 25,  # of 244 updates
