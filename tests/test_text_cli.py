@@ -196,6 +196,33 @@ def test_a_resume_drops_the_samples_written_after_its_checkpoint(tmp_path):
         (["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:nope"], r"no function 'nope'"),
         (["sft", "--data", "{sft}", "--model", "{root}"], r"config\.json does not exist"),
         (["sft", "--data", "{sft}", "--batch-size", "99"], r"fewer than --batch-size 99"),
+        (["sft", "--data", "{sft}", "--learning-rate", "-1"], r"--learning-rate must be .* > 0"),
+        (["sft", "--data", "{sft}", "--learning-rate", "0"], r"--learning-rate must be .* > 0"),
+        (["dpo", "--pairs", "{pairs}", "--learning-rate", "-1"], r"--learning-rate must be"),
+        (["rm", "--pairs", "{pairs}", "--learning-rate", "0"], r"--learning-rate must be"),
+        (["dpo", "--pairs", "{pairs}", "--beta", "0"], r"--beta must be a finite number > 0"),
+        (["sft", "--data", "{sft}", "--batch-size", "0"], r"--batch-size must be a positive int"),
+        (
+            ["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:short", "--batch-size", "0"],
+            r"--batch-size must be a positive int",
+        ),
+        (["sft", "--data", "{sft}", "--steps", "0"], r"--steps must be a positive int"),
+        (["sft", "--data", "{sft}", "--max-len", "0"], r"--max-len must be a positive int"),
+        (["rm", "--pairs", "{pairs}", "--held-out", "8"], r"--held-out 8 keeps out all 8 pairs"),
+        (
+            [
+                "rlhf",
+                "--prompts",
+                "{prompts}",
+                "--reward",
+                "my_rewards:short",
+                "--group-size",
+                "1",
+                "--algorithm",
+                "rloo",
+            ],
+            r"--group-size must be >= 2 for algorithm='rloo'",
+        ),
     ],
 )
 def test_bad_input_is_named_and_makes_no_run_folder(
@@ -205,7 +232,7 @@ def test_bad_input_is_named_and_makes_no_run_folder(
     write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}])
     write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "b"}])
     paths = {"bad_sft": tmp_path / "bad.jsonl", "same_pair": tmp_path / "same.jsonl"}
-    paths.update(sft=files.sft, prompts=files.prompts, root=files.root)
+    paths.update(sft=files.sft, pairs=files.pairs, prompts=files.prompts, root=files.root)
     argv = [word.format(**paths) for word in argv]
     if "--model" not in argv:
         argv += ["--model", str(files.model)]
@@ -232,3 +259,19 @@ def test_ppojax_rlhf_tells_a_model_run_from_a_digit_task(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"task": {}, "rlhf": {}, "run": {}}))
     assert not is_model_run(["--resume", str(tmp_path)])
     assert not is_model_run(["--task", "reversal", "--steps", "4"])
+
+
+@pytest.mark.parametrize("algorithm, size", [("grpo", 8), ("rloo", 8), ("ppo", None)])
+def test_rlhf_without_group_size_gets_one_that_works(files, monkeypatch, algorithm, size):
+    from ppojax.cli.text import build_parser, settings_from_args
+
+    monkeypatch.chdir(files.root)
+    parser = build_parser("rlhf")
+    argv = ["--model", str(files.model), "--prompts", str(files.prompts), "--reward"]
+    args = parser.parse_args([*argv, "my_rewards:short", "--algorithm", algorithm])
+    assert settings_from_args("rlhf", args)["rlhf"].get("group_size") == size
+    assert "grpo, rloo: 8" in parser.format_help()
+    args = parser.parse_args(
+        [*argv, "my_rewards:short", "--algorithm", algorithm, "--group-size", "3"]
+    )
+    assert settings_from_args("rlhf", args)["rlhf"]["group_size"] == 3

@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ppojax.checks import ConfigError, check_positive_int, check_range
 from ppojax.cli.flags import add_repeatable
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
@@ -41,6 +43,11 @@ DESCRIPTIONS = {
 PRINTED = ("loss", "rewards/accuracies", "held_out_accuracy", "objective/scores", "objective/kl")
 # RLHFConfig fields the tokenizer fixes.
 TOKEN_FIELDS = ("pad_id", "eos_id")
+# The group size of grpo and rloo without --group-size (theirs must be >= 2; the README's 8).
+GROUP_SIZE = 8
+# Flags that take an int > 0 (the optional ones when given).
+POSITIVE_INT_FLAGS = ("steps", "batch_size", "checkpoint_every", "max_len", "max_response_len")
+POSITIVE_INT_FLAGS += ("sample_every",)
 
 
 def build_parser(command: str) -> Parser:
@@ -89,7 +96,8 @@ def add_rlhf_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-field", default="prompt", help="the prompt's JSONL field")
     parser.add_argument("--sample-every", type=parse_int, help="steps (--checkpoint-every)")
     parser.add_argument("--samples", type=parse_int, default=4, help="prompts sampled (4)")
-    add_config_flags(parser, TOKEN_FIELDS)
+    helps = {"group_size": f"samples per prompt (ppo: 1; grpo, rloo: {GROUP_SIZE}, must be >= 2)"}
+    add_config_flags(parser, TOKEN_FIELDS, helps)
 
 
 def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -98,6 +106,7 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
     for name in ("model", flag):
         if getattr(args, name) is None:
             raise ValueError(f"--{name} is required (or --resume RUN_DIR)")
+    check_flags(args)
     settings: dict[str, Any] = {
         "command": command,
         "model": str(args.model.resolve()),
@@ -124,7 +133,12 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
         for field in dataclasses.fields(RLHFConfig)
         if field.name not in TOKEN_FIELDS and getattr(args, field.name) is not None
     }
-    RLHFConfig(**chosen)  # a bad value fails here, naming the field
+    if chosen.get("algorithm") in ("grpo", "rloo") and "group_size" not in chosen:
+        chosen["group_size"] = GROUP_SIZE  # RLHFConfig's 1 suits only ppo
+    try:
+        RLHFConfig(**chosen)  # a bad value fails here, named as its flag
+    except ConfigError as error:
+        raise as_flag(error, "RLHFConfig") from None
     settings.update(
         reward=list(args.reward),
         reward_model=None if args.reward_model is None else str(args.reward_model.resolve()),
@@ -134,6 +148,29 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
         rlhf={k: list(v) if isinstance(v, tuple) else v for k, v in chosen.items()},
     )
     return settings
+
+
+def as_flag(error: ConfigError, owner: str) -> ValueError:
+    """``error`` with ``owner.field`` said as the flag that set it (``--field-name``)."""
+    flag = "--" + str(error.field).replace("_", "-")
+    return ValueError(str(error).replace(f"{owner}.{error.field}", flag))
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` naming the flag for a count that is not > 0, a --learning-rate (sft,
+    rm, dpo; rlhf's is RLHFConfig's) or dpo --beta that is not > 0, a negative --held-out."""
+    try:
+        for name in POSITIVE_INT_FLAGS:
+            value = getattr(args, name, None)
+            if value is not None or name in ("steps", "batch_size", "checkpoint_every"):
+                check_positive_int("flag", name, value)
+        for name in ("learning_rate", "beta"):
+            if getattr(args, name, None) is not None:  # rlhf's unset: RLHFConfig's default
+                check_range("flag", name, getattr(args, name), 0.0, math.inf, open_low=True)
+        if hasattr(args, "held_out"):
+            check_range("flag", "held_out", args.held_out, 0.0, math.inf, open_low=False)
+    except ConfigError as error:
+        raise as_flag(error, "flag") from None
 
 
 def wandb_settings(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -321,7 +358,10 @@ def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
     if command == "rlhf":
         return rlhf_job(settings, lm, key)
     data = load_examples(settings, lm)
-    rows = data.prompts.shape[0] - settings.get("held_out", 0)
+    rows, held_out = data.prompts.shape[0], settings.get("held_out", 0)
+    if held_out >= rows:
+        raise ValueError(f"--held-out {held_out} keeps out all {rows} pairs of {path}: lower it")
+    rows -= held_out
     check_batch(path, rows, size)
     if command == "sft":
         return jobs.sft_job(lm, data, size, rate), None
