@@ -186,6 +186,13 @@ def test_a_resume_drops_the_samples_written_after_its_checkpoint(tmp_path):
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:2]
 
 
+RLHF = ["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:short"]
+LONG = (
+    r"long\.jsonl: prompts \(700 tokens, --max-len 700\) and --response-len 10 take 710 "
+    r"tokens, more than the model's context \(256\); lower --max-len to 246 or less"
+)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -202,27 +209,12 @@ def test_a_resume_drops_the_samples_written_after_its_checkpoint(tmp_path):
         (["rm", "--pairs", "{pairs}", "--learning-rate", "0"], r"--learning-rate must be"),
         (["dpo", "--pairs", "{pairs}", "--beta", "0"], r"--beta must be a finite number > 0"),
         (["sft", "--data", "{sft}", "--batch-size", "0"], r"--batch-size must be a positive int"),
-        (
-            ["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:short", "--batch-size", "0"],
-            r"--batch-size must be a positive int",
-        ),
+        ([*RLHF, "--batch-size", "0"], r"--batch-size must be a positive int"),
         (["sft", "--data", "{sft}", "--steps", "0"], r"--steps must be a positive int"),
         (["sft", "--data", "{sft}", "--max-len", "0"], r"--max-len must be a positive int"),
         (["rm", "--pairs", "{pairs}", "--held-out", "8"], r"--held-out 8 keeps out all 8 pairs"),
-        (
-            [
-                "rlhf",
-                "--prompts",
-                "{prompts}",
-                "--reward",
-                "my_rewards:short",
-                "--group-size",
-                "1",
-                "--algorithm",
-                "rloo",
-            ],
-            r"--group-size must be >= 2 for algorithm='rloo'",
-        ),
+        ([*RLHF, "--group-size", "1", "--algorithm", "rloo"], r"--group-size must be >= 2 for"),
+        ([*RLHF, "--prompts", "{long}", "--max-len", "700"], LONG),
     ],
 )
 def test_bad_input_is_named_and_makes_no_run_folder(
@@ -231,7 +223,9 @@ def test_bad_input_is_named_and_makes_no_run_folder(
     monkeypatch.chdir(files.root)
     write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}])
     write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "b"}])
+    write_jsonl(tmp_path / "long.jsonl", [{"prompt": "1+2=3? " * 60}] * 8)  # > 256 tokens
     paths = {"bad_sft": tmp_path / "bad.jsonl", "same_pair": tmp_path / "same.jsonl"}
+    paths["long"] = tmp_path / "long.jsonl"
     paths.update(sft=files.sft, pairs=files.pairs, prompts=files.prompts, root=files.root)
     argv = [word.format(**paths) for word in argv]
     if "--model" not in argv:
@@ -271,6 +265,7 @@ def test_rlhf_without_group_size_gets_one_that_works(files, monkeypatch, algorit
     args = parser.parse_args([*argv, "my_rewards:short", "--algorithm", algorithm])
     assert settings_from_args("rlhf", args)["rlhf"].get("group_size") == size
     assert "grpo, rloo: 8" in parser.format_help()
+    assert "(longer: cut on the left)" in parser.format_help()  # as load_prompts does
     args = parser.parse_args(
         [*argv, "my_rewards:short", "--algorithm", algorithm, "--group-size", "3"]
     )

@@ -65,7 +65,7 @@ def build_parser(command: str) -> Parser:
     parser.add_argument("--checkpoint-every", type=parse_int, default=50, help="steps (50)")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
     parser.add_argument("--chat", action="store_true", help="prompts through the chat template")
-    parser.add_argument("--max-len", type=parse_int, help="prompt tokens (longer: an error)")
+    parser.add_argument("--max-len", type=parse_int, help="prompt tokens (longer: cut on the left)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases")
     parser.add_argument("--wandb-project", default="ppojax", help="W&B project (ppojax)")
@@ -428,6 +428,14 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
             f"{path}: {error} (the model's context is {lm.config.max_positions} "
             f"tokens, {config.response_len} of them for the response)"
         ) from None
+    width = prompts.tokens.shape[1] + config.response_len
+    if width > lm.config.max_positions:  # a --max-len above the context lets them through
+        raise ValueError(
+            f"{path}: prompts ({prompts.tokens.shape[1]} tokens, --max-len {settings['max_len']})"
+            f" and --response-len {config.response_len} take {width} tokens, more than the "
+            f"model's context ({lm.config.max_positions}); lower --max-len to "
+            f"{lm.config.max_positions - config.response_len} or less"
+        )
     check_batch(path, len(prompts), settings["batch_size"])
     rewards = [load_reward(spec) for spec in settings["reward"]]
     reward_lm = reward_params = None
