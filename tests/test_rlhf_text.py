@@ -194,6 +194,8 @@ def test_columns_reach_only_functions_that_take_them():
     [
         ([1.0], r"bad_reward returned 1 rewards for 2 responses"),
         ([1.0, float("nan")], r"bad_reward returned NaN at position 1"),
+        ([float("inf"), 1.0], r"bad_reward returned inf at position 0"),
+        ([1.0, -np.inf], r"bad_reward returned -inf at position 1"),
         ([1.0, "1"], r"bad_reward returned '1' at position 1, not a number"),
         (1.0, r"bad_reward returned float"),
     ],

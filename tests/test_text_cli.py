@@ -44,6 +44,8 @@ def files(tmp_path_factory):
     prompts = [{"prompt": q, "answer": a} for q, a in questions]
     (root / "my_rewards.py").write_text(
         "def short(prompts, responses):\n    return [-len(r) / 10 for r in responses]\n"
+        "def infinite(prompts, responses):\n    return [float('inf')] * len(responses)\n"
+        "def broken(prompts, responses):\n    return [1 / 0 for r in responses]\n"
     )
     return types.SimpleNamespace(
         root=root,
@@ -192,6 +194,12 @@ LONG = (
     r"tokens, more than the model's context \(256\); lower --max-len to 246 or less"
 )
 
+INFINITE = (
+    r"--reward my_rewards:infinite \(\S+my_rewards\.py:3\): ValueError: text reward infinite "
+    r"returned inf at position 0\. \(on the first 4 prompts of \S+prompts\.jsonl with random "
+)
+BROKEN = r"--reward my_rewards:broken \(\S+my_rewards\.py:6\): ZeroDivisionError: division by"
+
 
 @pytest.mark.parametrize(
     "argv, message",
@@ -215,6 +223,8 @@ LONG = (
         (["rm", "--pairs", "{pairs}", "--held-out", "8"], r"--held-out 8 keeps out all 8 pairs"),
         ([*RLHF, "--group-size", "1", "--algorithm", "rloo"], r"--group-size must be >= 2 for"),
         ([*RLHF, "--prompts", "{long}", "--max-len", "700"], LONG),
+        ([*RLHF, "--reward", "my_rewards:infinite"], INFINITE),
+        ([*RLHF, "--reward", "my_rewards:broken"], BROKEN),
     ],
 )
 def test_bad_input_is_named_and_makes_no_run_folder(
@@ -270,3 +280,18 @@ def test_rlhf_without_group_size_gets_one_that_works(files, monkeypatch, algorit
         [*argv, "my_rewards:short", "--algorithm", algorithm, "--group-size", "3"]
     )
     assert settings_from_args("rlhf", args)["rlhf"]["group_size"] == 3
+
+
+def test_a_tokenizer_with_more_ids_than_embedding_rows_is_refused(files, tmp_path, capsys):
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    vocab = tokenizer["model"]["vocab"]
+    vocab.update({f"extra{i}": i for i in range(len(vocab), vocab_size + 4)})  # 4 rows short
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert f"{model / 'tokenizer.json'} has token ids up to {vocab_size + 3}" in error
+    assert f"{model / 'config.json'} has vocab_size {vocab_size}" in error
+    assert "resize_token_embeddings" in error and not (tmp_path / "runs").exists()

@@ -20,6 +20,7 @@ import dataclasses
 import importlib
 import math
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,42 @@ def load_reward(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"--reward {spec}: {module.__file__} has no function {name!r}")
     return fn
+
+
+# How many of the first prompts a reward is tried on before the step compiles.
+TRIED = 4
+
+
+def try_reward(
+    spec: str, fn: Callable[..., Any], tokenizer: Any, prompts: Any, path: Path, length: int
+) -> None:
+    """Call the text reward ``fn`` once on the first prompts of ``path`` with random responses
+    of ``length`` tokens, so that its errors and wrong returns (wrong length, non-numbers, NaN,
+    inf) stop the run now as one line naming it and its file:line, not after compiling the
+    step inside a callback's traceback."""
+    import numpy as np
+
+    from ppojax.rlhf.text_rewards import call_text_reward
+
+    count = min(TRIED, len(prompts.prompts))
+    ids = np.random.default_rng(0).integers(0, tokenizer.rust.get_vocab_size(), (count, length))
+    responses = [tokenizer.decode(list(row), skip_special_tokens=True) for row in ids]
+    columns = {name: values[:count] for name, values in prompts.host.columns.items()}
+    tried = f"on the first {count} prompts of {path} with random responses"
+    try:
+        call_text_reward(fn, prompts.prompts[:count], responses, columns)
+    except Exception as error:
+        code = getattr(fn, "__code__", None)
+        where = ""
+        if code is not None:  # the line of its file that raised, else its def
+            frames = traceback.extract_tb(error.__traceback__)
+            lines = [frame.lineno for frame in frames if frame.filename == code.co_filename]
+            where = f" ({code.co_filename}:{lines[-1] if lines else code.co_firstlineno})"
+        raise ValueError(
+            f"--reward {spec}{where}: {type(error).__name__}: {error} ({tried}); fix it: a "
+            "reward takes (prompts, responses, **columns) and returns one finite float per "
+            "response"
+        ) from None
 
 
 def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
@@ -438,6 +475,8 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
         )
     check_batch(path, len(prompts), settings["batch_size"])
     rewards = [load_reward(spec) for spec in settings["reward"]]
+    for spec, fn in zip(settings["reward"], rewards, strict=True):
+        try_reward(spec, fn, lm.tokenizer, prompts, path, config.response_len)
     reward_lm = reward_params = None
     if settings["reward_model"] is not None:
         reward_lm = from_pretrained(settings["reward_model"])
