@@ -198,6 +198,10 @@ INFINITE = (
     r"--reward my_rewards:infinite \(\S+my_rewards\.py:3\): ValueError: text reward infinite "
     r"returned inf at position 0\. \(on the first 4 prompts of \S+prompts\.jsonl with random "
 )
+MINIBATCHES = (
+    r"--num-minibatches 3 must divide --batch-size 8 x --group-size 2 = 16 responses a step; "
+    r"choose a divisor of 16"
+)
 BROKEN = r"--reward my_rewards:broken \(\S+my_rewards\.py:6\): ZeroDivisionError: division by"
 
 
@@ -224,6 +228,7 @@ BROKEN = r"--reward my_rewards:broken \(\S+my_rewards\.py:6\): ZeroDivisionError
         ([*RLHF, "--group-size", "1", "--algorithm", "rloo"], r"--group-size must be >= 2 for"),
         ([*RLHF, "--prompts", "{long}", "--max-len", "700"], LONG),
         ([*RLHF, "--reward", "my_rewards:infinite"], INFINITE),
+        ([*RLHF, "--group-size", "2", "--num-minibatches", "3"], MINIBATCHES),
         ([*RLHF, "--reward", "my_rewards:broken"], BROKEN),
     ],
 )

@@ -137,9 +137,16 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
     if chosen.get("algorithm") in ("grpo", "rloo") and "group_size" not in chosen:
         chosen["group_size"] = GROUP_SIZE  # RLHFConfig's 1 suits only ppo
     try:
-        RLHFConfig(**chosen)  # a bad value fails here, named as its flag
+        config = RLHFConfig(**chosen)  # a bad value fails here, named as its flag
     except ConfigError as error:
         raise as_flag(error, "RLHFConfig") from None
+    rows = args.batch_size * config.group_size  # what a step's minibatches split
+    if rows % config.num_minibatches:
+        raise ValueError(
+            f"--num-minibatches {config.num_minibatches} must divide --batch-size "
+            f"{args.batch_size} x --group-size {config.group_size} = {rows} responses a step; "
+            f"choose a divisor of {rows}"
+        )
     settings.update(
         reward=list(args.reward),
         reward_model=None if args.reward_model is None else str(args.reward_model.resolve()),
