@@ -73,7 +73,7 @@ def test_long_prompts_are_truncated_on_the_left_or_dropped_and_counted(lm):
     with pytest.warns(UserWarning, match="0 prompts truncated and 1 dropped"):
         data = text_data.load_prompts(prompts, lm.tokenizer, max_len=short, overflow="drop")
     assert data.prompts == (prompts[0],) and data.dropped == 1
-    with pytest.raises(ValueError, match="prompt 1 has .* tokens, more than max_len"):
+    with pytest.raises(ValueError, match="row 2: the prompt has .* tokens, more than max_len"):
         text_data.load_prompts(prompts, lm.tokenizer, max_len=short, overflow="error")
 
 

@@ -198,6 +198,11 @@ INFINITE = (
     r"--reward my_rewards:infinite \(\S+my_rewards\.py:3\): ValueError: text reward infinite "
     r"returned inf at position 0\. \(on the first 4 prompts of \S+prompts\.jsonl with random "
 )
+TOO_LONG = (
+    r"long\.jsonl, line 4: the prompt has \d+ tokens, more than the 246 the model's context "
+    r"\(256 tokens\) leaves beside --response-len 10; give --max-len 246 to cut prompts on the "
+    r"left$"
+)
 MINIBATCHES = (
     r"--num-minibatches 3 must divide --batch-size 8 x --group-size 2 = 16 responses a step; "
     r"choose a divisor of 16"
@@ -227,6 +232,7 @@ BROKEN = r"--reward my_rewards:broken \(\S+my_rewards\.py:6\): ZeroDivisionError
         (["rm", "--pairs", "{pairs}", "--held-out", "8"], r"--held-out 8 keeps out all 8 pairs"),
         ([*RLHF, "--group-size", "1", "--algorithm", "rloo"], r"--group-size must be >= 2 for"),
         ([*RLHF, "--prompts", "{long}", "--max-len", "700"], LONG),
+        ([*RLHF, "--prompts", "{long}"], TOO_LONG),
         ([*RLHF, "--reward", "my_rewards:infinite"], INFINITE),
         ([*RLHF, "--group-size", "2", "--num-minibatches", "3"], MINIBATCHES),
         ([*RLHF, "--reward", "my_rewards:broken"], BROKEN),
@@ -238,7 +244,8 @@ def test_bad_input_is_named_and_makes_no_run_folder(
     monkeypatch.chdir(files.root)
     write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}])
     write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "b"}])
-    write_jsonl(tmp_path / "long.jsonl", [{"prompt": "1+2=3? " * 60}] * 8)  # > 256 tokens
+    long = [{"prompt": "1+2=3?"}] * 3 + [{"prompt": "1+2=3? " * 60}] * 5  # > 256 tokens
+    write_jsonl(tmp_path / "long.jsonl", long)
     paths = {"bad_sft": tmp_path / "bad.jsonl", "same_pair": tmp_path / "same.jsonl"}
     paths["long"] = tmp_path / "long.jsonl"
     paths.update(sft=files.sft, pairs=files.pairs, prompts=files.prompts, root=files.root)
@@ -249,6 +256,20 @@ def test_bad_input_is_named_and_makes_no_run_folder(
     error = capsys.readouterr().err
     assert re.search(message, error), error
     assert error.count("error:") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_resume_of_a_model_folder_and_a_broken_config_json_are_named(files, tmp_path, capsys):
+    assert main(["sft", "--resume", str(files.model)]) == 2
+    error = capsys.readouterr().err
+    assert f"--resume {files.model}: that is a model folder, not a run folder" in error, error
+    assert f"train it with --model {files.model}" in error
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    (model / "config.json").write_text('{\n  "model_type": "llama",\n}\n')
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert f"{model / 'config.json'}, line 3: not valid JSON (" in error, error
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resume_of_another_commands_run_folder_is_refused(tmp_path, capsys):
@@ -300,3 +321,25 @@ def test_a_tokenizer_with_more_ids_than_embedding_rows_is_refused(files, tmp_pat
     assert f"{model / 'tokenizer.json'} has token ids up to {vocab_size + 3}" in error
     assert f"{model / 'config.json'} has vocab_size {vocab_size}" in error
     assert "resize_token_embeddings" in error and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("damage", ["drop", "cut", "cut_header"])
+def test_damaged_weights_are_one_line_naming_the_file(files, tmp_path, capsys, damage):
+    from safetensors.numpy import load_file, save_file
+
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    weights = model / "model.safetensors"
+    if damage == "drop":
+        tensors = load_file(weights)
+        del tensors["lm_head.weight"]
+        save_file(tensors, weights)
+        message = "tensor 'lm_head.weight' is missing from model.safetensors; the checkpoint"
+    else:
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2] if damage == "cut" else data[:20])
+        message = f"{weights} is not a readable safetensors file ("
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("ppojax sft: error: " + message), error
+    assert error.count("\n") == 1 and not (tmp_path / "runs").exists()

@@ -256,6 +256,11 @@ def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
     if not path.exists():
         raise ValueError(f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)")
     settings = folder.read_json_object(path, "run settings")
+    if "model_type" in settings:  # a Hugging Face config.json
+        raise ValueError(
+            f"--resume {run_dir}: that is a model folder, not a run folder; train it with "
+            f"--model {run_dir}, or give --resume the run folder ppojax {command} made"
+        )
     if settings.get("command") != command:
         made = settings.get("command", "ppojax train or rlhf --task")
         raise ValueError(f"--resume {run_dir}: that run folder is one of {made!r}, not {command}")
@@ -466,11 +471,14 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
             pad_id=config.pad_id,
         )
     except ValueError as error:
-        if str(path) in str(error):
+        from ppojax.rlhf.data import TOO_LONG_FIX
+
+        if TOO_LONG_FIX not in str(error):
             raise
         raise ValueError(
-            f"{path}: {error} (the model's context is {lm.config.max_positions} "
-            f"tokens, {config.response_len} of them for the response)"
+            str(error).replace(f"max_len={limit}; {TOO_LONG_FIX}", f"the {limit} the model's ")
+            + f"context ({lm.config.max_positions} tokens) leaves beside --response-len "
+            f"{config.response_len}; give --max-len {limit} to cut prompts on the left"
         ) from None
     width = prompts.tokens.shape[1] + config.response_len
     if width > lm.config.max_positions:  # a --max-len above the context lets them through
