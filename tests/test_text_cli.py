@@ -343,3 +343,15 @@ def test_damaged_weights_are_one_line_naming_the_file(files, tmp_path, capsys, d
     error = capsys.readouterr().err
     assert error.startswith("ppojax sft: error: " + message), error
     assert error.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_ppojax_rlhf_help_shows_the_model_run_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["rlhf", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    for flag in ("--model FOLDER", "--prompts FILE.jsonl", "--reward MODULE:FUNCTION"):
+        assert flag in shown, flag
+    with pytest.raises(SystemExit):
+        main(["rlhf", "--model", "m", "--help"])
+    shown = capsys.readouterr().out
+    assert "--prompts FILE.jsonl" in shown and "--reward-model FOLDER" in shown
