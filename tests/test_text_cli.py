@@ -355,3 +355,24 @@ def test_ppojax_rlhf_help_shows_the_model_run_flags(capsys):
         main(["rlhf", "--model", "m", "--help"])
     shown = capsys.readouterr().out
     assert "--prompts FILE.jsonl" in shown and "--reward-model FOLDER" in shown
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{{ 1 / 0 }}", r"failed on a conversation of 1 messages \(ZeroDivisionError: division by"),
+        ("{{ raise_exception('no user turn') }}", r"\(TemplateError: no user turn\); fix the"),
+        ("{% if %}", r"the chat template does not parse \(its line 1: "),
+    ],
+)
+def test_a_broken_chat_template_names_its_file(files, tmp_path, capsys, template, message):
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({**settings, "chat_template": template})
+    )
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--chat", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"ppojax sft: error: {model / 'tokenizer_config.json'}: "), error
+    assert re.search(message, error) and not (tmp_path / "runs").exists(), error

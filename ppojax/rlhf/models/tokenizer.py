@@ -95,6 +95,7 @@ class Tokenizer:
     def read_template(self) -> str | None:
         """chat_template.jinja's text, else tokenizer_config.json's ``chat_template``."""
         path = self.folder / "chat_template.jinja"
+        self.template_file = path if path.is_file() else self.folder / "tokenizer_config.json"
         if path.is_file():
             return path.read_text()
         template = self.settings.get("chat_template")
@@ -134,9 +135,22 @@ class Tokenizer:
                 "'chat_template' in tokenizer_config.json; write the prompt's text yourself."
             )
         special = {name: text for name, text in self.special.items() if text is not None}
-        return compile_template(self.template_source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
-        )
+        try:
+            template = compile_template(self.template_source)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"{self.template_file}: the chat template does not parse (its line "
+                f"{error.lineno}: {error.message}); fix the template."
+            ) from None
+        try:
+            return template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
+            )
+        except Exception as error:  # raise_exception, a division by zero, an unknown name...
+            raise ValueError(
+                f"{self.template_file}: the chat template failed on a conversation of "
+                f"{len(messages)} messages ({type(error).__name__}: {error}); fix the template."
+            ) from None
 
     def save(self, folder: str | Path) -> None:
         """Copy the tokenizer's files into ``folder``."""
