@@ -57,7 +57,11 @@ def test_jsonl_prompts_are_left_padded_with_columns_kept(lm, tmp_path):
 
 def test_chat_prompts_go_through_the_template_without_extra_special_tokens(lm):
     data = text_data.load_prompts(["hi"], lm.tokenizer, chat=True)
-    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    text = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    )
+    plain = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert plain != text and text.startswith(plain)  # transformers' default: no model turn
     expected = lm.tokenizer.rust.encode(text, add_special_tokens=False).ids
     assert data.tokens[0].tolist() == expected
     assert lm.tokenizer.decode(data.tokens[0]) == text

@@ -124,11 +124,12 @@ class Tokenizer:
         return self.rust.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, **kwargs: Any
     ) -> str:
         """The conversation rendered by the checkpoint's own chat template, as transformers'
-        ``apply_chat_template(messages, tokenize=False)``; extra keyword arguments reach the
-        template as variables."""
+        ``apply_chat_template(messages, tokenize=False)`` (its default too: no generation
+        prompt; pass ``add_generation_prompt=True`` to prompt the model's turn); extra keyword
+        arguments reach the template as variables."""
         if self.template_source is None:
             raise ValueError(
                 f"{self.folder} has no chat template: neither chat_template.jinja nor a "
