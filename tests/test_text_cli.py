@@ -376,3 +376,34 @@ def test_a_broken_chat_template_names_its_file(files, tmp_path, capsys, template
     error = capsys.readouterr().err
     assert error.startswith(f"ppojax sft: error: {model / 'tokenizer_config.json'}: "), error
     assert re.search(message, error) and not (tmp_path / "runs").exists(), error
+
+
+def test_a_live_run_folder_refuses_a_second_writer_and_a_killed_runs_lock_is_taken(
+    tmp_path, capsys
+):
+    import os
+    import socket
+    import subprocess
+
+    from ppojax.runs.lock import holder, run_lock
+
+    run_dir = tmp_path / "sft-run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"command": "sft"}))
+    host = socket.gethostname()
+    for pid, where in ((os.getppid(), host), (1, "another-host")):  # live, or not checkable
+        (run_dir / "lock").write_text(f"{pid} {where}\n")
+        assert main(["sft", "--resume", str(run_dir), "--no-progress"]) == 2
+        error = capsys.readouterr().err
+        assert f"{run_dir} is in use: process {pid} on {where} is training there" in error
+        assert (run_dir / "lock").read_text() == f"{pid} {where}\n"  # left as it was
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (run_dir / "lock").write_text(f"{int(gone.stdout)} {host}\n")  # a killed run's
+    with run_lock(run_dir) as path:
+        assert holder(path) == (os.getpid(), host)
+    assert not path.exists()

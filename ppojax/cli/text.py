@@ -16,6 +16,7 @@ folder ``ppojax rm`` wrote (its ``final/``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import math
@@ -327,39 +328,44 @@ def start(
     from ppojax.rlhf.apps.text_run import train_job
     from ppojax.rlhf.models.pretrained import from_pretrained
     from ppojax.runs import folder
+    from ppojax.runs.lock import run_lock
     from ppojax.runs.loggers import WandbRun, options_from_settings
     from ppojax.runs.loop import LoopOptions
 
-    command, key = settings["command"], jax.random.key(settings["seed"])
-    lm = from_pretrained(settings["model"])
-    job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1))
-    options = LoopOptions(
-        settings["steps"],
-        settings["checkpoint_every"],
-        progress=progress,
-        bar_metrics=job.curves[:2],
-        resume=run_dir is not None,
-        seed=settings["seed"],
-    )
-    if run_dir is None:
-        run_dir = folder.new_run_dir(out, command)
-        folder.write_json(run_dir / folder.CONFIG_FILE, settings)
-    run_dir = Path(run_dir)
-    wandb_options = options_from_settings(run_dir / folder.CONFIG_FILE, settings.get("wandb"))
-    wandb = None if wandb_options is None else WandbRun(wandb_options, settings, run_dir)
-    hooks: list[Any] = [] if wandb is None else [wandb.log]
-    if prompts is not None:
-        hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
-    options = dataclasses.replace(options, hooks=tuple(hooks))
-    try:
-        _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
-    except BaseException:
+    with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
+        if run_dir is not None:
+            stack.enter_context(run_lock(Path(run_dir)))  # before a resume reads anything
+        command, key = settings["command"], jax.random.key(settings["seed"])
+        lm = from_pretrained(settings["model"])
+        job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1))
+        options = LoopOptions(
+            settings["steps"],
+            settings["checkpoint_every"],
+            progress=progress,
+            bar_metrics=job.curves[:2],
+            resume=run_dir is not None,
+            seed=settings["seed"],
+        )
+        if run_dir is None:
+            run_dir = folder.new_run_dir(out, command)
+            stack.enter_context(run_lock(run_dir))
+            folder.write_json(run_dir / folder.CONFIG_FILE, settings)
+        run_dir = Path(run_dir)
+        wandb_options = options_from_settings(run_dir / folder.CONFIG_FILE, settings.get("wandb"))
+        wandb = None if wandb_options is None else WandbRun(wandb_options, settings, run_dir)
+        hooks: list[Any] = [] if wandb is None else [wandb.log]
+        if prompts is not None:
+            hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
+        options = dataclasses.replace(options, hooks=tuple(hooks))
+        try:
+            _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
+        except BaseException:
+            if wandb is not None:
+                wandb.abort()
+            raise
         if wandb is not None:
-            wandb.abort()
-        raise
-    if wandb is not None:
-        wandb.finish(summary["final (mean of the last 10% of steps)"])
-    return run_dir, summary
+            wandb.finish(summary["final (mean of the last 10% of steps)"])
+        return run_dir, summary
 
 
 def sample_writer(
