@@ -105,6 +105,10 @@ def test_encodings_and_chat_text_match_transformers(loaded):
         assert (
             lm.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True) == data["chat"]
         )
+        # transformers' default: no generation prompt
+        plain = lm.tokenizer.apply_chat_template(MESSAGES)
+        assert plain == lm.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False)
+        assert data["chat"].startswith(plain)
     assert lm.tokenizer.pad_id == data["pad_id"]
 
 

@@ -57,7 +57,11 @@ def test_jsonl_prompts_are_left_padded_with_columns_kept(lm, tmp_path):
 
 def test_chat_prompts_go_through_the_template_without_extra_special_tokens(lm):
     data = text_data.load_prompts(["hi"], lm.tokenizer, chat=True)
-    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    text = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    )
+    plain = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert plain != text and text.startswith(plain)  # transformers' default: no model turn
     expected = lm.tokenizer.rust.encode(text, add_special_tokens=False).ids
     assert data.tokens[0].tolist() == expected
     assert lm.tokenizer.decode(data.tokens[0]) == text
@@ -73,7 +77,7 @@ def test_long_prompts_are_truncated_on_the_left_or_dropped_and_counted(lm):
     with pytest.warns(UserWarning, match="0 prompts truncated and 1 dropped"):
         data = text_data.load_prompts(prompts, lm.tokenizer, max_len=short, overflow="drop")
     assert data.prompts == (prompts[0],) and data.dropped == 1
-    with pytest.raises(ValueError, match="prompt 1 has .* tokens, more than max_len"):
+    with pytest.raises(ValueError, match="row 2: the prompt has .* tokens, more than max_len"):
         text_data.load_prompts(prompts, lm.tokenizer, max_len=short, overflow="error")
 
 
@@ -194,6 +198,8 @@ def test_columns_reach_only_functions_that_take_them():
     [
         ([1.0], r"bad_reward returned 1 rewards for 2 responses"),
         ([1.0, float("nan")], r"bad_reward returned NaN at position 1"),
+        ([float("inf"), 1.0], r"bad_reward returned inf at position 0"),
+        ([1.0, -np.inf], r"bad_reward returned -inf at position 1"),
         ([1.0, "1"], r"bad_reward returned '1' at position 1, not a number"),
         (1.0, r"bad_reward returned float"),
     ],

@@ -44,6 +44,8 @@ def files(tmp_path_factory):
     prompts = [{"prompt": q, "answer": a} for q, a in questions]
     (root / "my_rewards.py").write_text(
         "def short(prompts, responses):\n    return [-len(r) / 10 for r in responses]\n"
+        "def infinite(prompts, responses):\n    return [float('inf')] * len(responses)\n"
+        "def broken(prompts, responses):\n    return [1 / 0 for r in responses]\n"
     )
     return types.SimpleNamespace(
         root=root,
@@ -186,6 +188,28 @@ def test_a_resume_drops_the_samples_written_after_its_checkpoint(tmp_path):
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:2]
 
 
+RLHF = ["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:short"]
+LONG = (
+    r"long\.jsonl: prompts \(700 tokens, --max-len 700\) and --response-len 10 take 710 "
+    r"tokens, more than the model's context \(256\); lower --max-len to 246 or less"
+)
+
+INFINITE = (
+    r"--reward my_rewards:infinite \(\S+my_rewards\.py:3\): ValueError: text reward infinite "
+    r"returned inf at position 0\. \(on the first 4 prompts of \S+prompts\.jsonl with random "
+)
+TOO_LONG = (
+    r"long\.jsonl, line 4: the prompt has \d+ tokens, more than the 246 the model's context "
+    r"\(256 tokens\) leaves beside --response-len 10; give --max-len 246 to cut prompts on the "
+    r"left$"
+)
+MINIBATCHES = (
+    r"--num-minibatches 3 must divide --batch-size 8 x --group-size 2 = 16 responses a step; "
+    r"choose a divisor of 16"
+)
+BROKEN = r"--reward my_rewards:broken \(\S+my_rewards\.py:6\): ZeroDivisionError: division by"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -196,6 +220,22 @@ def test_a_resume_drops_the_samples_written_after_its_checkpoint(tmp_path):
         (["rlhf", "--prompts", "{prompts}", "--reward", "my_rewards:nope"], r"no function 'nope'"),
         (["sft", "--data", "{sft}", "--model", "{root}"], r"config\.json does not exist"),
         (["sft", "--data", "{sft}", "--batch-size", "99"], r"fewer than --batch-size 99"),
+        (["sft", "--data", "{sft}", "--learning-rate", "-1"], r"--learning-rate must be .* > 0"),
+        (["sft", "--data", "{sft}", "--learning-rate", "0"], r"--learning-rate must be .* > 0"),
+        (["dpo", "--pairs", "{pairs}", "--learning-rate", "-1"], r"--learning-rate must be"),
+        (["rm", "--pairs", "{pairs}", "--learning-rate", "0"], r"--learning-rate must be"),
+        (["dpo", "--pairs", "{pairs}", "--beta", "0"], r"--beta must be a finite number > 0"),
+        (["sft", "--data", "{sft}", "--batch-size", "0"], r"--batch-size must be a positive int"),
+        ([*RLHF, "--batch-size", "0"], r"--batch-size must be a positive int"),
+        (["sft", "--data", "{sft}", "--steps", "0"], r"--steps must be a positive int"),
+        (["sft", "--data", "{sft}", "--max-len", "0"], r"--max-len must be a positive int"),
+        (["rm", "--pairs", "{pairs}", "--held-out", "8"], r"--held-out 8 keeps out all 8 pairs"),
+        ([*RLHF, "--group-size", "1", "--algorithm", "rloo"], r"--group-size must be >= 2 for"),
+        ([*RLHF, "--prompts", "{long}", "--max-len", "700"], LONG),
+        ([*RLHF, "--prompts", "{long}"], TOO_LONG),
+        ([*RLHF, "--reward", "my_rewards:infinite"], INFINITE),
+        ([*RLHF, "--group-size", "2", "--num-minibatches", "3"], MINIBATCHES),
+        ([*RLHF, "--reward", "my_rewards:broken"], BROKEN),
     ],
 )
 def test_bad_input_is_named_and_makes_no_run_folder(
@@ -204,8 +244,11 @@ def test_bad_input_is_named_and_makes_no_run_folder(
     monkeypatch.chdir(files.root)
     write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}])
     write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "b"}])
+    long = [{"prompt": "1+2=3?"}] * 3 + [{"prompt": "1+2=3? " * 60}] * 5  # > 256 tokens
+    write_jsonl(tmp_path / "long.jsonl", long)
     paths = {"bad_sft": tmp_path / "bad.jsonl", "same_pair": tmp_path / "same.jsonl"}
-    paths.update(sft=files.sft, prompts=files.prompts, root=files.root)
+    paths["long"] = tmp_path / "long.jsonl"
+    paths.update(sft=files.sft, pairs=files.pairs, prompts=files.prompts, root=files.root)
     argv = [word.format(**paths) for word in argv]
     if "--model" not in argv:
         argv += ["--model", str(files.model)]
@@ -213,6 +256,20 @@ def test_bad_input_is_named_and_makes_no_run_folder(
     error = capsys.readouterr().err
     assert re.search(message, error), error
     assert error.count("error:") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_resume_of_a_model_folder_and_a_broken_config_json_are_named(files, tmp_path, capsys):
+    assert main(["sft", "--resume", str(files.model)]) == 2
+    error = capsys.readouterr().err
+    assert f"--resume {files.model}: that is a model folder, not a run folder" in error, error
+    assert f"train it with --model {files.model}" in error
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    (model / "config.json").write_text('{\n  "model_type": "llama",\n}\n')
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert f"{model / 'config.json'}, line 3: not valid JSON (" in error, error
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resume_of_another_commands_run_folder_is_refused(tmp_path, capsys):
@@ -232,3 +289,121 @@ def test_ppojax_rlhf_tells_a_model_run_from_a_digit_task(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"task": {}, "rlhf": {}, "run": {}}))
     assert not is_model_run(["--resume", str(tmp_path)])
     assert not is_model_run(["--task", "reversal", "--steps", "4"])
+
+
+@pytest.mark.parametrize("algorithm, size", [("grpo", 8), ("rloo", 8), ("ppo", None)])
+def test_rlhf_without_group_size_gets_one_that_works(files, monkeypatch, algorithm, size):
+    from ppojax.cli.text import build_parser, settings_from_args
+
+    monkeypatch.chdir(files.root)
+    parser = build_parser("rlhf")
+    argv = ["--model", str(files.model), "--prompts", str(files.prompts), "--reward"]
+    args = parser.parse_args([*argv, "my_rewards:short", "--algorithm", algorithm])
+    assert settings_from_args("rlhf", args)["rlhf"].get("group_size") == size
+    assert "grpo, rloo: 8" in parser.format_help()
+    assert "(longer: cut on the left)" in parser.format_help()  # as load_prompts does
+    args = parser.parse_args(
+        [*argv, "my_rewards:short", "--algorithm", algorithm, "--group-size", "3"]
+    )
+    assert settings_from_args("rlhf", args)["rlhf"]["group_size"] == 3
+
+
+def test_a_tokenizer_with_more_ids_than_embedding_rows_is_refused(files, tmp_path, capsys):
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    vocab = tokenizer["model"]["vocab"]
+    vocab.update({f"extra{i}": i for i in range(len(vocab), vocab_size + 4)})  # 4 rows short
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert f"{model / 'tokenizer.json'} has token ids up to {vocab_size + 3}" in error
+    assert f"{model / 'config.json'} has vocab_size {vocab_size}" in error
+    assert "resize_token_embeddings" in error and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("damage", ["drop", "cut", "cut_header"])
+def test_damaged_weights_are_one_line_naming_the_file(files, tmp_path, capsys, damage):
+    from safetensors.numpy import load_file, save_file
+
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    weights = model / "model.safetensors"
+    if damage == "drop":
+        tensors = load_file(weights)
+        del tensors["lm_head.weight"]
+        save_file(tensors, weights)
+        message = "tensor 'lm_head.weight' is missing from model.safetensors; the checkpoint"
+    else:
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2] if damage == "cut" else data[:20])
+        message = f"{weights} is not a readable safetensors file ("
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("ppojax sft: error: " + message), error
+    assert error.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_ppojax_rlhf_help_shows_the_model_run_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["rlhf", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    for flag in ("--model FOLDER", "--prompts FILE.jsonl", "--reward MODULE:FUNCTION"):
+        assert flag in shown, flag
+    with pytest.raises(SystemExit):
+        main(["rlhf", "--model", "m", "--help"])
+    shown = capsys.readouterr().out
+    assert "--prompts FILE.jsonl" in shown and "--reward-model FOLDER" in shown
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{{ 1 / 0 }}", r"failed on a conversation of 1 messages \(ZeroDivisionError: division by"),
+        ("{{ raise_exception('no user turn') }}", r"\(TemplateError: no user turn\); fix the"),
+        ("{% if %}", r"the chat template does not parse \(its line 1: "),
+    ],
+)
+def test_a_broken_chat_template_names_its_file(files, tmp_path, capsys, template, message):
+    model = shutil.copytree(files.model, tmp_path / "llama")
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({**settings, "chat_template": template})
+    )
+    argv = ["sft", "--model", str(model), "--data", str(files.sft), "--chat", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"ppojax sft: error: {model / 'tokenizer_config.json'}: "), error
+    assert re.search(message, error) and not (tmp_path / "runs").exists(), error
+
+
+def test_a_live_run_folder_refuses_a_second_writer_and_a_killed_runs_lock_is_taken(
+    tmp_path, capsys
+):
+    import os
+    import socket
+    import subprocess
+
+    from ppojax.runs.lock import holder, run_lock
+
+    run_dir = tmp_path / "sft-run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"command": "sft"}))
+    host = socket.gethostname()
+    for pid, where in ((os.getppid(), host), (1, "another-host")):  # live, or not checkable
+        (run_dir / "lock").write_text(f"{pid} {where}\n")
+        assert main(["sft", "--resume", str(run_dir), "--no-progress"]) == 2
+        error = capsys.readouterr().err
+        assert f"{run_dir} is in use: process {pid} on {where} is training there" in error
+        assert (run_dir / "lock").read_text() == f"{pid} {where}\n"  # left as it was
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (run_dir / "lock").write_text(f"{int(gone.stdout)} {host}\n")  # a killed run's
+    with run_lock(run_dir) as path:
+        assert holder(path) == (os.getpid(), host)
+    assert not path.exists()

@@ -16,14 +16,24 @@ folder ``ppojax rm`` wrote (its ``final/``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ppojax.checks import ConfigError
 from ppojax.cli.flags import add_repeatable
+from ppojax.cli.text_checks import (
+    as_flag,
+    check_batch,
+    check_flags,
+    check_resume_flags,
+    load_reward,
+    read_settings,
+    try_reward,
+)
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
 
@@ -41,6 +51,8 @@ DESCRIPTIONS = {
 PRINTED = ("loss", "rewards/accuracies", "held_out_accuracy", "objective/scores", "objective/kl")
 # RLHFConfig fields the tokenizer fixes.
 TOKEN_FIELDS = ("pad_id", "eos_id")
+# The group size of grpo and rloo without --group-size (theirs must be >= 2; the README's 8).
+GROUP_SIZE = 8
 
 
 def build_parser(command: str) -> Parser:
@@ -58,7 +70,7 @@ def build_parser(command: str) -> Parser:
     parser.add_argument("--checkpoint-every", type=parse_int, default=50, help="steps (50)")
     parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
     parser.add_argument("--chat", action="store_true", help="prompts through the chat template")
-    parser.add_argument("--max-len", type=parse_int, help="prompt tokens (longer: an error)")
+    parser.add_argument("--max-len", type=parse_int, help="prompt tokens (longer: cut on the left)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases")
     parser.add_argument("--wandb-project", default="ppojax", help="W&B project (ppojax)")
@@ -89,7 +101,8 @@ def add_rlhf_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-field", default="prompt", help="the prompt's JSONL field")
     parser.add_argument("--sample-every", type=parse_int, help="steps (--checkpoint-every)")
     parser.add_argument("--samples", type=parse_int, default=4, help="prompts sampled (4)")
-    add_config_flags(parser, TOKEN_FIELDS)
+    helps = {"group_size": f"samples per prompt (ppo: 1; grpo, rloo: {GROUP_SIZE}, must be >= 2)"}
+    add_config_flags(parser, TOKEN_FIELDS, helps)
 
 
 def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -98,6 +111,7 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
     for name in ("model", flag):
         if getattr(args, name) is None:
             raise ValueError(f"--{name} is required (or --resume RUN_DIR)")
+    check_flags(args)
     settings: dict[str, Any] = {
         "command": command,
         "model": str(args.model.resolve()),
@@ -124,7 +138,19 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
         for field in dataclasses.fields(RLHFConfig)
         if field.name not in TOKEN_FIELDS and getattr(args, field.name) is not None
     }
-    RLHFConfig(**chosen)  # a bad value fails here, naming the field
+    if chosen.get("algorithm") in ("grpo", "rloo") and "group_size" not in chosen:
+        chosen["group_size"] = GROUP_SIZE  # RLHFConfig's 1 suits only ppo
+    try:
+        config = RLHFConfig(**chosen)  # a bad value fails here, named as its flag
+    except ConfigError as error:
+        raise as_flag(error, "RLHFConfig") from None
+    rows = args.batch_size * config.group_size  # what a step's minibatches split
+    if rows % config.num_minibatches:
+        raise ValueError(
+            f"--num-minibatches {config.num_minibatches} must divide --batch-size "
+            f"{args.batch_size} x --group-size {config.group_size} = {rows} responses a step; "
+            f"choose a divisor of {rows}"
+        )
     settings.update(
         reward=list(args.reward),
         reward_model=None if args.reward_model is None else str(args.reward_model.resolve()),
@@ -144,59 +170,6 @@ def wandb_settings(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     import_wandb()  # a clear error now when wandb is missing
     return wandb_settings(WandbOptions(project=args.wandb_project).with_run_ids(1))
-
-
-def load_reward(spec: str) -> Callable[..., Any]:
-    """The function named by ``MODULE:FUNCTION``, MODULE imported from the current folder or
-    PYTHONPATH; a ``ValueError`` saying what is wrong."""
-    module_name, colon, name = spec.partition(":")
-    if not colon or not module_name or not name:
-        raise ValueError(f"--reward {spec!r}: give MODULE:FUNCTION, e.g. my_rewards:correct")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # a missing module, or one that fails while importing
-        raise ValueError(
-            f"--reward {spec}: cannot import {module_name!r} from the current folder or "
-            f"PYTHONPATH ({type(error).__name__}: {error})"
-        ) from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"--reward {spec}: {module.__file__} has no function {name!r}")
-    return fn
-
-
-def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
-    """config.json of a run folder ``ppojax <command>`` made; ``ValueError`` naming it."""
-    from ppojax.runs import folder
-
-    path = Path(run_dir) / folder.CONFIG_FILE
-    if not path.exists():
-        raise ValueError(f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)")
-    settings = folder.read_json_object(path, "run settings")
-    if settings.get("command") != command:
-        made = settings.get("command", "ppojax train or rlhf --task")
-        raise ValueError(f"--resume {run_dir}: that run folder is one of {made!r}, not {command}")
-    return settings
-
-
-# What --resume takes beside it: how to show the run, not what it trains.
-RESUME_FLAGS = ("resume", "no_progress", "no_compile_cache")
-
-
-def check_resume_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``ValueError`` for settings given with --resume, which trains with its saved ones."""
-    given = [
-        "--" + name.replace("_", "-")
-        for name, value in vars(args).items()
-        if name not in RESUME_FLAGS and value != parser.get_default(name)
-    ]
-    if given:
-        raise ValueError(
-            "--resume continues a run with the settings in its config.json; drop "
-            + ", ".join(given)
-        )
 
 
 def main(command: str, argv: Sequence[str] | None = None) -> int:
@@ -241,39 +214,44 @@ def start(
     from ppojax.rlhf.apps.text_run import train_job
     from ppojax.rlhf.models.pretrained import from_pretrained
     from ppojax.runs import folder
+    from ppojax.runs.lock import run_lock
     from ppojax.runs.loggers import WandbRun, options_from_settings
     from ppojax.runs.loop import LoopOptions
 
-    command, key = settings["command"], jax.random.key(settings["seed"])
-    lm = from_pretrained(settings["model"])
-    job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1))
-    options = LoopOptions(
-        settings["steps"],
-        settings["checkpoint_every"],
-        progress=progress,
-        bar_metrics=job.curves[:2],
-        resume=run_dir is not None,
-        seed=settings["seed"],
-    )
-    if run_dir is None:
-        run_dir = folder.new_run_dir(out, command)
-        folder.write_json(run_dir / folder.CONFIG_FILE, settings)
-    run_dir = Path(run_dir)
-    wandb_options = options_from_settings(run_dir / folder.CONFIG_FILE, settings.get("wandb"))
-    wandb = None if wandb_options is None else WandbRun(wandb_options, settings, run_dir)
-    hooks: list[Any] = [] if wandb is None else [wandb.log]
-    if prompts is not None:
-        hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
-    options = dataclasses.replace(options, hooks=tuple(hooks))
-    try:
-        _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
-    except BaseException:
+    with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
+        if run_dir is not None:
+            stack.enter_context(run_lock(Path(run_dir)))  # before a resume reads anything
+        command, key = settings["command"], jax.random.key(settings["seed"])
+        lm = from_pretrained(settings["model"])
+        job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1))
+        options = LoopOptions(
+            settings["steps"],
+            settings["checkpoint_every"],
+            progress=progress,
+            bar_metrics=job.curves[:2],
+            resume=run_dir is not None,
+            seed=settings["seed"],
+        )
+        if run_dir is None:
+            run_dir = folder.new_run_dir(out, command)
+            stack.enter_context(run_lock(run_dir))
+            folder.write_json(run_dir / folder.CONFIG_FILE, settings)
+        run_dir = Path(run_dir)
+        wandb_options = options_from_settings(run_dir / folder.CONFIG_FILE, settings.get("wandb"))
+        wandb = None if wandb_options is None else WandbRun(wandb_options, settings, run_dir)
+        hooks: list[Any] = [] if wandb is None else [wandb.log]
+        if prompts is not None:
+            hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
+        options = dataclasses.replace(options, hooks=tuple(hooks))
+        try:
+            _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
+        except BaseException:
+            if wandb is not None:
+                wandb.abort()
+            raise
         if wandb is not None:
-            wandb.abort()
-        raise
-    if wandb is not None:
-        wandb.finish(summary["final (mean of the last 10% of steps)"])
-    return run_dir, summary
+            wandb.finish(summary["final (mean of the last 10% of steps)"])
+        return run_dir, summary
 
 
 def sample_writer(
@@ -321,7 +299,10 @@ def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
     if command == "rlhf":
         return rlhf_job(settings, lm, key)
     data = load_examples(settings, lm)
-    rows = data.prompts.shape[0] - settings.get("held_out", 0)
+    rows, held_out = data.prompts.shape[0], settings.get("held_out", 0)
+    if held_out >= rows:
+        raise ValueError(f"--held-out {held_out} keeps out all {rows} pairs of {path}: lower it")
+    rows -= held_out
     check_batch(path, rows, size)
     if command == "sft":
         return jobs.sft_job(lm, data, size, rate), None
@@ -331,11 +312,6 @@ def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
     if settings["held_out"]:
         train, held = split_held_out(data, settings["held_out"], settings["seed"])
     return jobs.reward_model_job(lm, train, size, rate, held), None
-
-
-def check_batch(path: Path, rows: int, batch_size: int) -> None:
-    if batch_size > rows:
-        raise ValueError(f"{path} has {rows} training rows, fewer than --batch-size {batch_size}")
 
 
 def load_examples(settings: dict[str, Any], lm: Any) -> Any:
@@ -382,14 +358,27 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
             pad_id=config.pad_id,
         )
     except ValueError as error:
-        if str(path) in str(error):
+        from ppojax.rlhf.data import TOO_LONG_FIX
+
+        if TOO_LONG_FIX not in str(error):
             raise
         raise ValueError(
-            f"{path}: {error} (the model's context is {lm.config.max_positions} "
-            f"tokens, {config.response_len} of them for the response)"
+            str(error).replace(f"max_len={limit}; {TOO_LONG_FIX}", f"the {limit} the model's ")
+            + f"context ({lm.config.max_positions} tokens) leaves beside --response-len "
+            f"{config.response_len}; give --max-len {limit} to cut prompts on the left"
         ) from None
+    width = prompts.tokens.shape[1] + config.response_len
+    if width > lm.config.max_positions:  # a --max-len above the context lets them through
+        raise ValueError(
+            f"{path}: prompts ({prompts.tokens.shape[1]} tokens, --max-len {settings['max_len']})"
+            f" and --response-len {config.response_len} take {width} tokens, more than the "
+            f"model's context ({lm.config.max_positions}); lower --max-len to "
+            f"{lm.config.max_positions - config.response_len} or less"
+        )
     check_batch(path, len(prompts), settings["batch_size"])
     rewards = [load_reward(spec) for spec in settings["reward"]]
+    for spec, fn in zip(settings["reward"], rewards, strict=True):
+        try_reward(spec, fn, lm.tokenizer, prompts, path, config.response_len)
     reward_lm = reward_params = None
     if settings["reward_model"] is not None:
         reward_lm = from_pretrained(settings["reward_model"])

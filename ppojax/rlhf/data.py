@@ -144,9 +144,16 @@ class Fitted(NamedTuple):
     dropped: int
 
 
-def fit(ids: list[list[int]], max_len: int | None, overflow: str) -> Fitted:
+# What fit's error suggests (the command line says its own flag instead).
+TOO_LONG_FIX = "raise max_len or pass overflow='truncate' or 'drop'."
+
+
+def fit(
+    ids: list[list[int]], max_len: int | None, overflow: str, labels: Sequence[str] = ()
+) -> Fitted:
     """Prompts longer than ``max_len`` tokens truncated on the left (the end, where the
-    question and the generation prompt are, stays), dropped, or an error naming the row."""
+    question and the generation prompt are, stays), dropped, or an error naming the row
+    (its ``labels`` entry, else ``row <n>``, 1-based)."""
     if overflow not in OVERFLOW:
         raise ValueError(f"overflow={overflow!r} must be one of {OVERFLOW}.")
     if max_len is None:
@@ -155,9 +162,10 @@ def fit(ids: list[list[int]], max_len: int | None, overflow: str) -> Fitted:
     for index, row in enumerate(ids):
         if len(row) > max_len:
             if overflow == "error":
+                where = labels[index] if labels else f"row {index + 1}"
                 raise ValueError(
-                    f"prompt {index} has {len(row)} tokens, more than max_len={max_len}; "
-                    "raise max_len or pass overflow='truncate' or 'drop'."
+                    f"{where}: the prompt has {len(row)} tokens, more than max_len={max_len}; "
+                    f"{TOO_LONG_FIX}"
                 )
             if overflow == "drop":
                 continue
@@ -232,7 +240,8 @@ def load_prompts(
         missing = [name for name in names if name not in row]
         if missing:
             raise ValueError(f"{where}: no field {missing[0]!r} (a column of the prompts).")
-    fitted = fit([encode_text(tokenizer, row[field], chat) for row in rows], max_len, overflow)
+    ids = [encode_text(tokenizer, row[field], chat) for row in rows]
+    fitted = fit(ids, max_len, overflow, [where for where, _ in labelled])
     if fitted.truncated or fitted.dropped:
         warnings.warn(
             f"{fitted.truncated} prompts truncated and {fitted.dropped} dropped at "

@@ -56,7 +56,7 @@ def columns_taken(fn: TextReward, columns: Mapping[str, Sequence[Any]]) -> dict[
 
 def as_rewards(fn: TextReward, values: Any, count: int) -> np.ndarray:
     """float32 [count] of ``fn``'s output; ``ValueError`` naming ``fn`` for a wrong length, a
-    non-number or NaN."""
+    non-number, NaN or an infinity."""
     name = fn_name(fn)
     values = list(np.asarray(values).ravel()) if hasattr(values, "shape") else values
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
@@ -71,8 +71,9 @@ def as_rewards(fn: TextReward, values: Any, count: int) -> np.ndarray:
             raise ValueError(
                 f"text reward {name} returned {value!r} at position {index}, not a number."
             )
-        if math.isnan(value):
-            raise ValueError(f"text reward {name} returned NaN at position {index}.")
+        if not math.isfinite(value):  # inf too: its advantage is NaN, and every update skipped
+            shown = "NaN" if math.isnan(value) else repr(float(value))
+            raise ValueError(f"text reward {name} returned {shown} at position {index}.")
     return np.asarray(values, np.float32)
 
 

@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ppojax rlhf",
         description="PPO, GRPO or RLOO on a digit task, into a run folder.",
-        epilog="With --model FOLDER, a Hugging Face model on a prompt file instead: "
-        "ppojax rlhf --model FOLDER --help lists those options.",
+        epilog="With --model FOLDER, a Hugging Face model on a prompt file instead: ppojax "
+        "rlhf --model FOLDER --prompts FILE.jsonl --reward MODULE:FUNCTION (and/or "
+        "--reward-model FOLDER); ppojax rlhf --model FOLDER --help lists those options.",
     )
     parser.add_argument("--task", choices=("sorting", "reversal"), default="sorting")
     parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")

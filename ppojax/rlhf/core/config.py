@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ppojax.checks import (
@@ -195,8 +195,11 @@ def field_type(field: dataclasses.Field) -> Callable[[str], Any]:
     return parse_bool if isinstance(field.default, bool) else type(field.default)
 
 
-def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str]) -> None:
-    """One option per RLHFConfig field but ``skip`` (unset: the field's default)."""
+def add_config_flags(
+    parser: argparse.ArgumentParser, skip: Sequence[str], helps: Mapping[str, str] | None = None
+) -> None:
+    """One option per RLHFConfig field but ``skip`` (unset: the field's default); ``helps``:
+    a field's help text where its default is not the field's."""
     for field in dataclasses.fields(RLHFConfig):
         if field.name not in skip:
             parser.add_argument(
@@ -204,5 +207,5 @@ def add_config_flags(parser: argparse.ArgumentParser, skip: Sequence[str]) -> No
                 dest=field.name,
                 type=field_type(field),
                 default=None,
-                help=f"default {field.default!r}",
+                help=(helps or {}).get(field.name, f"default {field.default!r}"),
             )

@@ -303,4 +303,10 @@ def read_config(folder: str | Path) -> DecoderConfig:
             f"{path} does not exist: a Hugging Face model folder needs config.json beside its "
             "*.safetensors and tokenizer.json."
         )
-    return parse_config(json.loads(path.read_text()), str(path))
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path}, line {error.lineno}: not valid JSON ({error.msg}); fix or download it again."
+        ) from None
+    return parse_config(raw, str(path))

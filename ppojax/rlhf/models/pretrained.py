@@ -148,15 +148,30 @@ def from_pretrained(
     folder = model_folder(path)
     dtype = resolve_dtype(dtype)
     config = read_config(folder)
+    tokenizer = Tokenizer(folder, config.eos_ids)
+    check_vocab(folder, tokenizer, config.vocab_size)
     module = Decoder(config, dtype)
     tokens = jnp.zeros((1, 1), jnp.int32)
     shapes = jax.eval_shape(module.init, jax.random.key(0), tokens, jnp.ones((1, 1), bool))
     params = load_params(folder, config, shapes, dtype)
     if mesh is not None:
         params = shard_state(params, mesh)
-    tokenizer = Tokenizer(folder, config.eos_ids)
     policy_apply, critic_apply, hook = contract(module)
     return PretrainedLM(module, params, policy_apply, critic_apply, hook, tokenizer, config)
+
+
+def check_vocab(folder: Path, tokenizer: Tokenizer, vocab_size: int) -> None:
+    """``ValueError`` for a tokenizer with ids at or past ``vocab_size``: they have no
+    embedding row, and flax's Embed (jnp.take) reads NaN for them: a step on them makes every
+    param NaN."""
+    size = max(tokenizer.rust.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    if size > vocab_size:
+        raise ValueError(
+            f"{folder / 'tokenizer.json'} has token ids up to {size - 1}, but "
+            f"{folder / 'config.json'} has vocab_size {vocab_size} (embedding rows): use the "
+            f"tokenizer the model was trained with, or grow the embeddings to {size} rows "
+            "(transformers' model.resize_token_embeddings) and save the folder again"
+        )
 
 
 def save_pretrained(

@@ -95,6 +95,7 @@ class Tokenizer:
     def read_template(self) -> str | None:
         """chat_template.jinja's text, else tokenizer_config.json's ``chat_template``."""
         path = self.folder / "chat_template.jinja"
+        self.template_file = path if path.is_file() else self.folder / "tokenizer_config.json"
         if path.is_file():
             return path.read_text()
         template = self.settings.get("chat_template")
@@ -123,20 +124,34 @@ class Tokenizer:
         return self.rust.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, **kwargs: Any
     ) -> str:
         """The conversation rendered by the checkpoint's own chat template, as transformers'
-        ``apply_chat_template(messages, tokenize=False)``; extra keyword arguments reach the
-        template as variables."""
+        ``apply_chat_template(messages, tokenize=False)`` (its default too: no generation
+        prompt; pass ``add_generation_prompt=True`` to prompt the model's turn); extra keyword
+        arguments reach the template as variables."""
         if self.template_source is None:
             raise ValueError(
                 f"{self.folder} has no chat template: neither chat_template.jinja nor a "
                 "'chat_template' in tokenizer_config.json; write the prompt's text yourself."
             )
         special = {name: text for name, text in self.special.items() if text is not None}
-        return compile_template(self.template_source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
-        )
+        try:
+            template = compile_template(self.template_source)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"{self.template_file}: the chat template does not parse (its line "
+                f"{error.lineno}: {error.message}); fix the template."
+            ) from None
+        try:
+            return template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **special, **kwargs
+            )
+        except Exception as error:  # raise_exception, a division by zero, an unknown name...
+            raise ValueError(
+                f"{self.template_file}: the chat template failed on a conversation of "
+                f"{len(messages)} messages ({type(error).__name__}: {error}); fix the template."
+            ) from None
 
     def save(self, folder: str | Path) -> None:
         """Copy the tokenizer's files into ``folder``."""

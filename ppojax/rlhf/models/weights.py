@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors' loader needs)
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ppojax.rlhf.models.config import DecoderConfig
@@ -69,8 +69,28 @@ def tensor_files(folder: Path) -> dict[str, Path]:
             f"{folder} has neither {SINGLE} nor {INDEX}: ppojax reads the weights as "
             "safetensors (convert a pytorch_model.bin with transformers' save_pretrained)."
         )
-    with safe_open(single, "numpy") as handle:
+    with open_weights(single) as handle:
         return dict.fromkeys(handle.keys(), single)
+
+
+class MissingTensorError(KeyError, ValueError):
+    """A tensor the config needs that the weights lack (a ``ValueError`` too, so that the
+    command line shows it as one line)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError's would quote the message
+
+
+def open_weights(path: Path) -> Any:
+    """``safe_open`` of ``path``; ``ValueError`` naming it when it is not a whole safetensors
+    file (a download or copy cut short)."""
+    try:
+        return safe_open(path, "numpy")
+    except SafetensorError as error:
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({error}); it may be cut short: "
+            "download or save it again."
+        ) from None
 
 
 def read_tensor(files: dict[str, Path], name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -78,11 +98,11 @@ def read_tensor(files: dict[str, Path], name: str, shape: tuple[int, ...]) -> np
     the tensor, its file and both shapes."""
     if name not in files:
         where = ", ".join(sorted({path.name for path in files.values()})) or "the weights"
-        raise KeyError(
+        raise MissingTensorError(
             f"tensor {name!r} is missing from {where}; the checkpoint does not match its "
             "config.json (model_type, number of layers, tie_word_embeddings)."
         )
-    with safe_open(files[name], "numpy") as handle:
+    with open_weights(files[name]) as handle:
         found = tuple(handle.get_slice(name).get_shape())
         if found != shape:
             raise ValueError(

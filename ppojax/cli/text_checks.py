@@ -1,0 +1,143 @@
+"""The checks of ``ppojax sft | rm | dpo | rlhf --model``'s input that run before a run folder
+is made: the flags (named as flags, not config fields), each ``--reward`` imported and tried
+on the first prompts, a ``--resume`` folder and the flags given beside it, the batch against
+the data. Each failure is a ``ValueError`` whose text is the one line the command prints."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ppojax.checks import ConfigError, check_positive_int, check_range
+
+# Flags that take an int > 0 (the optional ones when given).
+POSITIVE_INT_FLAGS = ("steps", "batch_size", "checkpoint_every", "max_len", "max_response_len")
+POSITIVE_INT_FLAGS += ("sample_every",)
+
+
+def as_flag(error: ConfigError, owner: str) -> ValueError:
+    """``error`` with ``owner.field`` said as the flag that set it (``--field-name``)."""
+    flag = "--" + str(error.field).replace("_", "-")
+    return ValueError(str(error).replace(f"{owner}.{error.field}", flag))
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """``ValueError`` naming the flag for a count that is not > 0, a --learning-rate (sft,
+    rm, dpo; rlhf's is RLHFConfig's) or dpo --beta that is not > 0, a negative --held-out."""
+    try:
+        for name in POSITIVE_INT_FLAGS:
+            value = getattr(args, name, None)
+            if value is not None or name in ("steps", "batch_size", "checkpoint_every"):
+                check_positive_int("flag", name, value)
+        for name in ("learning_rate", "beta"):
+            if getattr(args, name, None) is not None:  # rlhf's unset: RLHFConfig's default
+                check_range("flag", name, getattr(args, name), 0.0, math.inf, open_low=True)
+        if hasattr(args, "held_out"):
+            check_range("flag", "held_out", args.held_out, 0.0, math.inf, open_low=False)
+    except ConfigError as error:
+        raise as_flag(error, "flag") from None
+
+
+def load_reward(spec: str) -> Callable[..., Any]:
+    """The function named by ``MODULE:FUNCTION``, MODULE imported from the current folder or
+    PYTHONPATH; a ``ValueError`` saying what is wrong."""
+    module_name, colon, name = spec.partition(":")
+    if not colon or not module_name or not name:
+        raise ValueError(f"--reward {spec!r}: give MODULE:FUNCTION, e.g. my_rewards:correct")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # a missing module, or one that fails while importing
+        raise ValueError(
+            f"--reward {spec}: cannot import {module_name!r} from the current folder or "
+            f"PYTHONPATH ({type(error).__name__}: {error})"
+        ) from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"--reward {spec}: {module.__file__} has no function {name!r}")
+    return fn
+
+
+# How many of the first prompts a reward is tried on before the step compiles.
+TRIED = 4
+
+
+def try_reward(
+    spec: str, fn: Callable[..., Any], tokenizer: Any, prompts: Any, path: Path, length: int
+) -> None:
+    """Call the text reward ``fn`` once on the first prompts of ``path`` with random responses
+    of ``length`` tokens, so that its errors and wrong returns (wrong length, non-numbers, NaN,
+    inf) stop the run now as one line naming it and its file:line, not after compiling the
+    step inside a callback's traceback."""
+    import numpy as np
+
+    from ppojax.rlhf.text_rewards import call_text_reward
+
+    count = min(TRIED, len(prompts.prompts))
+    ids = np.random.default_rng(0).integers(0, tokenizer.rust.get_vocab_size(), (count, length))
+    responses = [tokenizer.decode(list(row), skip_special_tokens=True) for row in ids]
+    columns = {name: values[:count] for name, values in prompts.host.columns.items()}
+    tried = f"on the first {count} prompts of {path} with random responses"
+    try:
+        call_text_reward(fn, prompts.prompts[:count], responses, columns)
+    except Exception as error:
+        code = getattr(fn, "__code__", None)
+        where = ""
+        if code is not None:  # the line of its file that raised, else its def
+            frames = traceback.extract_tb(error.__traceback__)
+            lines = [frame.lineno for frame in frames if frame.filename == code.co_filename]
+            where = f" ({code.co_filename}:{lines[-1] if lines else code.co_firstlineno})"
+        raise ValueError(
+            f"--reward {spec}{where}: {type(error).__name__}: {error} ({tried}); fix it: a "
+            "reward takes (prompts, responses, **columns) and returns one finite float per "
+            "response"
+        ) from None
+
+
+def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
+    """config.json of a run folder ``ppojax <command>`` made; ``ValueError`` naming it."""
+    from ppojax.runs import folder
+
+    path = Path(run_dir) / folder.CONFIG_FILE
+    if not path.exists():
+        raise ValueError(f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)")
+    settings = folder.read_json_object(path, "run settings")
+    if "model_type" in settings:  # a Hugging Face config.json
+        raise ValueError(
+            f"--resume {run_dir}: that is a model folder, not a run folder; train it with "
+            f"--model {run_dir}, or give --resume the run folder ppojax {command} made"
+        )
+    if settings.get("command") != command:
+        made = settings.get("command", "ppojax train or rlhf --task")
+        raise ValueError(f"--resume {run_dir}: that run folder is one of {made!r}, not {command}")
+    return settings
+
+
+# What --resume takes beside it: how to show the run, not what it trains.
+RESUME_FLAGS = ("resume", "no_progress", "no_compile_cache")
+
+
+def check_resume_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``ValueError`` for settings given with --resume, which trains with its saved ones."""
+    given = [
+        "--" + name.replace("_", "-")
+        for name, value in vars(args).items()
+        if name not in RESUME_FLAGS and value != parser.get_default(name)
+    ]
+    if given:
+        raise ValueError(
+            "--resume continues a run with the settings in its config.json; drop "
+            + ", ".join(given)
+        )
+
+
+def check_batch(path: Path, rows: int, batch_size: int) -> None:
+    if batch_size > rows:
+        raise ValueError(f"{path} has {rows} training rows, fewer than --batch-size {batch_size}")
