@@ -32,7 +32,6 @@ section of ``--out`` (rows of the same variant, work and target replaced, the re
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib
 import json
@@ -61,7 +60,7 @@ from gpu import WORKS
 from gpu_parts import candidates_on, classic
 
 import ppojax
-from ppojax.runtime import deviceless, kernels, launches
+from ppojax.runtime import deviceless, launches
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu_program.json"
 # name: (agents, envs per agent, updates): benchmarks/gpu.py's works
@@ -292,11 +291,10 @@ def header(argv: list[str]) -> dict[str, Any]:
 
 
 def candidate_row(variant: str, work: str, spec: tuple[int, int, int], target: str) -> dict:
-    """ppojax's program with ``VARIANTS[variant]``, traced with those candidates on (and,
-    for "plain", every GPU default off), compiled for ``target`` and counted."""
+    """ppojax's program with ``VARIANTS[variant]``, traced with those candidates on and CUDA's
+    defaults not among them off, compiled for ``target`` and counted."""
     names, compute_dtype = VARIANTS[variant]
-    off = [name for name in kernels.CUDA_DEFAULTS if name not in names]
-    with kernels.plain(*off) if off else contextlib.nullcontext(), candidates_on(names):
+    with candidates_on(names):
         row = count_row("ppojax", ppojax_program, work, spec, target, compute_dtype)
     return {"variant": variant, "candidates": list(names), "compute_dtype": compute_dtype} | row
 
