@@ -13,8 +13,9 @@ measured below it (a single-operand sort permutation, flat PRNG draws, optimizer
 metrics packed one array per dtype: -4% to +8%) were removed for the plain calls.
 
 ``plain()`` (or the environment variable PPOJAX_PLAIN_KERNELS=1, or a comma-separated list of
-names) turns the stand-ins off, all or by name (``STAND_INS``). The switch is read when a
-program is traced: a program compiled under one setting keeps it.
+names) turns the stand-ins off, all or by name (``STAND_INS``), and CUDA's defaults with them
+(``CUDA_DEFAULTS``, below). The switch is read when a program is traced: a program compiled
+under one setting keeps it.
 
 ``CANDIDATES`` are the other way round: off unless chosen, with ``use(*names)`` or the
 environment variable PPOJAX_KERNELS (1 for all, or a comma-separated list). They aim at GPUs,
@@ -114,10 +115,8 @@ def _adding(switch: str, names: tuple[str, ...], allowed: tuple[str, ...]) -> It
 
 
 def plain(*names: str) -> contextlib.AbstractContextManager[None]:
-    """Trace programs with the plain forms of ``names`` (default: all STAND_INS; a name of
-    CUDA_DEFAULTS only when named) inside this block."""
-    if not names:
-        return _adding("plain", STAND_INS, STAND_INS)
+    """Trace programs with the plain forms of ``names`` (default: all STAND_INS and
+    CUDA_DEFAULTS) inside this block."""
     return _adding("plain", names, STAND_INS + CUDA_DEFAULTS)
 
 
