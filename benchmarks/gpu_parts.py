@@ -144,17 +144,20 @@ def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
     }
 
 
-def candidates_on(names: tuple[str, ...]) -> contextlib.AbstractContextManager[None]:
-    """The kernels candidates ``names`` on; none for an empty tuple (``kernels.use()`` with
-    no names turns all of them on)."""
-    return kernels.use(*names) if names else contextlib.nullcontext()
-
-
-# pallas_ppo_loss's tiles measured in minibatch steps: (rows a block, blocks a program, warps)
-PALLAS_TILES = ((64, 32, 4), (32, 32, 4), (64, 32, 8), (128, 16, 8))
-
-
 @contextlib.contextmanager
+def candidates_on(names: tuple[str, ...]) -> Iterator[None]:
+    """The kernels candidates ``names`` on, and those of CUDA's defaults
+    (``kernels.CUDA_DEFAULTS``) not among them off: an empty tuple is the plain program on
+    every platform (``kernels.use()`` with no names would turn all of them on)."""
+    off = tuple(name for name in kernels.CUDA_DEFAULTS if name not in names)
+    with contextlib.ExitStack() as stack:
+        if off:
+            stack.enter_context(kernels.plain(*off))
+        if names:
+            stack.enter_context(kernels.use(*names))
+        yield
+
+
 def pallas_tile(tile: tuple[int, int, int] | None) -> Iterator[None]:
     """``ppojax.ppo.pallas_loss``'s tile (read while tracing) set to ``tile`` inside."""
     if tile is None:
@@ -249,7 +252,8 @@ def candidate_pair(envs: int, updates: int, names: tuple[str, ...], pairs: int) 
         return compiled, time.perf_counter() - start
 
     if (envs, updates) not in PLAIN_PROGRAMS:  # compiled once for all the sets of a work
-        PLAIN_PROGRAMS[envs, updates] = compile_now(config)
+        with candidates_on(()):  # without CUDA's defaults too
+            PLAIN_PROGRAMS[envs, updates] = compile_now(config)
     plain, plain_compile = PLAIN_PROGRAMS[envs, updates]
     chosen_config = config.replace(compute_dtype="bfloat16") if BFLOAT16 in names else config
     with candidates_on(tuple(name for name in names if name != BFLOAT16)):

@@ -4,6 +4,8 @@ launches and bytes per env step, GAE, minibatch step and update.
     JAX_PLATFORMS=cpu python benchmarks/gpu_program.py --purejaxrl DIR
         [--targets h200 h100] [--works NAME ...] [--programs ppojax rejax purejaxrl]
         [--out benchmarks/results/gpu_program.json] [--smoke]
+    JAX_PLATFORMS=cpu python benchmarks/gpu_program.py --candidates [VARIANT ...]
+        [--targets h200] [--works '1 agent x 8192 envs']
 
 Each library's ``jax.jit(jax.vmap(train))`` over keys, on CartPole-v1 with PureJaxRL's classic
 PPO config, as benchmarks/gpu.py times them on a GPU, is compiled here for one GPU of each
@@ -20,6 +22,11 @@ PureJaxRL: ``--purejaxrl DIR`` is a checkout of github.com/luchris429/purejaxrl 
 step, so its env gets gymnax's LegacyStepAPIWrapper as rejax's does. Without ``--purejaxrl``
 its rows are left out. Writes ``--out`` after every row (an interrupted run keeps its rows).
 ``--smoke``: the works shrunk to seconds of compiling, results in /tmp.
+
+``--candidates``: ppojax's program with each of ``VARIANTS`` (the kernels candidates of
+``ppojax.runtime.kernels``, alone and combined, and ``compute_dtype="bfloat16"``), by
+default at 1 agent x 8192 envs on the H200 target; its rows go into the ``candidates``
+section of ``--out`` (rows of the same variant, work and target replaced, the rest kept).
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ from typing import Any
 
 import jax
 from common import (
+    command_line,
     failure,
     legacy_step_env,
+    now,
     package_version,
     record,
     rejax_algo,
@@ -48,7 +57,7 @@ from common import (
     write_json,
 )
 from gpu import WORKS
-from gpu_parts import classic
+from gpu_parts import candidates_on, classic
 
 import ppojax
 from ppojax.runtime import deviceless, launches
@@ -60,6 +69,21 @@ COUNTED_WORKS = {
 }
 SMOKE_WORKS = {"1 agent x 4 envs": (1, 4, 3), "2 agents x 8 envs": (2, 8, 3)}
 PROGRAMS = ("ppojax", "rejax", "purejaxrl")
+# name: (kernels candidates on, compute_dtype); "plain" turns every GPU default off
+VARIANTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "plain": ((), "float32"),
+    "gather_once": (("gather_once",), "float32"),
+    "fused_actor_critic": (("fused_actor_critic",), "float32"),
+    "pallas_ppo_loss": (("pallas_ppo_loss",), "float32"),
+    "bfloat16": ((), "bfloat16"),
+    "gather_once + fused_actor_critic": (("gather_once", "fused_actor_critic"), "float32"),
+    "gather_once + pallas_ppo_loss": (("gather_once", "pallas_ppo_loss"), "float32"),
+    "all three": (("gather_once", "fused_actor_critic", "pallas_ppo_loss"), "float32"),
+    "bfloat16 + gather_once + fused_actor_critic": (
+        ("gather_once", "fused_actor_critic"),
+        "bfloat16",
+    ),
+}
 
 
 def ppojax_program(config: ppojax.PPOConfig, keys: jax.Array) -> tuple[Callable, tuple]:
@@ -116,11 +140,16 @@ def purejaxrl_program(folder: Path) -> Callable[..., tuple[Callable, tuple]]:
 
 
 def count_row(
-    program: str, make: Callable, work: str, spec: tuple[int, int, int], target: str
+    program: str,
+    make: Callable,
+    work: str,
+    spec: tuple[int, int, int],
+    target: str,
+    compute_dtype: str = "float32",
 ) -> dict:
     """One program at one work compiled for ``target`` and counted."""
     agents, envs, updates = spec
-    config = classic(envs, updates)
+    config = classic(envs, updates).replace(compute_dtype=compute_dtype)
     row: dict[str, Any] = {
         "program": program,
         "work": work,
@@ -190,6 +219,50 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+CANDIDATES_START = "<!-- gpu-candidates-table:start -->"
+CANDIDATES_END = "<!-- gpu-candidates-table:end -->"
+
+
+def candidates_table(report: dict) -> str:
+    """The README's table of ``report``'s ``candidates`` section: per variant, launches and
+    bytes per update, per env step and per minibatch step, and the change per update against
+    "plain" at the same work and target."""
+    section = report["candidates"]
+    rows = [row for row in section["rows"] if "error" not in row]
+    rows.sort(key=lambda row: (row["target"], row["work"], list(VARIANTS).index(row["variant"])))
+    plain = {(r["work"], r["target"]): r for r in rows if r["variant"] == "plain"}
+    lines = [
+        "| variant | work | target | launches per update | bytes per update "
+        "| launches per env step / minibatch step | bytes per minibatch step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def change(value: int, base: int | None) -> str:
+        return f" ({value / base - 1:+.0%})" if base else ""
+
+    for row in rows:
+        base = plain.get((row["work"], row["target"]))
+        update, base_update = row["per_update"], base and base["per_update"]
+        launches_text = f"{update['launches']:,}" + change(
+            update["launches"], base_update and base_update["launches"]
+        )
+        bytes_text = size(update["bytes"]) + change(
+            update["bytes"], base_update and base_update["bytes"]
+        )
+        steps = f"{row['per_env_step']['launches']:.4g} / {row['per_minibatch_step']['launches']}"
+        minibatch_bytes = size(row["per_minibatch_step"]["bytes"])
+        lines.append(
+            f"| {row['variant']} | {row['work']} | {row['target'].upper()} | {launches_text} "
+            f"| {bytes_text} | {steps} | {minibatch_bytes} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Counted {section['date'][:10]}, jax {report['versions']['jax']}: "
+        + "; ".join(f"`{command}`" for command in section["commands"])
+    )
+    return "\n".join(lines)
+
+
 def readme_with_table(readme: str, table: str) -> str:
     """``readme`` with the block between the table's markers replaced by ``table``."""
     return with_block(readme, TABLE_START, TABLE_END, table)
@@ -217,6 +290,44 @@ def header(argv: list[str]) -> dict[str, Any]:
     return report
 
 
+def candidate_row(variant: str, work: str, spec: tuple[int, int, int], target: str) -> dict:
+    """ppojax's program with ``VARIANTS[variant]``, traced with those candidates on and CUDA's
+    defaults not among them off, compiled for ``target`` and counted."""
+    names, compute_dtype = VARIANTS[variant]
+    with candidates_on(names):
+        row = count_row("ppojax", ppojax_program, work, spec, target, compute_dtype)
+    return {"variant": variant, "candidates": list(names), "compute_dtype": compute_dtype} | row
+
+
+def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
+    """The ``--candidates`` rows into the ``candidates`` section of ``args.out``, read again
+    before each write (another such run may be writing rows of other variants into it)."""
+    failed = 0
+    for target in args.targets:
+        for work, spec in args.works.items():
+            for variant in args.candidates:
+                try:
+                    row = candidate_row(variant, work, spec, target)
+                except Exception as error:  # one row's failure must not lose the others
+                    row = {"variant": variant, "work": work, "target": target}
+                    row["error"] = failure(error)
+                    failed += 1
+                report = json.loads(args.out.read_text()) if args.out.exists() else header(argv)
+                section = report.setdefault("candidates", {"commands": [], "rows": []})
+                command = command_line(__file__, argv)
+                section["commands"] = list(dict.fromkeys([*section["commands"], command]))
+                key = (variant, work, target)
+                section["rows"] = [
+                    old
+                    for old in section["rows"]
+                    if (old["variant"], old["work"], old["target"]) != key
+                ] + [row]
+                section["date"] = now()
+                write_json(args.out, report)
+                print(json.dumps({"variant": variant, "per_update": row.get("per_update")}))
+    return 1 if failed else 0
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", choices=list(deviceless.TARGETS))
@@ -226,7 +337,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
     parser.add_argument("--readme", type=Path, help="write --out's table into this README")
+    parser.add_argument(
+        "--candidates",
+        nargs="*",
+        choices=list(VARIANTS),
+        help="count ppojax with these VARIANTS (none named: all)",
+    )
     args = parser.parse_args(argv)
+    if args.candidates is not None:
+        args.candidates = args.candidates or list(VARIANTS)
+        args.targets = args.targets or ["h200"]
+        args.works = args.works or [
+            next(iter(SMOKE_WORKS)) if args.smoke else "1 agent x 8192 envs"
+        ]
     args.targets = args.targets or ["h200", "h100"]
     works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
     args.works = {name: works[name] for name in (args.works or works) if name in works}
@@ -244,13 +367,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme is not None:
         report = json.loads(args.out.read_text())
-        args.readme.write_text(readme_with_table(args.readme.read_text(), markdown_table(report)))
+        readme = readme_with_table(args.readme.read_text(), markdown_table(report))
+        if "candidates" in report and CANDIDATES_START in readme:
+            readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
+        args.readme.write_text(readme)
         print(f"wrote the table of {args.out} into {args.readme}", flush=True)
         return 0
     # the CUDA plugin must not start as a backend: it finds no cuDNN, and then gives no
     # topology either (jax read JAX_PLATFORMS at import: set its flag)
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
+    if args.candidates is not None:
+        return count_candidates(args, argv)
     makers = {"ppojax": ppojax_program, "rejax": rejax_program}
     if args.purejaxrl is not None:
         makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)

@@ -18,7 +18,7 @@ import pytest
 from benchmark_script import run_benchmark
 
 import ppojax
-from ppojax.runtime import deviceless, launches
+from ppojax.runtime import deviceless, kernels, launches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -249,7 +249,9 @@ def test_a_sort_and_a_loop_compile_for_each_target(target):
 
 
 # The small PPO program's launches on the H200 target per jax version (counted with
-# ppojax.runtime.launches; a change that splits or merges a fusion changes them)
+# ppojax.runtime.launches; a change that splits or merges a fusion changes them), by default
+# (the loss in one Triton kernel per minibatch step: ppojax.runtime.kernels.CUDA_DEFAULTS)
+# and with the CUDA defaults turned off
 SMALL_CONFIG = dict(
     env_id="CartPole-v1",
     num_envs=4,
@@ -259,23 +261,40 @@ SMALL_CONFIG = dict(
     num_minibatches=2,
 )
 EXPECTED = {
-    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 60},  # Python 3.11's jax
-    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 62},  # Python 3.12's and 3.13's
+    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 40},  # Python 3.11's jax
+    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 44},  # Python 3.12's and 3.13's
+}
+EXPECTED_PLAIN = {
+    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 60},
+    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 62},
 }
 
 
-def test_small_ppo_program_launches_on_the_h200():
+def small_program_phases() -> dict:
+    config = ppojax.PPOConfig(**SMALL_CONFIG)
+    keys = jax.random.split(jax.random.key(0), 1)
+    program = jax.vmap(ppojax.train, in_axes=(None, 0))  # a new function: traced again
+    compiled = deviceless.compile_for(program, (config, keys), "h200")
+    return launches.ppo_phases(launches.count(compiled.as_text()), 3, 8, 2, 2)
+
+
+@pytest.mark.parametrize("cuda_defaults", [True, False])
+def test_small_ppo_program_launches_on_the_h200(cuda_defaults):
     needs_plugin()
     if jax.__version__ not in EXPECTED:
         pytest.fail(f"no launch counts recorded for jax {jax.__version__}: count them and add")
-    config = ppojax.PPOConfig(**SMALL_CONFIG)
-    keys = jax.random.split(jax.random.key(0), 1)
-    program = jax.vmap(ppojax.train, in_axes=(None, 0))
-    compiled = deviceless.compile_for(program, (config, keys), "h200")
-    phases = launches.ppo_phases(launches.count(compiled.as_text()), 3, 8, 2, 2)
-    counted = {part: phases[part]["launches"] for part in EXPECTED[jax.__version__]}
-    assert counted == EXPECTED[jax.__version__]
+    if cuda_defaults:
+        phases, expected = small_program_phases(), EXPECTED[jax.__version__]
+    else:
+        with kernels.plain(*kernels.CUDA_DEFAULTS):
+            phases = small_program_phases()
+        expected = EXPECTED_PLAIN[jax.__version__]
+    counted = {part: phases[part]["launches"] for part in expected}
+    assert counted == expected
     assert phases["rollout"]["trips"] == 8 and phases["epochs"]["trips"] == 2
+    # by default the loss and its gradient are one Triton custom call per minibatch step
+    custom_calls = phases["per_minibatch_step"]["by_opcode"].get("custom-call", 0)
+    assert custom_calls == (1 if cuda_defaults else 0)
 
 
 def test_the_readme_table_is_the_one_gpu_program_py_makes_from_the_result_file(tmp_path):

@@ -1,6 +1,8 @@
 """ppojax.runtime.kernels: the stand-in computes what its plain form computes, and ``plain()``
 really swaps the plain form in."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -326,9 +328,9 @@ def test_pallas_ppo_loss_leaves_other_configs_to_ppo_loss(tiny_config, settings)
 TRITON_CALL = "__gpu$xla.gpu.triton"
 
 
-def pallas_kernel_module(platform: str, continuous: bool, interpret: bool | None = None) -> str:
-    """The StableHLO text of ``loss_and_grads`` on 8192 rows of the classic MLP, exported for
-    ``platform`` from this CPU-only machine.
+def exported_text(fn, args, platform: str) -> str:
+    """The StableHLO text of ``jax.jit(fn)`` on ``args`` exported for ``platform`` from this
+    CPU-only machine.
 
     For CUDA it is exported under an abstract H200: jax 0.11's Pallas Triton lowering reads
     the target GPU's compute capability from the device, or from the abstract mesh's device
@@ -336,6 +338,24 @@ def pallas_kernel_module(platform: str, continuous: bool, interpret: bool | None
     device"); jax 0.10.2 assumed compute capability 9.0, the H200's, and ignores the mesh."""
     from jax import export
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+
+    # the device's name is what the lowering reads; 132 is the H200's SM count. Auto axes:
+    # jax 0.11.2's Pallas lowering fails on an Explicit one ("Length of sharding.spec (2)
+    # must be equal to aval's ndim (1)")
+    device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    mesh = AbstractMesh((1,), ("x",), (AxisType.Auto,), abstract_device=device)
+    with use_abstract_mesh(mesh):
+        exported = export.export(
+            jax.jit(fn),
+            platforms=[platform],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
+        )(*args)
+    return exported.mlir_module()
+
+
+def pallas_kernel_module(platform: str, continuous: bool, interpret: bool | None = None) -> str:
+    """The StableHLO text of ``loss_and_grads`` on 8192 rows of the classic MLP, exported for
+    ``platform`` (``exported_text``)."""
 
     def layers(sizes):
         return [
@@ -360,18 +380,7 @@ def pallas_kernel_module(platform: str, continuous: bool, interpret: bool | None
             settings, coefficients, network, inputs, interpret=interpret
         )
 
-    # the device's name is what the lowering reads; 132 is the H200's SM count. Auto axes:
-    # jax 0.11.2's Pallas lowering fails on an Explicit one ("Length of sharding.spec (2)
-    # must be equal to aval's ndim (1)")
-    device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-    mesh = AbstractMesh((1,), ("x",), (AxisType.Auto,), abstract_device=device)
-    with use_abstract_mesh(mesh):
-        exported = export.export(
-            jax.jit(loss),
-            platforms=[platform],
-            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
-        )(coefficients, network, inputs)
-    return exported.mlir_module()
+    return exported_text(loss, (coefficients, network, inputs), platform)
 
 
 # jax 0.11 warns on every Triton lowering that the backend will go; docs/architecture.md
@@ -395,3 +404,62 @@ def test_pallas_ppo_kernel_is_interpreted_when_lowered_for_cpu():
     interpreted = pallas_kernel_module("cuda", continuous=False, interpret=True)
     assert interpreted.count(TRITON_CALL) == 0 and interpreted.count("stablehlo.while") >= 2
     assert pallas_kernel_module("cuda", continuous=False).count("stablehlo.while") == 0
+
+
+def loss_gradient_module(config: ppojax.PPOConfig, platform: str) -> str:
+    """The StableHLO of the update's loss and gradient on 128 rows, exported for ``platform``."""
+    agent, params, batch = pallas_batch(config, 128)
+
+    def value_and_grad(params, batch):
+        loss_fn = ppo_loss_function(agent, config, jnp.float32(1.0))
+        return jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+
+    return exported_text(value_and_grad, (params, batch), platform)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_pallas_ppo_loss_is_the_default_only_for_cuda():
+    """Unchosen, "pallas_ppo_loss" (a CUDA default) is the loss of programs lowered for CUDA,
+    and ``plain`` turns it off there; lowered for the CPU the loss is ppo_loss, no kernel nor
+    its interpreter's loops; where the kernel does not fit, ppo_loss everywhere."""
+    assert "pallas_ppo_loss" in kernels.CUDA_DEFAULTS
+    config = ppojax.PPOConfig()
+    assert not pallas_loss.applies(make_agent(config), config)  # not chosen
+    assert loss_gradient_module(config, "cuda").count(TRITON_CALL) == 1
+    cpu = loss_gradient_module(config, "cpu")
+    assert cpu.count(TRITON_CALL) == 0 and cpu.count("stablehlo.while") == 0
+    with kernels.plain("pallas_ppo_loss"):
+        assert loss_gradient_module(config, "cuda").count(TRITON_CALL) == 0
+    shared = config.replace(shared_torso=True)
+    assert loss_gradient_module(shared, "cuda").count(TRITON_CALL) == 0
+
+
+def optimized_instructions(compiled) -> str:
+    """A compiled program's optimized HLO without its module name, op metadata and stack
+    frames (the Python names and lines the trace passed through)."""
+    text = compiled.as_text().split("\n", 1)[1].split("FileNames")[0]
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    return re.sub(r", stack_frame_id=\d+", "", text)
+
+
+def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
+    """The CPU program with the CUDA defaults on (the default) is, instruction for
+    instruction, the one traced with them off: every CPU result stays bit for bit."""
+    assert kernels.CUDA_DEFAULTS
+
+    def default(config, key):
+        return ppojax.train(config, key)
+
+    def turned_off(config, key):
+        return ppojax.train(config, key)
+
+    key = jax.random.key(0)
+    with_defaults = jax.jit(default).lower(tiny_config, key)
+    with kernels.plain(*kernels.CUDA_DEFAULTS):
+        without = jax.jit(turned_off).lower(tiny_config, key)
+    # traced apart: the default's lowering holds the platform's choice (a case on a constant)
+    assert with_defaults.as_text().count("stablehlo.case") > without.as_text().count(
+        "stablehlo.case"
+    )
+    compiled = [optimized_instructions(lowered.compile()) for lowered in (with_defaults, without)]
+    assert compiled[0] == compiled[1]

@@ -262,13 +262,16 @@ ppo_loss.defvjp(_ppo_loss_forward, _ppo_loss_backward)
 
 
 def applies(agent: Agent, config: PPOConfig) -> bool:
-    """Whether the kernels candidate "pallas_ppo_loss" is chosen and computes this config's
-    loss: PPO-Clip, one Categorical without a mask or a Gaussian with a log-std parameter,
-    two float32 MLP torsos of tanh or relu."""
+    """Whether the kernels candidate "pallas_ppo_loss" is chosen and ``fits`` the config."""
+    return kernels.stand_in("pallas_ppo_loss") and fits(agent, config)
+
+
+def fits(agent: Agent, config: PPOConfig) -> bool:
+    """Whether the kernel computes this config's loss: PPO-Clip, one Categorical without a
+    mask or a Gaussian with a log-std parameter, two float32 MLP torsos of tanh or relu."""
     spec = agent.env.spec
     return (
-        kernels.stand_in("pallas_ppo_loss")
-        and config.policy_objective == "clip"
+        config.policy_objective == "clip"
         and spec.action_nvec is None
         and not spec.masked
         and not (config.state_dependent_std and not spec.discrete)

@@ -21,6 +21,7 @@ from ppojax.ppo import pallas_loss
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.loss import ppo_loss
 from ppojax.ppo.types import Agent, Batch, SequenceBatch
+from ppojax.runtime import kernels
 
 
 def learning_rate_at(config: PPOConfig, gradient_step: jax.Array) -> jax.Array:
@@ -79,12 +80,15 @@ def shuffle_any(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
 
 
 def ppo_loss_function(agent: Agent, config: PPOConfig, kl_coef: jax.Array) -> LossFn:
-    """``ppo_loss`` of this agent and config as a function of (params, minibatch); with the
-    kernels candidate "pallas_ppo_loss" where it applies, the same loss and gradient from one
-    Pallas kernel (``ppojax.ppo.pallas_loss``)."""
-    if pallas_loss.applies(agent, config):
-        return functools.partial(pallas_loss.env_ppo_loss, agent, config)
-    return functools.partial(ppo_loss, agent, config, kl_coef)
+    """``ppo_loss`` of this agent and config as a function of (params, minibatch); where the
+    kernels candidate "pallas_ppo_loss" fits the config, the same loss and gradient from one
+    Pallas kernel (``ppojax.ppo.pallas_loss``) when it is chosen, and by default in programs
+    lowered for CUDA (``kernels.by_platform``)."""
+    plain = functools.partial(ppo_loss, agent, config, kl_coef)
+    if not pallas_loss.fits(agent, config):
+        return plain
+    fused = functools.partial(pallas_loss.env_ppo_loss, agent, config)
+    return kernels.by_platform("pallas_ppo_loss", plain, fused)
 
 
 def ppo_update(

@@ -152,4 +152,9 @@ def compile_for(
     shaped = [
         arg if index in static_argnums else abstract(arg, mesh) for index, arg in enumerate(args)
     ]
-    return jax.jit(fn, static_argnums=static_argnums).lower(*shaped).compile()
+    lowering = jax.jit(fn, static_argnums=static_argnums).lower
+    if jax_version() < (0, 11):  # Pallas's Triton lowering assumes compute capability 9.0
+        return lowering(*shaped).compile()
+    # from jax 0.11 it reads the GPU from the abstract mesh when none is attached
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        return lowering(*shaped).compile()

@@ -13,8 +13,9 @@ measured below it (a single-operand sort permutation, flat PRNG draws, optimizer
 metrics packed one array per dtype: -4% to +8%) were removed for the plain calls.
 
 ``plain()`` (or the environment variable PPOJAX_PLAIN_KERNELS=1, or a comma-separated list of
-names) turns the stand-ins off, all or by name (``STAND_INS``). The switch is read when a
-program is traced: a program compiled under one setting keeps it.
+names) turns the stand-ins off, all or by name (``STAND_INS``), and CUDA's defaults with them
+(``CUDA_DEFAULTS``, below). The switch is read when a program is traced: a program compiled
+under one setting keeps it.
 
 ``CANDIDATES`` are the other way round: off unless chosen, with ``use(*names)`` or the
 environment variable PPOJAX_KERNELS (1 for all, or a comma-separated list). They aim at GPUs,
@@ -33,6 +34,17 @@ computes what its plain form computes (tests/test_kernels.py):
   or a Gaussian head in one Pallas kernel per block of rows (``ppojax.ppo.pallas_loss``),
   activations kept on chip, instead of XLA's kernels per layer and loss term (the same loss
   and gradient).
+
+``CUDA_DEFAULTS`` are the candidates that programs lowered for CUDA use without being chosen,
+and only those programs: ``by_platform`` traces both forms and ``jax.lax.platform_dependent``
+keeps the candidate where the program is lowered for CUDA and the plain form everywhere else,
+so a CPU (or TPU, or ROCm) program is the one it was without it and every CPU result stays
+bit for bit. No GPU timing has chosen them yet: the count of what an H200 would run did
+(``benchmarks/gpu_program.py --candidates``, the ``candidates`` section of
+benchmarks/results/gpu_program.json): "pallas_ppo_loss" cuts one update at 1 agent x 8192 envs
+from 4,077 launches to 3,693 and from 40.6 GB to 5.7 GB (the epochs' activations stay on
+chip), the others cut neither by 10%. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns
+one off for CUDA too.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ import jax
 
 STAND_INS = ("noise",)
 CANDIDATES = ("gather_once", "fused_actor_critic", "pallas_ppo_loss")
+CUDA_DEFAULTS = ("pallas_ppo_loss",)
 
 
 def _names_from_environment(variable: str, allowed: tuple[str, ...]) -> frozenset[str]:
@@ -66,7 +79,7 @@ def _names_from_environment(variable: str, allowed: tuple[str, ...]) -> frozense
 # The two switches, read when a program is traced: "plain" holds the STAND_INS turned off,
 # "chosen" the CANDIDATES turned on.
 _switches = {
-    "plain": _names_from_environment("PPOJAX_PLAIN_KERNELS", STAND_INS),
+    "plain": _names_from_environment("PPOJAX_PLAIN_KERNELS", STAND_INS + CUDA_DEFAULTS),
     "chosen": _names_from_environment("PPOJAX_KERNELS", CANDIDATES),
 }
 
@@ -82,7 +95,7 @@ def stand_in(name: str) -> bool:
 
 
 def stand_ins_on() -> bool:
-    """Whether programs traced now use every stand-in (the default)."""
+    """Whether programs traced now use every stand-in and CUDA default (the default)."""
     return not _switches["plain"]
 
 
@@ -102,14 +115,30 @@ def _adding(switch: str, names: tuple[str, ...], allowed: tuple[str, ...]) -> It
 
 
 def plain(*names: str) -> contextlib.AbstractContextManager[None]:
-    """Trace programs with the plain forms of ``names`` (default: all STAND_INS) inside this
-    block."""
-    return _adding("plain", names, STAND_INS)
+    """Trace programs with the plain forms of ``names`` (default: all STAND_INS and
+    CUDA_DEFAULTS) inside this block."""
+    return _adding("plain", names, STAND_INS + CUDA_DEFAULTS)
 
 
 def use(*names: str) -> contextlib.AbstractContextManager[None]:
     """Trace programs with the CANDIDATES ``names`` (default: all of them) inside this block."""
     return _adding("chosen", names, CANDIDATES)
+
+
+def by_platform(name: str, plain_fn: Callable, candidate_fn: Callable) -> Callable:
+    """``plain_fn``, or the candidate ``name``'s ``candidate_fn`` (computing the same, in the
+    same structure) where chosen; for one of CUDA_DEFAULTS not turned off, a function that
+    traces both and runs ``candidate_fn`` in programs lowered for CUDA, ``plain_fn`` in all
+    others."""
+    if stand_in(name):
+        return candidate_fn
+    if name not in CUDA_DEFAULTS or name in _switches["plain"]:
+        return plain_fn
+
+    def lowered_by_platform(*args: Any) -> Any:
+        return jax.lax.platform_dependent(*args, cuda=candidate_fn, default=plain_fn)
+
+    return lowered_by_platform
 
 
 def scan_drawing(
