@@ -414,7 +414,8 @@ def loss_gradient_module(config: ppojax.PPOConfig, platform: str) -> str:
         loss_fn = ppo_loss_function(agent, config, jnp.float32(1.0))
         return jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
 
-    return exported_text(value_and_grad, (params, batch), platform)
+    with kernels.lowering_for_cuda():  # as a deviceless compile for a GPU traces it
+        return exported_text(value_and_grad, (params, batch), platform)
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
@@ -454,7 +455,8 @@ def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
         return ppojax.train(config, key)
 
     key = jax.random.key(0)
-    with_defaults = jax.jit(default).lower(tiny_config, key)
+    with kernels.lowering_for_cuda():  # both forms traced, as where CUDA is possible
+        with_defaults = jax.jit(default).lower(tiny_config, key)
     with kernels.plain(*kernels.CUDA_DEFAULTS):
         without = jax.jit(turned_off).lower(tiny_config, key)
     # traced apart: the default's lowering holds the platform's choice (a case on a constant)
@@ -463,3 +465,7 @@ def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
     )
     compiled = [optimized_instructions(lowered.compile()) for lowered in (with_defaults, without)]
     assert compiled[0] == compiled[1]
+    # where no GPU can lower it (this machine), the default traces the plain form alone
+    assert not kernels.may_lower_for_cuda()
+    alone = jax.jit(lambda config, key: ppojax.train(config, key)).lower(tiny_config, key)
+    assert alone.as_text().count("stablehlo.case") == without.as_text().count("stablehlo.case")

@@ -27,6 +27,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ppojax.runtime import kernels
+
 # target name -> its spec file in gpu_specs/ (origin and license: gpu_specs/README.md)
 TARGETS = {"h200": "h200.txtpb", "h100": "h100_sxm.txtpb"}
 PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
@@ -153,8 +155,9 @@ def compile_for(
         arg if index in static_argnums else abstract(arg, mesh) for index, arg in enumerate(args)
     ]
     lowering = jax.jit(fn, static_argnums=static_argnums).lower
-    if jax_version() < (0, 11):  # Pallas's Triton lowering assumes compute capability 9.0
-        return lowering(*shaped).compile()
-    # from jax 0.11 it reads the GPU from the abstract mesh when none is attached
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        return lowering(*shaped).compile()
+    with kernels.lowering_for_cuda():  # the program is CUDA's: its defaults go in
+        if jax_version() < (0, 11):  # Pallas's Triton lowering assumes compute capability 9.0
+            return lowering(*shaped).compile()
+        # from jax 0.11 it reads the GPU from the abstract mesh when none is attached
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return lowering(*shaped).compile()
