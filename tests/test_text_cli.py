@@ -407,3 +407,54 @@ def test_a_live_run_folder_refuses_a_second_writer_and_a_killed_runs_lock_is_tak
     with run_lock(run_dir) as path:
         assert holder(path) == (os.getpid(), host)
     assert not path.exists()
+
+
+def test_two_processes_taking_over_one_stale_lock_at_once_do_not_both_win(tmp_path, monkeypatch):
+    import os
+    import socket
+    import subprocess
+    import threading
+
+    from ppojax.runs import lock
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (tmp_path / "lock").write_text(f"{int(gone.stdout)} {socket.gethostname()}\n")
+    # Both find the lock stale before either acts; then one takes it over while the other
+    # waits, and the other goes on from what it read: the race, made certain.
+    both_read, first_done = threading.Barrier(2), threading.Event()
+    judged, is_stale = set(), lock.is_stale
+
+    def judge_then_wait(owner):
+        stale = is_stale(owner)
+        if threading.get_ident() not in judged:
+            judged.add(threading.get_ident())
+            if both_read.wait(timeout=30) != 0:
+                first_done.wait(timeout=30)
+        return stale
+
+    monkeypatch.setattr(lock, "is_stale", judge_then_wait)
+    results = []
+
+    def take():
+        try:
+            results.append(lock.acquire(tmp_path))
+        except ValueError as error:
+            results.append(error)
+        finally:
+            first_done.set()
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    won = [result for result in results if isinstance(result, Path)]
+    (lost,) = [result for result in results if isinstance(result, ValueError)]
+    assert won == [tmp_path / "lock"]
+    assert f"process {os.getpid()} on {socket.gethostname()} is training there" in str(lost)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lock"]  # no take-over file left
