@@ -252,6 +252,50 @@ def test_text_reward_inside_jit_finds_rows_by_prompt_tokens(lm):
     np.testing.assert_array_equal(batched(jnp.stack([responses, responses])), [out, out])
 
 
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (None, "returned NoneType; return a list"),
+        (["1", "2"], "returned '1' at position 0, not a number"),
+        ([1.0], "returned 1 rewards for 2 responses"),
+        ([1.0, float("inf")], "returned inf at position 1"),
+        ([float("nan"), 1.0], "returned NaN at position 0"),
+        (ZeroDivisionError("division by zero"), "division by zero"),
+    ],
+)
+def test_a_text_rewards_error_in_training_is_kept_and_its_rewards_are_nan(lm, value, message):
+    """With a ``failures`` list (what ``ppojax rlhf`` trains with) a reward's error on its
+    second call is kept with its FILE:LINE, not raised inside XLA; the rewards are NaN from
+    then on, and the function is not called again."""
+    data = text_data.load_prompts(["What is 1+1?", "What is 2+2?"], lm.tokenizer)
+    calls = []
+
+    def flaky(prompts, responses):
+        calls.append(len(responses))
+        if len(calls) > 1 and isinstance(value, Exception):
+            raise value
+        return [0.5, 0.25] if len(calls) == 1 else value
+
+    failures = []
+    reward = jax.jit(tr.text_reward(flaky, lm.tokenizer, data, failures))
+    responses = jnp.ones((2, 3), jnp.int32)
+    np.testing.assert_array_equal(
+        reward(data.tokens, data.mask, responses, responses > 0), [0.5, 0.25]
+    )
+    assert failures == []
+    for _ in range(2):
+        out = reward(data.tokens, data.mask, responses, responses > 0)
+        assert np.isnan(np.asarray(out)).all()
+    assert len(calls) == 2
+    ((fn, error, where),) = failures
+    assert fn is flaky and message in str(error)
+    line = flaky.__code__.co_firstlineno + (3 if isinstance(value, Exception) else 0)
+    assert where == f"{__file__}:{line}"
+    with pytest.raises(Exception, match=message):  # without the list it raises, as before
+        bare = tr.text_reward(flaky, lm.tokenizer, data)
+        jax.block_until_ready(bare(data.tokens, data.mask, responses, responses > 0))
+
+
 def test_text_reward_rejects_unknown_prompts_and_ambiguous_rows(lm):
     data = text_data.load_prompts(["What is 1+1?"], lm.tokenizer)
     other = text_data.load_prompts(["What is 2+2?"], lm.tokenizer)

@@ -46,6 +46,12 @@ def files(tmp_path_factory):
         "def short(prompts, responses):\n    return [-len(r) / 10 for r in responses]\n"
         "def infinite(prompts, responses):\n    return [float('inf')] * len(responses)\n"
         "def broken(prompts, responses):\n    return [1 / 0 for r in responses]\n"
+        "CALLS, FAIL_AFTER = [0], [None]\n"
+        "def later(prompts, responses):  # fine for the check, then as FAIL_AFTER says\n"
+        "    CALLS[0] += 1\n"
+        "    if FAIL_AFTER[0] is not None and CALLS[0] > FAIL_AFTER[0]:\n"
+        "        raise KeyError('no answer column')\n"
+        "    return [0.5] * len(responses)\n"
     )
     return types.SimpleNamespace(
         root=root,
@@ -114,6 +120,7 @@ def test_sft_writes_the_run_folder_and_resumes_bit_exactly(files, tmp_path, monk
     rows = metric_rows(run_dir)
     assert [row["update"] for row in rows] == ["1", "2", "3", "4"]
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    assert [row["nonfinite_steps"] for row in rows] == ["0.0"] * 4  # the guard skipped none
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]
     start, trained = from_pretrained(files.model), from_pretrained(run_dir / "final")
     assert dataclasses.replace(trained.config, raw=start.config.raw) == start.config
@@ -153,8 +160,16 @@ def test_reward_model_and_dpo_on_pairs(files, tmp_path):
     )
 
 
-def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch):
+def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch, capsys):
+    """Also a reward that passes the check on the first prompts and fails at step 3 in
+    training: one line naming it, the run stopped with its checkpoint of step 2, and
+    ``--resume`` going on from there once it is fixed."""
+    import importlib
+
     monkeypatch.chdir(files.root)  # my_rewards imports from the current folder
+    monkeypatch.syspath_prepend(str(files.root))
+    rewards = importlib.import_module("my_rewards")
+    rewards.CALLS[0], rewards.FAIL_AFTER[0] = 0, 3  # the check and steps 1-2 pass
     wandb = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", wandb)
     reward_lm = from_pretrained(files.model)  # a reward model as `ppojax rm` leaves one
@@ -162,20 +177,42 @@ def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch
     params["params"]["value_head"]["kernel"] = jnp.linspace(-1, 1, 64)[:, None]
     reward_model = save_pretrained(reward_lm, params, tmp_path / "reward_model")
     argv = ["rlhf", "--model", str(files.model), "--prompts", str(files.prompts), *FAST]
-    argv += ["--reward", "my_rewards:short", "--reward-model", str(reward_model)]
+    argv += ["--reward", "my_rewards:short", "--reward", "my_rewards:later"]
+    argv += ["--reward-model", str(reward_model)]
     argv += ["--algorithm", "grpo", "--group-size", "2", "--response-len", "4"]
     argv += ["--num-minibatches", "2", "--ppo-epochs", "1", "--samples", "2", "--wandb"]
-    run_dir = run(argv, tmp_path / "rlhf")
+    assert main([*argv, "--out", str(tmp_path / "rlhf")]) == 2
+    (run_dir,) = (tmp_path / "rlhf").iterdir()
+    assert capsys.readouterr().err == (
+        f"ppojax rlhf: error: --reward my_rewards:later ({files.root / 'my_rewards.py'}:11): "
+        "KeyError: 'no answer column' (at step 3, on responses sampled in training); fix it: a "
+        "reward takes (prompts, responses, **columns) and returns one finite float per "
+        f"response, then continue with --resume {run_dir}: the run stopped before step 3, "
+        "checkpoints/2 kept\n"
+    )
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["2"]
+    assert [row["update"] for row in metric_rows(run_dir)] == ["1", "2"]
+    assert not (run_dir / "final").exists() and not (run_dir / "lock").exists()
+    rewards.FAIL_AFTER[0] = None  # fixed
+    assert main(["rlhf", "--resume", str(run_dir), "--no-progress"]) == 0
     for name in (*RUN_FILES, "samples.jsonl"):
         assert (run_dir / name).exists(), name
-    row = metric_rows(run_dir)[0]
-    assert {"rewards/short/mean", "rewards/reward_model_score/mean", "objective/kl"} <= set(row)
+    rows = metric_rows(run_dir)
+    assert [row["update"] for row in rows] == ["1", "2", "3", "4"]
+    names = {"rewards/short/mean", "rewards/later/mean", "rewards/reward_model_score/mean"}
+    assert names | {"objective/kl"} <= set(rows[0])
+    assert {row["rewards/later/mean"] for row in rows} == {"0.5"}
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert [(s["step"], s["prompt"]) for s in samples] == [
         (step, f"What is 1+{b}?") for step in (2, 4) for b in (1, 2)
     ]
-    (logged,) = wandb.runs
-    tables = [values["samples"] for _, values in logged.logged if "samples" in values]
+    failed, resumed = wandb.runs  # the resume logs on into the failed run's W&B run
+    assert failed.exit_code == 1 and resumed.kwargs["id"] == failed.kwargs["id"]
+    assert [step for step, values in failed.logged if "samples" not in values] == [1, 2]
+    assert [step for step, values in resumed.logged if "samples" not in values] == [3, 4]
+    tables = [
+        values["samples"] for run in wandb.runs for _, values in run.logged if "samples" in values
+    ]
     assert [table.data[0][:2] for table in tables] == [[2, "What is 1+1?"], [4, "What is 1+1?"]]
     from_pretrained(run_dir / "final")
 
@@ -458,3 +495,30 @@ def test_two_processes_taking_over_one_stale_lock_at_once_do_not_both_win(tmp_pa
     assert won == [tmp_path / "lock"]
     assert f"process {os.getpid()} on {socket.gethostname()} is training there" in str(lost)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lock"]  # no take-over file left
+
+
+def test_a_run_whose_updates_are_all_skipped_says_so_and_exits_3_without_final(
+    files, tmp_path, capsys
+):
+    argv = ["sft", "--model", str(files.model), "--data", str(files.sft), *FAST]
+    assert main([*argv, "--learning-rate", "1e30", "--out", str(tmp_path / "runs")]) == 3
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    error = capsys.readouterr().err
+    reports = [line for line in error.splitlines() if line.startswith("ppojax: step")]
+    assert reports == [
+        f"ppojax: step {first} skipped 1 of its 1 update(s) for a NaN or inf in the loss, "
+        f"gradients or parameters; 2 of steps {first}-{first + 1} skipped all theirs (the "
+        "parameters stay the last finite ones). If it goes on: lower --learning-rate; in "
+        "rlhf, check the rewards' scale (and the reward model)"
+        for first in (1, 3)
+    ]
+    assert error.endswith(
+        "ppojax sft: error: the run diverged and never recovered: from step 1 on updates "
+        "were skipped for a NaN or inf, and its last step, 4, skipped all 1; 4 of its 4 steps "
+        "trained nothing. No final/ is written: its newest checkpoint holds the model it "
+        "started from. Lower --learning-rate; in rlhf, check the rewards' scale (and the "
+        "reward model), then train again\n"
+    ), error
+    assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
+    assert [row["gradient_steps"] for row in metric_rows(run_dir)] == ["0.0"] * 4
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]

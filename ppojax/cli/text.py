@@ -32,6 +32,7 @@ from ppojax.cli.text_checks import (
     check_resume_flags,
     load_reward,
     read_settings,
+    reward_check,
     try_reward,
 )
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
@@ -174,9 +175,11 @@ def wandb_settings(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def main(command: str, argv: Sequence[str] | None = None) -> int:
     """``ppojax <command> [options]``: errors in the input as one line naming the file, line
-    or field (exit status 2)."""
+    or field (exit status 2); a run that diverged and never recovered, one line (3)."""
     parser = build_parser(command)
     args = parser.parse_args(argv)
+    from ppojax.runs.loop import RunDiverged  # after --help: it imports jax
+
     try:
         if args.resume is not None:
             check_resume_flags(parser, args)
@@ -184,6 +187,9 @@ def main(command: str, argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as error:
         sys.stderr.write(f"ppojax {command}: error: {error}\n")
         return 2
+    except RunDiverged as error:  # ppojax train's code for a run that never recovered
+        sys.stderr.write(f"ppojax {command}: error: {error}\n")
+        return 3
 
 
 def run(command: str, args: argparse.Namespace) -> int:
@@ -223,7 +229,8 @@ def start(
             stack.enter_context(run_lock(Path(run_dir)))  # before a resume reads anything
         command, key = settings["command"], jax.random.key(settings["seed"])
         lm = from_pretrained(settings["model"])
-        job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1))
+        failures: list[Any] = []  # the text rewards' errors inside the compiled step
+        job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1), failures)
         options = LoopOptions(
             settings["steps"],
             settings["checkpoint_every"],
@@ -240,9 +247,11 @@ def start(
         wandb_options = options_from_settings(run_dir / folder.CONFIG_FILE, settings.get("wandb"))
         wandb = None if wandb_options is None else WandbRun(wandb_options, settings, run_dir)
         hooks: list[Any] = [] if wandb is None else [wandb.log]
+        checks = []
         if prompts is not None:
             hooks.append(sample_writer(settings, run_dir, lm, job, prompts, key, wandb))
-        options = dataclasses.replace(options, hooks=tuple(hooks))
+            checks.append(reward_check(settings["reward"], job, failures, run_dir))
+        options = dataclasses.replace(options, hooks=tuple(hooks), checks=tuple(checks))
         try:
             _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
         except BaseException:
@@ -289,15 +298,16 @@ def rlhf_config(settings: dict[str, Any], lm: Any) -> RLHFConfig:
     return RLHFConfig(**chosen, pad_id=pad, eos_id=eos)
 
 
-def make_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
-    """The run's ``Job`` and, for rlhf, its prompts (for the samples); the data checked."""
+def make_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tuple[Any, Any]:
+    """The run's ``Job`` and, for rlhf, its prompts (for the samples), its text rewards'
+    errors kept in ``failures``; the data checked."""
     from ppojax.rlhf.apps import jobs
     from ppojax.rlhf.data import split_held_out
 
     command, path = settings["command"], Path(settings["data"])
     size, rate = settings["batch_size"], settings.get("learning_rate")
     if command == "rlhf":
-        return rlhf_job(settings, lm, key)
+        return rlhf_job(settings, lm, key, failures)
     data = load_examples(settings, lm)
     rows, held_out = data.prompts.shape[0], settings.get("held_out", 0)
     if held_out >= rows:
@@ -339,7 +349,7 @@ def load_examples(settings: dict[str, Any], lm: Any) -> Any:
     return data
 
 
-def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
+def rlhf_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tuple[Any, Any]:
     """The RLHF job of ``settings``: the prompts, text rewards and reward model it names."""
     from ppojax.rlhf.apps import jobs
     from ppojax.rlhf.data import load_prompts
@@ -390,7 +400,15 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any) -> tuple[Any, Any]:
             )
         reward_params = load_value_head(reward_lm, settings["reward_model"])
     job = jobs.rlhf_job(
-        lm, config, prompts, settings["batch_size"], key, rewards, reward_lm, reward_params
+        lm,
+        config,
+        prompts,
+        settings["batch_size"],
+        key,
+        rewards,
+        reward_lm,
+        reward_params,
+        failures,
     )
     return job, prompts
 

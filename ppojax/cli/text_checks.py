@@ -9,7 +9,6 @@ import argparse
 import importlib
 import math
 import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,7 +77,7 @@ def try_reward(
     step inside a callback's traceback."""
     import numpy as np
 
-    from ppojax.rlhf.text_rewards import call_text_reward
+    from ppojax.rlhf.text_rewards import call_text_reward, fn_location
 
     count = min(TRIED, len(prompts.prompts))
     ids = np.random.default_rng(0).integers(0, tokenizer.rust.get_vocab_size(), (count, length))
@@ -88,17 +87,52 @@ def try_reward(
     try:
         call_text_reward(fn, prompts.prompts[:count], responses, columns)
     except Exception as error:
-        code = getattr(fn, "__code__", None)
-        where = ""
-        if code is not None:  # the line of its file that raised, else its def
-            frames = traceback.extract_tb(error.__traceback__)
-            lines = [frame.lineno for frame in frames if frame.filename == code.co_filename]
-            where = f" ({code.co_filename}:{lines[-1] if lines else code.co_firstlineno})"
+        where = fn_location(fn, error)
         raise ValueError(
-            f"--reward {spec}{where}: {type(error).__name__}: {error} ({tried}); fix it: a "
-            "reward takes (prompts, responses, **columns) and returns one finite float per "
-            "response"
+            f"--reward {spec}{f' ({where})' if where else ''}: {type(error).__name__}: "
+            f"{error} ({tried}); {REWARD_FIX}"
         ) from None
+
+
+REWARD_FIX = (
+    "fix it: a reward takes (prompts, responses, **columns) and returns one finite float per "
+    "response"
+)
+
+
+class RewardCheck:
+    """A ``checks`` hook of ``train_loop`` for the text rewards ``specs`` (``--reward``
+    values, in the job's order) whose errors inside the compiled step land in ``failures``
+    (``text_reward``): at the chunk holding the failed step (its ``rewards/<name>/mean``,
+    ``names[i]`` for reward i, is NaN), a ``ValueError`` naming the reward, its FILE:LINE,
+    the step and the fix, before the chunk is kept. A failure seen while an earlier chunk
+    is checked belongs to the next one: the earlier chunk is whole and kept."""
+
+    def __init__(
+        self, specs: list[str], fns: list[Any], names: list[str], failures: list, run_dir: Path
+    ) -> None:
+        self.specs, self.fns, self.names = specs, fns, names
+        self.failures, self.run_dir = failures, run_dir
+
+    def __call__(self, first: int, state: Any, metrics: dict[str, Any]) -> None:
+        import numpy as np
+
+        if not self.failures:
+            return
+        fn, error, where = self.failures[0]
+        index = next(i for i, candidate in enumerate(self.fns) if candidate is fn)
+        values = np.asarray(metrics[self.names[index]])[0]
+        failed = np.flatnonzero(~np.isfinite(values))
+        if not failed.size:
+            return
+        step = first + int(failed[0]) + 1
+        kept = f"checkpoints/{first}" if first else "no checkpoint yet (it starts again at 0)"
+        raise ValueError(
+            f"--reward {self.specs[index]}{f' ({where})' if where else ''}: "
+            f"{type(error).__name__}: {error} (at step {step}, on responses sampled in "
+            f"training); {REWARD_FIX}, then continue with --resume {self.run_dir}: the run "
+            f"stopped before step {step}, {kept} kept"
+        )
 
 
 def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
@@ -141,3 +175,10 @@ def check_resume_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
 def check_batch(path: Path, rows: int, batch_size: int) -> None:
     if batch_size > rows:
         raise ValueError(f"{path} has {rows} training rows, fewer than --batch-size {batch_size}")
+
+
+def reward_check(specs: list[str], job: Any, failures: list, run_dir: Path) -> RewardCheck:
+    """The check that stops an rlhf run at a step where one of the text rewards ``specs``
+    failed; the job's curves name each reward's metric, the text rewards first."""
+    fns = [load_reward(spec) for spec in specs]  # the job's own: a module is imported once
+    return RewardCheck(list(specs), fns, list(job.curves[1 : 1 + len(specs)]), failures, run_dir)

@@ -24,8 +24,9 @@ import inspect
 import math
 import numbers
 import re
+import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,26 @@ def columns_taken(fn: TextReward, columns: Mapping[str, Sequence[Any]]) -> dict[
         return dict(columns)
     names = {p.name for p in parameters[2:]}
     return {name: values for name, values in columns.items() if name in names}
+
+
+def fn_location(fn: Callable[..., Any], error: BaseException) -> str:
+    """``fn``'s FILE:LINE for ``error``: the last line of its file in the traceback (where it
+    raised), else its ``def`` (a wrong return); "" for a callable without code."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    frames = traceback.extract_tb(error.__traceback__)
+    lines = [frame.lineno for frame in frames if frame.filename == code.co_filename]
+    return f"{code.co_filename}:{lines[-1] if lines else code.co_firstlineno}"
+
+
+class RewardFailure(NamedTuple):
+    """A text reward's error inside the compiled step: the function, what it raised (or the
+    ``ValueError`` its return gave) and its FILE:LINE (``fn_location``)."""
+
+    fn: TextReward
+    error: Exception
+    where: str
 
 
 def as_rewards(fn: TextReward, values: Any, count: int) -> np.ndarray:
@@ -116,15 +137,34 @@ def decode_responses(tokenizer: Any, responses: np.ndarray, mask: np.ndarray) ->
 
 
 def text_reward(
-    fn: TextReward, tokenizer: Any, data: PromptData | Sequence[PromptData]
+    fn: TextReward,
+    tokenizer: Any,
+    data: PromptData | Sequence[PromptData],
+    failures: list[RewardFailure] | None = None,
 ) -> Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]:
     """A ``make_trainer`` reward ``(prompts, prompt_mask, responses, response_mask) -> [B]``
     running ``fn`` on decoded text through ``jax.pure_callback`` (see the module for how rows
     are found and what it costs). ``data``: every ``PromptData`` whose prompts it will see
-    (the training and held-out parts). Works under ``vmap`` (rows of every batch at once)."""
+    (the training and held-out parts). Works under ``vmap`` (rows of every batch at once).
+
+    An error of ``fn`` (or a wrong return) raises inside the callback, which XLA reports as a
+    long runtime error. With a ``failures`` list it is appended there instead and the rewards
+    are NaN (from then on for every call, ``fn`` no longer called), so the host that trains
+    can stop at that step with one line: the step's updates are skipped by the divergence
+    guard, and its ``rewards/<name>/mean`` is NaN, which no checked reward gives."""
     table = prompt_table(data)
 
     def host(prompts, prompt_mask, responses, response_mask) -> np.ndarray:
+        if failures is None:
+            return rewards_on_host(prompts, prompt_mask, responses, response_mask)
+        if not failures:
+            try:
+                return rewards_on_host(prompts, prompt_mask, responses, response_mask)
+            except Exception as error:
+                failures.append(RewardFailure(fn, error, fn_location(fn, error)))
+        return np.full(responses.shape[:-1], np.nan, np.float32)
+
+    def rewards_on_host(prompts, prompt_mask, responses, response_mask) -> np.ndarray:
         lead = responses.shape[:-1]
         prompts = np.asarray(prompts).reshape(-1, prompts.shape[-1])
         prompt_mask = np.asarray(prompt_mask, bool).reshape(prompts.shape)

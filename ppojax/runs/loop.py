@@ -251,6 +251,66 @@ class ProgressBar:
 
 StepFn = Callable[[Any, Any, jax.Array], tuple[Any, dict[str, jax.Array]]]
 
+# What to do about updates skipped for a NaN or inf, said by the LM commands' messages.
+SKIP_FIX = "lower --learning-rate; in rlhf, check the rewards' scale (and the reward model)"
+
+
+class SkipReport:
+    """A hook: one line (to ``write``) for each chunk whose steps had updates skipped by the
+    divergence guard (``nonfinite_steps`` > 0): the first such step, how many it skipped of
+    how many, how many steps of the chunk skipped all theirs, and what to do."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+
+    def __call__(self, first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+        if "nonfinite_steps" not in metrics or "gradient_steps" not in metrics:
+            return
+        skipped, taken = metrics["nonfinite_steps"][0], metrics["gradient_steps"][0]
+        hit = np.flatnonzero(skipped > 0)
+        if not hit.size:
+            return
+        index = hit[0]
+        count, whole = int(skipped[index]), int(skipped[index] + taken[index])
+        every = int(((skipped > 0) & (taken == 0)).sum())
+        self.write(
+            f"ppojax: step {first + index + 1} skipped {count} of its {whole} update(s) for a NaN "
+            f"or inf in the loss, gradients or parameters; {every} of steps {first + 1}-"
+            f"{first + len(skipped)} skipped all theirs (the parameters stay the last finite "
+            f"ones). If it goes on: {SKIP_FIX}"
+        )
+
+
+def say(message: str) -> None:
+    """A line on stderr."""
+    sys.stderr.write(message + "\n")
+
+
+class RunDiverged(Exception):
+    """A run whose last step skipped all its updates (``never_recovered``): the text is the
+    one line the command prints."""
+
+
+def never_recovered(metrics: dict[str, np.ndarray]) -> str | None:
+    """What to say of a run whose every metric is [num_steps] when its last step skipped all
+    its updates for a NaN or inf (it diverged and never recovered); None otherwise (or when
+    its step has no divergence guard)."""
+    if "nonfinite_steps" not in metrics or "gradient_steps" not in metrics:
+        return None
+    skipped, taken = metrics["nonfinite_steps"], metrics["gradient_steps"]
+    if not skipped.size or skipped[-1] == 0 or taken[-1] > 0:
+        return None
+    steps = len(skipped)
+    first = int(np.flatnonzero(skipped > 0)[0]) + 1
+    kept = "the model it started from" if not taken.any() else "its last finite parameters"
+    return (
+        f"the run diverged and never recovered: from step {first} on updates were skipped for "
+        f"a NaN or inf, and its last step, {steps}, skipped all {int(skipped[-1])}; "
+        f"{int((taken == 0).sum())} of its {steps} steps trained nothing. No final/ is "
+        f"written: its newest checkpoint holds {kept}. {SKIP_FIX[0].upper()}{SKIP_FIX[1:]}, "
+        "then train again"
+    )
+
 
 def keyed_step(step: StepFn) -> NumberedStep:
     """``step(frozen, state, key)`` as a numbered step of one run: step n on
@@ -269,7 +329,10 @@ class LoopOptions:
     """``num_steps`` in chunks of ``checkpoint_every`` steps, a checkpoint after each (the
     newest ``keep_checkpoints`` kept; None: all); a progress bar with the latest value of
     each of ``bar_metrics``; with ``resume``, from the run folder's newest checkpoint;
-    ``seed`` for the metrics rows' column; ``hooks`` called after each chunk."""
+    ``seed`` for the metrics rows' column; ``hooks`` called after each chunk; ``checks``
+    called before it is kept: one that raises stops the run there, the chunk's rows and
+    checkpoint unwritten (the folder as the chunk before left it, ``--resume`` going on from
+    its checkpoint)."""
 
     num_steps: int
     checkpoint_every: int
@@ -279,6 +342,7 @@ class LoopOptions:
     resume: bool = False
     seed: int = 0
     hooks: Sequence[Hook] = ()
+    checks: Sequence[Hook] = ()
 
     def __post_init__(self) -> None:
         check_positive_int("LoopOptions", "num_steps", self.num_steps)
@@ -344,7 +408,8 @@ def train_loop(
         )
         if bar is not None:
             bar.open()
-        hooks = [keep, *options.hooks, *([bar] if bar is not None else [])]
+        report = SkipReport(say if bar is None else bar.write)
+        hooks = [*options.checks, report, keep, *options.hooks, *([bar] if bar is not None else [])]
         state = train_chunks(runner, (key, frozen), state, plan, hooks)
     finally:
         store.close()

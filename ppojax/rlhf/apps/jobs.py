@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -33,7 +34,7 @@ from ppojax.rlhf.post.dpo import make_dpo_step
 from ppojax.rlhf.post.pairs import PairData
 from ppojax.rlhf.post.reward_model import make_reward_model_step, pair_accuracy, reward_model
 from ppojax.rlhf.post.sft import CompletionData, make_sft_step
-from ppojax.rlhf.text_rewards import TextReward, text_reward
+from ppojax.rlhf.text_rewards import RewardFailure, TextReward, text_reward
 from ppojax.runs.loop import StepFn
 
 PAIR_CURVES = ("loss", "rewards/accuracies", "rewards/margins")
@@ -65,7 +66,13 @@ def supervised_job(
 ) -> tuple[dict, StepFn]:
     """State {"params", "opt_state"} and the step of an optimizer step on a batch of ``data``
     (``frozen["data"]``); ``make_step(optimizer)`` gives ``(params, opt_state, batch,
-    *extra) -> (params, opt_state, metrics)``, extra being ``frozen["extra"]``."""
+    *extra) -> (params, opt_state, metrics)``, extra being ``frozen["extra"]``.
+
+    The divergence guard of RLHF's updates: a step whose loss or new parameters' global norm
+    is not finite (a NaN or inf anywhere in them, or parameters past float32) is skipped,
+    params and optimizer state kept; ``gradient_steps`` (1 or 0) and ``nonfinite_steps``
+    (0 or 1) say which. Adam's new state only adds the clipped gradients, finite when the
+    parameters they moved are."""
     adam = clipped_adam(learning_rate, 1.0)
     update = make_step(adam)
 
@@ -74,7 +81,12 @@ def supervised_job(
         params, opt_state, metrics = update(
             state["params"], state["opt_state"], batch, *frozen["extra"]
         )
-        return {"params": params, "opt_state": opt_state}, metrics
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(optax.tree.norm(params))
+        new = {"params": params, "opt_state": opt_state}
+        kept = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
+        counts = {"gradient_steps": finite.astype(jnp.float32)}
+        counts["nonfinite_steps"] = 1.0 - counts["gradient_steps"]
+        return kept, {**metrics, **counts}
 
     return {"params": params, "opt_state": adam.init(params)}, step
 
@@ -148,12 +160,14 @@ def rlhf_job(
     rewards: Sequence[TextReward] = (),
     reward_lm: PretrainedLM | None = None,
     reward_params: dict | None = None,
+    failures: list[RewardFailure] | None = None,
 ) -> Job:
     """PPO, GRPO or RLOO (``config.algorithm``) on ``batch_size`` prompts a step, scored by
-    the text ``rewards`` (through ``jax.pure_callback``) and by the reward model
-    ``reward_lm`` with ``reward_params`` (its value head), summed with
-    ``config.reward_weights``. PPO's critic is a copy of the model with a value head at 0."""
-    text = [text_reward(fn, lm.tokenizer, prompts) for fn in rewards]
+    the text ``rewards`` (through ``jax.pure_callback``; their errors kept in ``failures``,
+    see ``text_reward``) and by the reward model ``reward_lm`` with ``reward_params`` (its
+    value head), summed with ``config.reward_weights``. PPO's critic is a copy of the model
+    with a value head at 0."""
+    text = [text_reward(fn, lm.tokenizer, prompts, failures) for fn in rewards]
 
     def reward_fns(frozen: dict) -> list:
         if reward_lm is None:

@@ -34,7 +34,7 @@ from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
 from ppojax.runs import folder
-from ppojax.runs.loop import LoopOptions, LoopResult, train_loop
+from ppojax.runs.loop import LoopOptions, LoopResult, RunDiverged, never_recovered, train_loop
 from ppojax.runs.plots import plot_metrics
 
 SAMPLES_FILE = "samples.jsonl"
@@ -61,10 +61,14 @@ def train_job(
 ) -> tuple[LoopResult, dict[str, Any]]:
     """Train ``job`` to ``options.num_steps`` (from the newest checkpoint with
     ``options.resume``), then write curves.png, ``final/`` and summary.json; the loop's result
-    and the summary."""
+    and the summary. ``RunDiverged`` (after curves.png, before ``final/``) when its last step
+    skipped all its updates for a NaN or inf: an untrained model is not saved as trained."""
     run_dir = Path(run_dir)
     result = train_loop(run_dir, job.step, job.state, job.frozen, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
+    diverged = never_recovered(result.metrics)
+    if diverged is not None:
+        raise RunDiverged(diverged)
     save_final(lm, job.model_params(result.state, job.frozen), run_dir)
     summary = summarize(result, resumed_from_step=result.start or None)
     if job.evaluate is not None:
