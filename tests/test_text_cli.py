@@ -522,3 +522,16 @@ def test_a_run_whose_updates_are_all_skipped_says_so_and_exits_3_without_final(
     assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
     assert [row["gradient_steps"] for row in metric_rows(run_dir)] == ["0.0"] * 4
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]
+
+
+def test_ctrl_c_exits_130_as_ppojax_train_does(files, monkeypatch, capsys):
+    from ppojax.cli import text
+
+    def interrupted(command, args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(text, "run", interrupted)
+    assert main(["sft", "--model", str(files.model), "--data", str(files.sft)]) == 130
+    assert capsys.readouterr().err == (
+        "ppojax: interrupted (a run with checkpoints continues with --resume)\n"
+    )

@@ -175,7 +175,8 @@ def wandb_settings(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def main(command: str, argv: Sequence[str] | None = None) -> int:
     """``ppojax <command> [options]``: errors in the input as one line naming the file, line
-    or field (exit status 2); a run that diverged and never recovered, one line (3)."""
+    or field (exit status 2); a run that diverged and never recovered, one line (3); Ctrl-C
+    (130), as ``ppojax train``."""
     parser = build_parser(command)
     args = parser.parse_args(argv)
     from ppojax.runs.loop import RunDiverged  # after --help: it imports jax
@@ -190,6 +191,9 @@ def main(command: str, argv: Sequence[str] | None = None) -> int:
     except RunDiverged as error:  # ppojax train's code for a run that never recovered
         sys.stderr.write(f"ppojax {command}: error: {error}\n")
         return 3
+    except KeyboardInterrupt:
+        sys.stderr.write("ppojax: interrupted (a run with checkpoints continues with --resume)\n")
+        return 130
 
 
 def run(command: str, args: argparse.Namespace) -> int:
