@@ -495,6 +495,12 @@ def test_two_processes_taking_over_one_stale_lock_at_once_do_not_both_win(tmp_pa
     assert won == [tmp_path / "lock"]
     assert f"process {os.getpid()} on {socket.gethostname()} is training there" in str(lost)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lock"]  # no take-over file left
+    monkeypatch.setattr(lock, "is_stale", is_stale)
+    dead = f"{int(gone.stdout)} {socket.gethostname()}\n"
+    for name in ("lock", "lock.takeover"):  # a process killed while taking over
+        (tmp_path / name).write_text(dead)
+    with pytest.raises(ValueError, match=r"died while taking over its stale lock; delete "):
+        lock.acquire(tmp_path)
 
 
 def test_a_run_whose_updates_are_all_skipped_says_so_and_exits_3_without_final(

@@ -86,6 +86,7 @@ def create(path: Path) -> bool:
 
 
 def in_use(run_dir: Path, path: Path, owner: tuple[int, str]) -> ValueError:
+    """The refusal naming the live ``owner`` of ``run_dir``'s lock ``path``."""
     pid, host = owner
     return ValueError(
         f"{run_dir} is in use: process {pid} on {host} is training there (its {path.name} "
