@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ppojax.checks import ConfigError
+from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import guessing as g
 from ppojax.rlhf.agents.env import Tokens, make_text_env, register_text_env, text_env_ids
 from ppojax.rlhf.agents.episodes import (
@@ -18,6 +20,12 @@ from ppojax.rlhf.agents.episodes import (
     episode_stats,
     previous_real,
     rollout_episodes,
+)
+from ppojax.rlhf.agents.trainer import (
+    EpisodeBatch,
+    episode_advantages,
+    episode_loss,
+    make_episode_trainer,
 )
 from ppojax.rlhf.models.transformer import transformer
 
@@ -267,3 +275,91 @@ def test_hugging_face_extend_skips_masked_gaps():
     gapped, compact = both(lm.params)
     # the same float32 sums in another order (see test_hf_models' tolerance)
     np.testing.assert_allclose(gapped, compact, atol=2e-4)
+
+
+def test_episode_loss_gives_gradient_to_model_tokens_only():
+    """The logits of a position get gradient exactly where they predict a model token: a
+    zero probe added to the logits [N, L, V] has a nonzero gradient at previous_real(c) for
+    every model column c and nowhere else (not at a position predicting an env token)."""
+    cut = ((D5, g.PAD, g.PAD), (1, 0, 0), None)
+    rows = [
+        hand_rows([(*GUESS, g.CORRECT), EMPTY, EMPTY, EMPTY]),
+        hand_rows([(*GUESS, g.HIGHER)] * 3 + [EMPTY]),
+        hand_rows([(*GUESS, g.HIGHER), cut, EMPTY, EMPTY]),
+        hand_rows([(*GUESS, g.LOWER)] * 4),
+    ]
+    tokens, mask, model_mask = (jnp.asarray(np.stack(part)) for part in zip(*rows, strict=True))
+    config = RLHFConfig(
+        pad_id=g.PAD, eos_id=g.EOS, response_len=3, algorithm="grpo", group_size=2,
+        kl_in="loss", kl_estimator="k3", ent_coef=0.1,
+    )  # fmt: skip
+    lm = transformer(g.VOCAB_SIZE, tokens.shape[1], d_model=16, num_heads=2, num_layers=1)
+
+    def probed(params, tokens, mask):
+        return lm.policy_apply(params["lm"], tokens, mask) + params["probe"]
+
+    params = {"lm": lm.init(jax.random.key(0)), "probe": jnp.zeros((4, 17, g.VOCAB_SIZE))}
+
+    @jax.jit
+    def probe_gradient(params):
+        # the old log-probs are the current ones (ratio 1), so no token is clipped off
+        old = episode_stats(probed, params, tokens, mask, 1.0).log_probs
+        advantages = jnp.where(model_mask, jnp.array([1.0, -1.0, 2.0, -0.5])[:, None], 0.0)
+        batch = EpisodeBatch(tokens, mask, model_mask, old, old - 0.3, advantages)
+
+        def loss(params):
+            policy = {"policy": params}
+            return episode_loss(config, probed, jnp.float32(0.5), policy, batch)[0]
+
+        return jax.grad(loss)(params)["probe"]
+
+    touched = np.abs(np.asarray(probe_gradient(params))).sum(axis=-1) > 0
+    expected = np.zeros_like(touched)
+    prev = np.asarray(previous_real(mask))
+    for row, column in zip(*np.nonzero(np.asarray(model_mask)), strict=True):
+        expected[row, prev[row, column]] = True
+    np.testing.assert_array_equal(touched, expected)
+    env_tokens = np.array(mask & ~model_mask)
+    env_tokens[:, 0] = False  # the prompt has no predecessor
+    rows_of, columns_of = np.nonzero(env_tokens)
+    assert len(rows_of) and not touched[rows_of, prev[rows_of, columns_of]].any()
+
+
+def test_an_episode_trainer_step_updates_the_policy():
+    env = g.NumberGuessing(num_values=4, max_turns=2)
+    config = RLHFConfig(
+        pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="rloo", group_size=2,
+        ppo_epochs=1, num_minibatches=2, learning_rate=1e-2, ent_coef=0.01,
+    )  # fmt: skip
+    length = EpisodeLayout(1, 2, 1, 2).length
+    lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
+    trainer = make_episode_trainer(config, lm.policy_apply, env, 8, 2, kv_cache=lm.kv_cache)
+    params = lm.init(jax.random.key(0))
+    state = trainer.init(params, jax.random.key(0))
+    state, metrics = jax.jit(trainer.step)(state, jax.random.key(1))
+    assert int(state.step) == 1 and int(metrics["gradient_steps"]) == 2
+    assert all(np.isfinite(value) for value in metrics.values()), metrics
+    assert 0.0 <= float(metrics["episodes/return"]) <= 1.0
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params["policy"], params)
+    assert max(jax.tree.leaves(moved)) > 0  # the entropy bonus moves it, rewards or not
+    with pytest.raises(ConfigError, match="GRPO and RLOO only"):
+        make_episode_trainer(
+            config.replace(algorithm="ppo", group_size=1), lm.policy_apply, env, 8, 2
+        )
+
+
+def test_episode_advantages_by_hand():
+    """GRPO over groups of 2: (r - mean) / (std + 1e-6) of score - beta * sum of model-token
+    KL; RLOO: r - the other's r; on model tokens only."""
+    config = RLHFConfig(pad_id=g.PAD, eos_id=g.EOS, algorithm="grpo", group_size=2)
+    model_mask = jnp.array([[0, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1], [0, 1, 1, 1]], bool)
+    kl = jnp.full((4, 4), 0.5)  # sums over model tokens: 1.0, 0.5, 1.5, 1.5
+    scores = jnp.array([1.0, 0.0, 1.0, 1.0])
+    grpo = episode_advantages(config, scores, kl, model_mask, jnp.float32(0.2))
+    # rewards 0.8, -0.1 (group mean 0.35, std 0.45); 0.7, 0.7 (std 0: advantage 0)
+    expected = np.array([0.45 / (0.45 + 1e-6), -0.45 / (0.45 + 1e-6), 0.0, 0.0])
+    np.testing.assert_allclose(grpo, np.where(model_mask, expected[:, None], 0.0), rtol=1e-5)
+    rloo = episode_advantages(
+        config.replace(algorithm="rloo", kl_in="loss"), scores, kl, model_mask, jnp.float32(0.2)
+    )
+    np.testing.assert_allclose(rloo, np.where(model_mask, [[1.0], [-1.0], [0.0], [0.0]], 0.0))
