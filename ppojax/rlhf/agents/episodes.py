@@ -291,6 +291,7 @@ def rollout_episodes(
     env_state, prompt = jax.tree.map(
         lambda leaf: jnp.repeat(leaf, group_size, axis=0), (env_state, prompt)
     )
+    prompt = Tokens(jnp.where(prompt.mask, prompt.tokens, settings.pad_id), prompt.mask)
     if isinstance(model, KVCacheHook):
         context = cached_context(model, params, layout.length)
     else:
