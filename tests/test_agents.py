@@ -116,9 +116,9 @@ class FiveOrSeven(g.NumberGuessing):
         return state._replace(secret=secret), prompt
 
 
-def scripted_episodes(max_turns, token_budget=None, batch_size=8):
+def scripted_episodes(max_turns, token_budget=None, batch_size=8, turn_len=3):
     env = FiveOrSeven(num_values=10, max_turns=3)
-    settings = EpisodeSettings(max_turns, 3, 1.0, g.PAD, g.EOS, token_budget)
+    settings = EpisodeSettings(max_turns, turn_len, 1.0, g.PAD, g.EOS, token_budget)
     run = jax.jit(
         lambda key: rollout_episodes(scripted_apply, None, env, key, batch_size, settings)
     )
@@ -137,11 +137,11 @@ def hand_rows(turns):
     return np.array(tokens), np.array(mask, bool), np.array(model, bool)
 
 
-def check_rows(episodes, expected):
+def check_rows(episodes, expected, turn_len=3):
     """Every row is one of ``expected`` (keyed by its first reply token), and each occurs."""
     seen = set()
     for row in range(episodes.tokens.shape[0]):
-        first_reply = int(episodes.tokens[row, 4])
+        first_reply = int(episodes.tokens[row, 1 + turn_len])
         seen.add(first_reply)
         tokens, mask, model, rewards, turns, terminated = expected[first_reply]
         np.testing.assert_array_equal(episodes.tokens[row], tokens)
@@ -192,6 +192,19 @@ def test_turn_and_token_budgets_end_episodes():
     check_rows(
         by_tokens,
         {g.CORRECT: (*correct, [1, 0, 0], 1, True), g.HIGHER: (*higher, [0, 0, 0], 1, False)},
+    )
+
+
+def test_a_turn_at_its_token_limit_goes_to_the_env_without_eos():
+    """One token per turn: the scripted "5" fills the turn, which the env reads as a guess."""
+    episodes = scripted_episodes(max_turns=3, turn_len=1)
+    five = ((D5,), (1,))
+    correct = hand_rows([(*five, g.CORRECT), ((g.PAD,), (0,), None), ((g.PAD,), (0,), None)])
+    higher = hand_rows([(*five, g.HIGHER)] * 3)
+    check_rows(
+        episodes,
+        {g.CORRECT: (*correct, [1, 0, 0], 1, True), g.HIGHER: (*higher, [0, 0, 0], 3, True)},
+        turn_len=1,
     )
 
 
