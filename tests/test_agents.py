@@ -355,6 +355,8 @@ def test_an_episode_trainer_step_updates_the_policy():
     assert 0.0 <= float(metrics["episodes/return"]) <= 1.0
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params["policy"], params)
     assert max(jax.tree.leaves(moved)) > 0  # the entropy bonus moves it, rewards or not
+    with pytest.raises(ConfigError, match="beta at kl_coef"):
+        make_episode_trainer(config.replace(adaptive_kl=True), lm.policy_apply, env, 8, 2)
     with pytest.raises(ConfigError, match="GRPO and RLOO only"):
         make_episode_trainer(
             config.replace(algorithm="ppo", group_size=1), lm.policy_apply, env, 8, 2

@@ -13,7 +13,9 @@ runs ``ppo_epochs`` x ``num_minibatches`` clipped updates through the shared eng
 tokens are context only: they are off ``model_mask``, so no loss term, KL or entropy reads
 them. ``config.response_len`` is the per-turn token limit.
 
-Not yet: PPO's critic and token-level GAE on episodes, turn-level advantages, LoRA.
+Not yet: PPO's critic and token-level GAE on episodes, turn-level advantages, LoRA, the
+adaptive KL controller (each refused with a ``ConfigError``). ``missing_eos_penalty`` and the
+PPO-only fields (gamma, gae_lambda, the value loss's) are not read.
 """
 
 from __future__ import annotations
@@ -123,6 +125,12 @@ def check_config(config: RLHFConfig, num_episodes: int) -> None:
         )
     if config.lora_rank:
         raise ConfigError("lora_rank", "episode training does not take LoRA adapters yet.")
+    if config.adaptive_kl:
+        raise ConfigError("adaptive_kl", "episode training keeps beta at kl_coef so far.")
+    if config.reward_weights is not None:
+        raise ConfigError(
+            "reward_weights", "episode rewards come from the env, with no reward functions."
+        )
     if num_episodes % (config.group_size * config.num_minibatches):
         raise ConfigError(
             "num_minibatches",
