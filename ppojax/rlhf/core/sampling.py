@@ -31,10 +31,14 @@ class KVCacheHook(NamedTuple):
     ``prefill(params, prompts [B, P], prompt_mask [B, P], total_len) -> (logits [B, V], cache)``
     gives the next-token logits after the prompt; ``decode(params, cache, tokens [B],
     index) -> (logits [B, V], cache)`` feeds the token at sequence position ``index``.
+    ``extend(params, cache, tokens [B, S], mask [B, S], start) -> (logits [B, S, V], cache)``
+    (optional, for multi-turn episodes) feeds a chunk at positions ``start`` + [0, S), only
+    its real tokens (mask True) becoming keys later positions attend to.
     """
 
     prefill: Callable[..., tuple[jax.Array, Any]]
     decode: Callable[..., tuple[jax.Array, Any]]
+    extend: Callable[..., tuple[jax.Array, Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,7 +96,12 @@ def contract(module: Decoder) -> tuple[Any, Any, KVCacheHook]:
         logits, cache = module.apply(decoder_params(params), tokens[:, None], mask, cache, index)
         return logits[:, 0], cache
 
-    return policy_apply, critic_apply, KVCacheHook(prefill, decode)
+    def extend(
+        params: dict, cache: KVCache, tokens: jax.Array, mask: jax.Array, start: Any
+    ) -> tuple[jax.Array, KVCache]:
+        return module.apply(decoder_params(params), tokens, mask, cache, start)
+
+    return policy_apply, critic_apply, KVCacheHook(prefill, decode, extend)
 
 
 # "org/name" or "name", with an optional "@revision": what the Hub calls a repo id

@@ -155,7 +155,14 @@ def transformer(
         logits, _, cache = module.apply(params, tokens[:, None], mask, cache, index)
         return logits[:, 0], cache
 
-    return LanguageModel(module, policy_apply, critic_apply, KVCacheHook(prefill, decode))
+    def extend(
+        params: dict, cache: KVCache, tokens: jax.Array, mask: jax.Array, start: Any
+    ) -> tuple[jax.Array, KVCache]:
+        logits, _, cache = module.apply(params, tokens, mask, cache, start)
+        return logits, cache
+
+    hook = KVCacheHook(prefill, decode, extend)
+    return LanguageModel(module, policy_apply, critic_apply, hook)
 
 
 def zero_value_head(params: dict) -> dict:

@@ -1,0 +1,231 @@
+"""GRPO and RLOO on multi-turn episodes of a JAX text environment, as pure init and step:
+
+    trainer = make_episode_trainer(config, policy_apply, env, num_episodes, max_turns)
+    state = trainer.init(policy_params, key)
+    state, metrics = trainer.step(state, key)
+
+One step plays ``num_episodes`` episodes (groups of ``config.group_size`` from the same reset,
+``rollout_episodes``), scores each by the sum of its rewards, recomputes the log-probs of the
+model's tokens under the policy and the frozen reference in one forward pass each, gives every
+model token of an episode that episode's group advantage (GRPO: normalized within its group,
+RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="loss"), and
+runs ``ppo_epochs`` x ``num_minibatches`` clipped updates through the shared engine. The env's
+tokens are context only: they are off ``model_mask``, so no loss term, KL or entropy reads
+them. ``config.response_len`` is the per-turn token limit.
+
+Not yet: PPO's critic and token-level GAE on episodes, turn-level advantages, LoRA, the
+adaptive KL controller (each refused with a ``ConfigError``). ``missing_eos_penalty`` and the
+PPO-only fields (gamma, gae_lambda, the value loss's) are not read.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ppojax.checks import ConfigError
+from ppojax.engine import losses
+from ppojax.engine.epochs import OptimizerCarry, run_epochs
+from ppojax.engine.optim import clipped_adam
+from ppojax.rlhf.agents.env import TextEnv
+from ppojax.rlhf.agents.episodes import (
+    Episodes,
+    EpisodeSettings,
+    episode_stats,
+    rollout_episodes,
+)
+from ppojax.rlhf.core import advantages as adv
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.objective import aggregate
+from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
+from ppojax.rlhf.core.trainer import RLHFState
+
+
+class EpisodeBatch(NamedTuple):
+    """The update's rows, all [N, L]: the episodes' tokens, real-token mask and model-token
+    mask, the sampling policy's and the reference's log-probs, the advantages (0 off
+    ``model_mask``)."""
+
+    tokens: jax.Array
+    mask: jax.Array
+    model_mask: jax.Array
+    log_probs: jax.Array
+    ref_log_probs: jax.Array
+    advantages: jax.Array
+
+
+class EpisodeTrainer(NamedTuple):
+    """Pure ``init(policy_params, key) -> RLHFState`` and ``step(state, key) -> (state,
+    metrics)``."""
+
+    init: Callable[..., RLHFState]
+    step: Callable[..., tuple[RLHFState, dict[str, jax.Array]]]
+    config: RLHFConfig
+    settings: EpisodeSettings
+
+
+def episode_advantages(
+    config: RLHFConfig,
+    scores: jax.Array,
+    penalty_kl: jax.Array,
+    model_mask: jax.Array,
+    kl_coef: jax.Array,
+) -> jax.Array:
+    """[N, L]: the group advantage [N] of score - beta * sum of the KL [N, L] over the model's
+    tokens (beta = 0 with kl_in="loss"), on every model token, 0 elsewhere."""
+    beta = kl_coef if config.kl_in == "reward" else 0.0
+    rewards = scores - beta * jnp.where(model_mask, penalty_kl, 0.0).sum(axis=1)
+    per_row = adv.sequence_advantages(
+        config.algorithm, rewards, config.group_size, config.group_std
+    )
+    return jnp.where(model_mask, per_row[:, None], 0.0)
+
+
+def episode_loss(
+    config: RLHFConfig,
+    policy_apply: PolicyApply,
+    kl_coef: jax.Array,
+    params: dict,
+    batch: EpisodeBatch,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """-clipped surrogate (+ beta KL with kl_in="loss") - ent_coef H over the model's tokens
+    of a minibatch, aggregated by ``config.loss_aggregation``; and its metrics."""
+    mask = batch.model_mask
+    stats = episode_stats(
+        policy_apply, params["policy"], batch.tokens, batch.mask, config.temperature
+    )
+    log_ratio = jnp.where(mask, stats.log_probs - batch.log_probs, 0.0)
+    per_token = -losses.clipped_objective(
+        log_ratio, batch.advantages, config.clip_eps, config.upper_clip_eps
+    )
+    if config.kl_in == "loss":
+        kl = adv.kl_estimate(stats.log_probs, batch.ref_log_probs, config.kl_estimator)
+        per_token = per_token + kl_coef * kl
+    policy_loss = aggregate(per_token, mask, config.loss_aggregation)
+    entropy = losses.entropy_bonus(stats.entropy, mask)
+    metrics = {
+        "loss/policy_avg": policy_loss,
+        "policy/entropy_avg": entropy,
+        "policy/approxkl_avg": jax.lax.stop_gradient(losses.approx_kl(log_ratio, mask)),
+    }
+    return policy_loss - config.ent_coef * entropy, metrics
+
+
+def check_config(config: RLHFConfig, num_episodes: int) -> None:
+    """ConfigError for what episodes cannot train yet, or a batch that does not split."""
+    if config.needs_critic:
+        raise ConfigError(
+            "algorithm",
+            "episode training has GRPO and RLOO only so far; PPO's critic on episodes is not "
+            "built yet: choose algorithm='grpo' or 'rloo'.",
+        )
+    if config.lora_rank:
+        raise ConfigError("lora_rank", "episode training does not take LoRA adapters yet.")
+    if config.adaptive_kl:
+        raise ConfigError("adaptive_kl", "episode training keeps beta at kl_coef so far.")
+    if config.reward_weights is not None:
+        raise ConfigError(
+            "reward_weights", "episode rewards come from the env, with no reward functions."
+        )
+    if num_episodes % (config.group_size * config.num_minibatches):
+        raise ConfigError(
+            "num_minibatches",
+            f"num_episodes {num_episodes} must be a multiple of group_size x num_minibatches "
+            f"= {config.group_size} x {config.num_minibatches}.",
+        )
+
+
+def collect_episodes(
+    config: RLHFConfig,
+    policy_apply: PolicyApply,
+    sample: Callable[[Any, jax.Array], Episodes],
+    state: RLHFState,
+    key: jax.Array,
+) -> tuple[Episodes, EpisodeBatch, dict[str, jax.Array]]:
+    """Episodes played by the current policy, the update's batch and the rollout's metrics."""
+    policy = state.params["policy"]
+    episodes = sample(policy, key)
+    tokens, mask, model_mask = episodes.tokens, episodes.mask, episodes.model_mask
+    stats = episode_stats(policy_apply, policy, tokens, mask, config.temperature)
+    reference = episode_stats(policy_apply, state.reference, tokens, mask, config.temperature)
+    estimate = adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator)
+    penalty_kl = jnp.where(model_mask, estimate, 0.0)
+    scores = episodes.rewards.sum(axis=1)
+    advantages = episode_advantages(config, scores, penalty_kl, model_mask, state.kl_coef)
+    batch = EpisodeBatch(tokens, mask, model_mask, stats.log_probs, reference.log_probs, advantages)
+    kl = jnp.where(model_mask, stats.log_probs - reference.log_probs, 0.0).sum(axis=1)
+    metrics = {
+        "episodes/return": scores.mean(),
+        "episodes/turns": episodes.num_turns.mean(),
+        "episodes/terminated": episodes.terminated.mean(),
+        "episodes/model_tokens": model_mask.sum(axis=1).mean(),
+        "objective/kl": kl.mean(),
+        "objective/entropy": losses.masked_mean(stats.entropy, model_mask),
+    }
+    return episodes, batch, metrics
+
+
+def make_episode_trainer(
+    config: RLHFConfig,
+    policy_apply: PolicyApply,
+    env: TextEnv,
+    num_episodes: int,
+    max_turns: int,
+    token_budget: int | None = None,
+    kv_cache: KVCacheHook | None = None,
+) -> EpisodeTrainer:
+    """The trainer of ``config.algorithm`` ("grpo" or "rloo") on ``num_episodes`` episodes of
+    ``env`` per step, each at most ``max_turns`` turns of ``config.response_len`` tokens
+    (``token_budget`` model tokens in all). ``kv_cache``: the model's hook with ``extend``;
+    without one the rollout recomputes the whole context for every token."""
+    check_config(config, num_episodes)
+    settings = EpisodeSettings(
+        max_turns,
+        config.response_len,
+        config.temperature,
+        config.pad_id,
+        config.eos_id,
+        token_budget,
+    )
+    optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
+    model = policy_apply if kv_cache is None else kv_cache
+
+    def sample(policy: Any, key: jax.Array) -> Episodes:
+        return rollout_episodes(model, policy, env, key, num_episodes, settings, config.group_size)
+
+    def init(policy_params: Any, key: jax.Array) -> RLHFState:
+        """The state at step 0; ``key`` is unused (no adapters to draw), kept for the
+        trainer's signature."""
+        del key
+        params = {"policy": policy_params}
+        return RLHFState(
+            params=params,
+            opt_state=optimizer.init(params),
+            reference=policy_params,
+            kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
+            step=jnp.int32(0),
+        )
+
+    def step(state: RLHFState, key: jax.Array) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """One iteration: play, score, update (see the module)."""
+        sample_key, update_key = jax.random.split(key)
+        _, batch, metrics = collect_episodes(config, policy_apply, sample, state, sample_key)
+        carry, update_metrics = run_epochs(
+            functools.partial(episode_loss, config, policy_apply, state.kl_coef),
+            optimizer,
+            OptimizerCarry(state.params, state.opt_state),
+            batch,
+            update_key,
+            num_epochs=config.ppo_epochs,
+            num_minibatches=config.num_minibatches,
+            stop_kl=None,
+            divergence_guard=config.divergence_guard,
+        )
+        state = state.replace(params=carry.params, opt_state=carry.opt_state, step=state.step + 1)
+        return state, {**metrics, **update_metrics}
+
+    return EpisodeTrainer(init, step, config, settings)

@@ -1,0 +1,380 @@
+"""Language-model agents: the text env registry, the guessing game's rules against hand-played
+episodes, and multi-turn rollouts: hand-checked layouts and masks with a scripted model,
+budgets, the KV cache across turns against recomputation, vmap and determinism."""
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppojax.checks import ConfigError
+from ppojax.rlhf import RLHFConfig
+from ppojax.rlhf.agents import guessing as g
+from ppojax.rlhf.agents.env import Tokens, make_text_env, register_text_env, text_env_ids
+from ppojax.rlhf.agents.episodes import (
+    EpisodeLayout,
+    EpisodeSettings,
+    episode_stats,
+    previous_real,
+    rollout_episodes,
+)
+from ppojax.rlhf.agents.trainer import (
+    EpisodeBatch,
+    episode_advantages,
+    episode_loss,
+    make_episode_trainer,
+)
+from ppojax.rlhf.models.transformer import transformer
+
+D5 = g.FIRST_DIGIT + 5
+
+
+def play(env, secret, guesses):
+    """The env's (reply token, reward, done) for each response, from secret ``secret``."""
+    state = g.GuessingState(jnp.int32(secret), jnp.int32(0))
+    seen = []
+    for response in guesses:
+        state, reply, reward, done = env.step(state, response)
+        assert bool(reply.mask.all()) and reply.tokens.shape == (1,)
+        seen.append((int(reply.tokens[0]), float(reward), bool(done)))
+    return seen, int(state.turn)
+
+
+def raw(tokens, real):
+    return Tokens(jnp.asarray(tokens, jnp.int32), jnp.asarray(real, bool))
+
+
+def test_guessing_rules_against_a_hand_played_episode():
+    env = g.NumberGuessing(num_values=100, max_turns=6)
+    digit = g.FIRST_DIGIT
+    guesses = [
+        g.guess_tokens(50, 3),  # 37 < 50
+        g.guess_tokens(25, 3),  # 37 > 25
+        g.guess_tokens(137, 4),  # three digits: invalid, the turn still counts
+        raw([digit + 9, digit + 9, g.EOS], [1, 1, 0]),  # "99" cut at the turn limit: lower
+        raw([g.EOS, digit + 3, digit + 7], [1, 0, 0]),  # nothing before EOS: invalid
+        raw([digit + 3, digit + 7, g.EOS, digit + 1], [1, 1, 1, 0]),  # "37": correct
+    ]
+    steps, turns = play(env, 37, guesses)
+    assert steps == [
+        (g.LOWER, 0.0, False),
+        (g.HIGHER, 0.0, False),
+        (g.INVALID, 0.0, False),
+        (g.LOWER, 0.0, False),
+        (g.INVALID, 0.0, False),
+        (g.CORRECT, 1.0, True),
+    ]
+    assert turns == 6
+
+
+def test_guessing_turn_budget_leading_zeros_and_range():
+    env = g.NumberGuessing(num_values=40, max_turns=2)
+    assert env.num_digits == 2
+    digit = g.FIRST_DIGIT
+    guesses = [
+        raw([digit, digit + 7, g.EOS], [1, 1, 1]),  # "07" is 7
+        g.guess_tokens(50, 3),  # >= num_values: invalid; the second turn ends the game
+    ]
+    assert play(env, 7, guesses)[0] == [(g.CORRECT, 1.0, True), (g.INVALID, 0.0, True)]
+    assert play(env, 8, guesses)[0] == [(g.HIGHER, 0.0, False), (g.INVALID, 0.0, True)]
+    assert g.read_guess(raw([digit + 3, g.HIGHER, g.EOS], [1, 1, 1]), 2)[1].item() is False
+    state, prompt = env.reset(jax.random.key(0))
+    assert prompt.tokens.tolist() == [g.BOS] and 0 <= int(state.secret) < 40
+
+
+def test_text_env_registry():
+    assert "guessing" in text_env_ids()
+    env = make_text_env("guessing", num_values=10, max_turns=3)
+    assert (env.num_values, env.max_turns, env.prompt_len, env.reply_len) == (10, 3, 1, 1)
+    with pytest.raises(KeyError, match="Did you mean 'guessing'"):
+        make_text_env("guesing")
+    register_text_env("test/no-step", lambda: object())
+    with pytest.raises(TypeError, match="'test/no-step'.*no method reset"):
+        make_text_env("test/no-step")
+    register_text_env("test/guess4", lambda: g.NumberGuessing(num_values=4))
+    assert make_text_env("test/guess4").num_values == 4
+
+
+def scripted_apply(params, tokens, mask):
+    """Guesses 5 every turn: after the digit 5 it says EOS, after anything else 5, with a
+    logit gap of 40 (other tokens have probability < 1e-16)."""
+    del params, mask
+    following = jnp.where(tokens == D5, g.EOS, D5)
+    return 40.0 * jax.nn.one_hot(following, g.VOCAB_SIZE)
+
+
+@dataclasses.dataclass(frozen=True)
+class FiveOrSeven(g.NumberGuessing):
+    """The guessing game with the secret 5 or 7, so every row's episode is known by hand."""
+
+    def reset(self, key):
+        state, prompt = super().reset(key)
+        secret = 5 + 2 * jax.random.randint(key, (), 0, 2, jnp.int32)
+        return state._replace(secret=secret), prompt
+
+
+def scripted_episodes(max_turns, token_budget=None, batch_size=8, turn_len=3):
+    env = FiveOrSeven(num_values=10, max_turns=3)
+    settings = EpisodeSettings(max_turns, turn_len, 1.0, g.PAD, g.EOS, token_budget)
+    run = jax.jit(
+        lambda key: rollout_episodes(scripted_apply, None, env, key, batch_size, settings)
+    )
+    return run(jax.random.key(4))
+
+
+def hand_rows(turns):
+    """(tokens, mask, model_mask) of each hand-written row: per turn (response, real, reply)."""
+    tokens, mask, model = [g.BOS], [1], [0]
+    for response, real, reply in turns:
+        tokens += [t if r else g.PAD for t, r in zip(response, real, strict=True)] + [
+            reply or g.PAD
+        ]
+        mask += list(real) + [int(reply is not None)]
+        model += list(real) + [0]
+    return np.array(tokens), np.array(mask, bool), np.array(model, bool)
+
+
+def check_rows(episodes, expected, turn_len=3):
+    """Every row is one of ``expected`` (keyed by its first reply token), and each occurs."""
+    seen = set()
+    for row in range(episodes.tokens.shape[0]):
+        first_reply = int(episodes.tokens[row, 1 + turn_len])
+        seen.add(first_reply)
+        tokens, mask, model, rewards, turns, terminated = expected[first_reply]
+        np.testing.assert_array_equal(episodes.tokens[row], tokens)
+        np.testing.assert_array_equal(episodes.mask[row], mask)
+        np.testing.assert_array_equal(episodes.model_mask[row], model)
+        np.testing.assert_array_equal(episodes.rewards[row], rewards)
+        assert (int(episodes.num_turns[row]), bool(episodes.terminated[row])) == (turns, terminated)
+    assert seen == set(expected)
+    # the scripted model's choices are sure: log-probs 0 on its tokens, 0 off them too
+    np.testing.assert_allclose(episodes.log_probs, 0.0, atol=1e-6)
+
+
+GUESS = ((D5, g.EOS, g.PAD), (1, 1, 0))
+EMPTY = ((g.PAD,) * 3, (0, 0, 0), None)
+
+
+def test_rollout_layout_and_masks_by_hand():
+    episodes = scripted_episodes(max_turns=4)
+    correct = hand_rows([(*GUESS, g.CORRECT), EMPTY, EMPTY, EMPTY])
+    higher = hand_rows([(*GUESS, g.HIGHER)] * 3 + [EMPTY])  # the env's 3 turns end it
+    check_rows(
+        episodes,
+        {
+            g.CORRECT: (*correct, [1, 0, 0, 0], 1, True),
+            g.HIGHER: (*higher, [0, 0, 0, 0], 3, True),
+        },
+    )
+    layout = EpisodeLayout(1, 3, 1, 4)
+    assert episodes.tokens.shape == (8, layout.length) == (8, 17)
+    # env tokens are never model tokens: model tokens sit in response columns only
+    assert not (episodes.model_mask & ~layout.response_columns).any()
+    assert layout.turn_index.tolist() == [-1] + [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_turn_and_token_budgets_end_episodes():
+    by_turns = scripted_episodes(max_turns=2)
+    higher = hand_rows([(*GUESS, g.HIGHER)] * 2)
+    correct = hand_rows([(*GUESS, g.CORRECT), EMPTY])
+    check_rows(
+        by_turns,
+        {g.CORRECT: (*correct, [1, 0], 1, True), g.HIGHER: (*higher, [0, 0], 2, False)},
+    )
+    # 3 model tokens: the second turn's "5" is cut before its EOS, the env never reads it
+    by_tokens = scripted_episodes(max_turns=3, token_budget=3)
+    cut = ((D5, g.PAD, g.PAD), (1, 0, 0), None)
+    higher = hand_rows([(*GUESS, g.HIGHER), cut, EMPTY])
+    correct = hand_rows([(*GUESS, g.CORRECT), EMPTY, EMPTY])
+    check_rows(
+        by_tokens,
+        {g.CORRECT: (*correct, [1, 0, 0], 1, True), g.HIGHER: (*higher, [0, 0, 0], 1, False)},
+    )
+
+
+def test_a_turn_at_its_token_limit_goes_to_the_env_without_eos():
+    """One token per turn: the scripted "5" fills the turn, which the env reads as a guess."""
+    episodes = scripted_episodes(max_turns=3, turn_len=1)
+    five = ((D5,), (1,))
+    correct = hand_rows([(*five, g.CORRECT), ((g.PAD,), (0,), None), ((g.PAD,), (0,), None)])
+    higher = hand_rows([(*five, g.HIGHER)] * 3)
+    check_rows(
+        episodes,
+        {g.CORRECT: (*correct, [1, 0, 0], 1, True), g.HIGHER: (*higher, [0, 0, 0], 3, True)},
+        turn_len=1,
+    )
+
+
+def test_previous_real_column():
+    mask = jnp.array([[0, 1, 1, 0, 0, 1, 0, 1]], bool)
+    assert previous_real(mask).tolist() == [[0, 0, 1, 2, 2, 2, 5, 5]]
+
+
+def test_kv_cache_across_turns_matches_recomputation_vmaps_and_repeats():
+    env = g.NumberGuessing(num_values=10, max_turns=3)
+    settings = EpisodeSettings(4, 3, 1.0, g.PAD, g.EOS, token_budget=10)
+    length = EpisodeLayout(1, 3, 1, 4).length
+    lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
+    params = lm.init(jax.random.key(0))
+
+    def run(model, key):
+        return rollout_episodes(model, params, env, key, 6, settings, group_size=2)
+
+    @jax.jit
+    def both(keys):
+        cached = jax.vmap(lambda key: run(lm.kv_cache, key))(keys)
+        full = run(lm.policy_apply, keys[1])
+        stats = episode_stats(lm.policy_apply, params, full.tokens, full.mask, 1.0)
+        return cached, full, stats
+
+    keys = jax.random.split(jax.random.key(1), 2)
+    cached, full, stats = both(keys)
+    first = jax.tree.map(lambda leaf: leaf[1], cached)
+    for name in ("tokens", "mask", "model_mask", "rewards", "num_turns", "terminated"):
+        np.testing.assert_array_equal(getattr(first, name), getattr(full, name), err_msg=name)
+    # float32 log-softmaxes of O(1) logits reached by differently ordered sums
+    np.testing.assert_allclose(first.log_probs, full.log_probs, atol=2e-5)
+    # one forward pass over the finished episodes gives the log-probs sampled turn by turn
+    recomputed = np.where(full.model_mask, stats.log_probs, 0.0)
+    np.testing.assert_allclose(recomputed, full.log_probs, atol=2e-5)
+    assert (np.asarray(full.tokens)[~np.asarray(full.mask)] == g.PAD).all()
+    assert not (full.model_mask & ~full.mask).any() and full.model_mask.any(axis=1).all()
+    assert (full.model_mask.sum(axis=1) <= 10).all()  # the token budget
+    again = both(keys)[0]
+    jax.tree.map(np.testing.assert_array_equal, cached, again)  # same key, same episodes
+    assert not np.array_equal(cached.tokens[0], cached.tokens[1])  # other key, others
+
+
+@dataclasses.dataclass(frozen=True)
+class WideReply(g.NumberGuessing):
+    """Replies two tokens where it promises one."""
+
+    def step(self, state, response):
+        state, reply, reward, done = super().step(state, response)
+        return state, Tokens(jnp.tile(reply.tokens, 2), jnp.tile(reply.mask, 2)), reward, done
+
+
+def test_a_wrong_reply_shape_names_the_env():
+    settings = EpisodeSettings(2, 3, 1.0, g.PAD, g.EOS)
+    env = WideReply(num_values=10)
+    with pytest.raises(ValueError, match="text env guess-wide: step.*shape \\(2,\\).*\\[1\\]"):
+        jax.eval_shape(
+            lambda key: rollout_episodes(
+                scripted_apply, None, env, key, 2, settings, env_name="guess-wide"
+            ),
+            jax.random.key(0),
+        )
+
+
+def test_hugging_face_extend_skips_masked_gaps():
+    """A Llama checkpoint's ``extend`` (RoPE: positions must count real tokens only): a chunk
+    with a masked gap, fed after the prefill, gives the logits of the compact sequence."""
+    from ppojax.rlhf import from_pretrained
+
+    lm = from_pretrained(Path(__file__).resolve().parent / "fixtures" / "hf" / "llama")
+    hook = lm.kv_cache
+
+    @jax.jit
+    def both(params):
+        _, cache = hook.prefill(params, jnp.array([[5, 6]]), jnp.ones((1, 2), bool), 6)
+        chunk, chunk_mask = jnp.array([[7, 0, 0, 8]]), jnp.array([[1, 0, 0, 1]], bool)
+        logits, _ = hook.extend(params, cache, chunk, chunk_mask, 2)
+        compact = lm.policy_apply(params, jnp.array([[5, 6, 7, 8]]), jnp.ones((1, 4), bool))
+        return logits[:, jnp.array([0, 3])], compact[:, 2:]
+
+    gapped, compact = both(lm.params)
+    # the same float32 sums in another order (see test_hf_models' tolerance)
+    np.testing.assert_allclose(gapped, compact, atol=2e-4)
+
+
+def test_episode_loss_gives_gradient_to_model_tokens_only():
+    """The logits of a position get gradient exactly where they predict a model token: a
+    zero probe added to the logits [N, L, V] has a nonzero gradient at previous_real(c) for
+    every model column c and nowhere else (not at a position predicting an env token)."""
+    cut = ((D5, g.PAD, g.PAD), (1, 0, 0), None)
+    rows = [
+        hand_rows([(*GUESS, g.CORRECT), EMPTY, EMPTY, EMPTY]),
+        hand_rows([(*GUESS, g.HIGHER)] * 3 + [EMPTY]),
+        hand_rows([(*GUESS, g.HIGHER), cut, EMPTY, EMPTY]),
+        hand_rows([(*GUESS, g.LOWER)] * 4),
+    ]
+    tokens, mask, model_mask = (jnp.asarray(np.stack(part)) for part in zip(*rows, strict=True))
+    config = RLHFConfig(
+        pad_id=g.PAD, eos_id=g.EOS, response_len=3, algorithm="grpo", group_size=2,
+        kl_in="loss", kl_estimator="k3", ent_coef=0.1,
+    )  # fmt: skip
+    lm = transformer(g.VOCAB_SIZE, tokens.shape[1], d_model=16, num_heads=2, num_layers=1)
+
+    def probed(params, tokens, mask):
+        return lm.policy_apply(params["lm"], tokens, mask) + params["probe"]
+
+    params = {"lm": lm.init(jax.random.key(0)), "probe": jnp.zeros((4, 17, g.VOCAB_SIZE))}
+
+    @jax.jit
+    def probe_gradient(params):
+        # the old log-probs are the current ones (ratio 1), so no token is clipped off
+        old = episode_stats(probed, params, tokens, mask, 1.0).log_probs
+        advantages = jnp.where(model_mask, jnp.array([1.0, -1.0, 2.0, -0.5])[:, None], 0.0)
+        batch = EpisodeBatch(tokens, mask, model_mask, old, old - 0.3, advantages)
+
+        def loss(params):
+            policy = {"policy": params}
+            return episode_loss(config, probed, jnp.float32(0.5), policy, batch)[0]
+
+        return jax.grad(loss)(params)["probe"]
+
+    touched = np.abs(np.asarray(probe_gradient(params))).sum(axis=-1) > 0
+    expected = np.zeros_like(touched)
+    prev = np.asarray(previous_real(mask))
+    for row, column in zip(*np.nonzero(np.asarray(model_mask)), strict=True):
+        expected[row, prev[row, column]] = True
+    np.testing.assert_array_equal(touched, expected)
+    env_tokens = np.array(mask & ~model_mask)
+    env_tokens[:, 0] = False  # the prompt has no predecessor
+    rows_of, columns_of = np.nonzero(env_tokens)
+    assert len(rows_of) and not touched[rows_of, prev[rows_of, columns_of]].any()
+
+
+def test_an_episode_trainer_step_updates_the_policy():
+    env = g.NumberGuessing(num_values=4, max_turns=2)
+    config = RLHFConfig(
+        pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="rloo", group_size=2,
+        ppo_epochs=1, num_minibatches=2, learning_rate=1e-2, ent_coef=0.01,
+    )  # fmt: skip
+    length = EpisodeLayout(1, 2, 1, 2).length
+    lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
+    trainer = make_episode_trainer(config, lm.policy_apply, env, 8, 2, kv_cache=lm.kv_cache)
+    params = lm.init(jax.random.key(0))
+    state = trainer.init(params, jax.random.key(0))
+    state, metrics = jax.jit(trainer.step)(state, jax.random.key(1))
+    assert int(state.step) == 1 and int(metrics["gradient_steps"]) == 2
+    assert all(np.isfinite(value) for value in metrics.values()), metrics
+    assert 0.0 <= float(metrics["episodes/return"]) <= 1.0
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params["policy"], params)
+    assert max(jax.tree.leaves(moved)) > 0  # the entropy bonus moves it, rewards or not
+    with pytest.raises(ConfigError, match="beta at kl_coef"):
+        make_episode_trainer(config.replace(adaptive_kl=True), lm.policy_apply, env, 8, 2)
+    with pytest.raises(ConfigError, match="GRPO and RLOO only"):
+        make_episode_trainer(
+            config.replace(algorithm="ppo", group_size=1), lm.policy_apply, env, 8, 2
+        )
+
+
+def test_episode_advantages_by_hand():
+    """GRPO over groups of 2: (r - mean) / (std + 1e-6) of score - beta * sum of model-token
+    KL; RLOO: r - the other's r; on model tokens only."""
+    config = RLHFConfig(pad_id=g.PAD, eos_id=g.EOS, algorithm="grpo", group_size=2)
+    model_mask = jnp.array([[0, 1, 1, 0], [0, 1, 0, 0], [0, 1, 1, 1], [0, 1, 1, 1]], bool)
+    kl = jnp.full((4, 4), 0.5)  # sums over model tokens: 1.0, 0.5, 1.5, 1.5
+    scores = jnp.array([1.0, 0.0, 1.0, 1.0])
+    grpo = episode_advantages(config, scores, kl, model_mask, jnp.float32(0.2))
+    # rewards 0.8, -0.1 (group mean 0.35, std 0.45); 0.7, 0.7 (std 0: advantage 0)
+    expected = np.array([0.45 / (0.45 + 1e-6), -0.45 / (0.45 + 1e-6), 0.0, 0.0])
+    np.testing.assert_allclose(grpo, np.where(model_mask, expected[:, None], 0.0), rtol=1e-5)
+    rloo = episode_advantages(
+        config.replace(algorithm="rloo", kl_in="loss"), scores, kl, model_mask, jnp.float32(0.2)
+    )
+    np.testing.assert_allclose(rloo, np.where(model_mask, [[1.0], [-1.0], [0.0], [0.0]], 0.0))
