@@ -3,6 +3,7 @@
 import csv
 import json
 import shutil
+import types
 
 import chex
 import jax
@@ -26,7 +27,7 @@ TINY_RUN = [
     "4",
     "--num-minibatches",
     "2",
-    "--ppo-epochs",
+    "--update-epochs",
     "1",
     "--steps",
     "4",
@@ -91,6 +92,17 @@ def test_bad_values_name_the_field():
         main(["--resume", "/nonexistent/run"])
 
 
+def test_a_model_run_folders_old_names_are_read_as_the_new_fields():
+    """config.json of an older ``ppojax rlhf --model`` run keeps the flags given, under their
+    old names; ``rlhf_config`` reads them as the new fields."""
+    from ppojax.cli.text import rlhf_config
+
+    lm = types.SimpleNamespace(tokenizer=types.SimpleNamespace(eos_id=3, pad_id=3))
+    old = {"rlhf": {"ppo_epochs": 1, "target_kl": 0.5, "adaptive_kl": True}}
+    expected = RLHFConfig(update_epochs=1, kl_target=0.5, adaptive_kl=True, pad_id=0, eos_id=3)
+    assert rlhf_config(old, lm) == expected
+
+
 REVERSAL = DigitTask(
     num_digits=6,
     min_digits=2,
@@ -121,7 +133,7 @@ def test_ppo_and_grpo_train_the_verifiable_task_from_sft(reversal_start, algorit
         eos_id=EOS,
         response_len=REVERSAL.response_len,
         num_minibatches=2,
-        ppo_epochs=2,
+        update_epochs=2,
         learning_rate=3e-3,
         kl_coef=0.01,
     )

@@ -164,7 +164,7 @@ def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch
     argv = ["rlhf", "--model", str(files.model), "--prompts", str(files.prompts), *FAST]
     argv += ["--reward", "my_rewards:short", "--reward-model", str(reward_model)]
     argv += ["--algorithm", "grpo", "--group-size", "2", "--response-len", "4"]
-    argv += ["--num-minibatches", "2", "--ppo-epochs", "1", "--samples", "2", "--wandb"]
+    argv += ["--num-minibatches", "2", "--update-epochs", "1", "--samples", "2", "--wandb"]
     run_dir = run(argv, tmp_path / "rlhf")
     for name in (*RUN_FILES, "samples.jsonl"):
         assert (run_dir / name).exists(), name

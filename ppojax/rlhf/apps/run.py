@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.config import RLHFConfig, stored_names
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loop import LoopOptions, LoopResult, StepFn, train_loop
@@ -59,7 +59,9 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 
 def rlhf_config_from_dict(values: dict[str, Any]) -> RLHFConfig:
-    """Undo ``config_dict`` for RLHFConfig (lists back to tuples)."""
+    """Undo ``config_dict`` for RLHFConfig (lists back to tuples), a field stored under its
+    old name (an older run folder's ``ppo_epochs``, ``target_kl``) read as its field."""
+    values = stored_names(values)
     return RLHFConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
