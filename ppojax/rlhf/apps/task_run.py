@@ -1,5 +1,6 @@
-"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder. A
-Hugging Face model on a prompt file trains through ``ppojax rlhf --model`` (``ppojax.cli.text``).
+"""``ppojax rlhf``'s task form (or ``python -m ppojax.rlhf``): train on a digit task into a run
+folder. Its model form, a Hugging Face model on a prompt file, trains through ``ppojax rlhf
+--model`` (``ppojax.cli.text``); ``ppojax.cli.rlhf`` tells the two apart.
 
     ppojax rlhf --task sorting --algorithm ppo --kl-coef 0.1 --steps 200
     ppojax rlhf --task reversal --algorithm grpo --group-size 8 --steps 100
@@ -62,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The run's options plus one option per RLHFConfig field (unset: the default)."""
     parser = argparse.ArgumentParser(
         prog="ppojax rlhf",
-        description="PPO, GRPO or RLOO on a digit task, into a run folder.",
-        epilog="With --model FOLDER, a Hugging Face model on a prompt file instead: ppojax "
+        description="PPO, GRPO or RLOO on a digit task, into a run folder (the task form).",
+        epilog="The model form trains a Hugging Face folder on a prompt file instead: ppojax "
         "rlhf --model FOLDER --prompts FILE.jsonl --reward MODULE:FUNCTION (and/or "
-        "--reward-model FOLDER); ppojax rlhf --model FOLDER --help lists those options.",
+        "--reward-model FOLDER); ppojax rlhf --model FOLDER --help lists its options, ppojax "
+        "rlhf --help both forms'.",
     )
     parser.add_argument("--task", choices=("sorting", "reversal"), default="sorting")
     parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")
