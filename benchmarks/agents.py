@@ -74,7 +74,7 @@ def run(seeds: int, steps: int, values: int, turns: int) -> dict:
         response_len=TURN_LEN,
         algorithm="grpo",
         group_size=GROUP,
-        ppo_epochs=1,
+        update_epochs=1,
         num_minibatches=1,
         learning_rate=3e-3,
         kl_coef=0.0,

@@ -23,7 +23,7 @@ FLOPs per step, the common estimate of 2 N FLOPs per token position for a forwar
 buffer of every response (the model computes every position, padding and positions after
 EOS included), T = responses x (prompt_len + response_len) positions:
 
-    FLOPs = N * T * (2 * forward_passes + 6 * trained_models * ppo_epochs)
+    FLOPs = N * T * (2 * forward_passes + 6 * trained_models * update_epochs)
 
 - forward_passes: sampling (a prefill over the prompt and one-token decodes over the
   response: prompt_len + response_len positions), the policy's log-probs, the frozen
@@ -31,7 +31,7 @@ EOS included), T = responses x (prompt_len + response_len) positions:
 - trained_models, a forward and backward pass over every response per epoch: the policy, and
   for PPO the critic: 1 for GRPO, 2 for PPO.
 
-So with ppo_epochs 1: GRPO 12 N T, PPO 20 N T (the critic has the policy's shape and N).
+So with update_epochs 1: GRPO 12 N T, PPO 20 N T (the critic has the policy's shape and N).
 
 N is the policy's parameter count from its params pytree without the two embedding tables
 (token and position): they are looked up, not multiplied. The untied ``lm_head`` (d_model x
@@ -83,7 +83,7 @@ class Sizes:
 GPT2_SMALL = Sizes(12, 768, 12, 50257, 64, 128, 64)
 SMOKE = Sizes(2, 32, 2, 64, 8, 8, 8)
 GROUP_SIZES = {"ppo": 1, "grpo": 8}
-PPO_EPOCHS = 1
+UPDATE_EPOCHS = 1
 NUM_MINIBATCHES = 4
 TARGET_TOKEN = 7  # the reward counts this id
 FIRST_PROMPT_TOKEN = 3  # prompts avoid RLHFConfig's pad_id 0 and eos_id 2
@@ -101,7 +101,7 @@ def step_config(algorithm: str, sizes: Sizes) -> RLHFConfig:
         algorithm=algorithm,
         group_size=GROUP_SIZES[algorithm],
         response_len=sizes.response_len,
-        ppo_epochs=PPO_EPOCHS,
+        update_epochs=UPDATE_EPOCHS,
         num_minibatches=NUM_MINIBATCHES,
         kl_coef=0.1,
     )
@@ -123,11 +123,11 @@ def flop_params(params: dict) -> int:
 
 def step_flops(config: RLHFConfig, n: int, sizes: Sizes) -> float:
     """The module docstring's count: N * T * (2 * forward_passes + 6 * trained_models *
-    ppo_epochs)."""
+    update_epochs)."""
     forward_passes = 3 + config.needs_critic  # sampling, policy, reference (+ critic)
     trained_models = 1 + config.needs_critic  # policy (+ critic)
     positions = sizes.responses * sizes.max_len
-    return float(n) * positions * (2 * forward_passes + 6 * trained_models * config.ppo_epochs)
+    return float(n) * positions * (2 * forward_passes + 6 * trained_models * config.update_epochs)
 
 
 def build_step(algorithm: str, sizes: Sizes, key: jax.Array):

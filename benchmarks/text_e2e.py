@@ -258,7 +258,7 @@ def run_seed(seed: int, sizes: Sizes, root: Path) -> dict[str, Any]:
         ["rlhf", "--model", str(sft_dir / "final"), "--prompts", str(prompt_file), *common]
         + ["--reward", "ppojax.rlhf.text_rewards:exact_match", "--algorithm", "grpo"]
         + ["--group-size", str(sizes.group_size), "--response-len", str(RESPONSE_LEN)]
-        + ["--num-minibatches", "1", "--ppo-epochs", "1", "--kl-in", "loss"]
+        + ["--num-minibatches", "1", "--update-epochs", "1", "--kl-in", "loss"]
         + ["--kl-coef", str(sizes.kl_coef), "--learning-rate", str(sizes.grpo_lr)]
         + ["--steps", str(sizes.grpo_steps), "--batch-size", str(sizes.grpo_batch)]
         + ["--checkpoint-every", str(sizes.grpo_steps)],

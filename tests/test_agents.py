@@ -342,7 +342,7 @@ def test_an_episode_trainer_step_updates_the_policy():
     env = g.NumberGuessing(num_values=4, max_turns=2)
     config = RLHFConfig(
         pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="rloo", group_size=2,
-        ppo_epochs=1, num_minibatches=2, learning_rate=1e-2, ent_coef=0.01,
+        update_epochs=1, num_minibatches=2, learning_rate=1e-2, ent_coef=0.01,
     )  # fmt: skip
     length = EpisodeLayout(1, 2, 1, 2).length
     lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)

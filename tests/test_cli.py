@@ -455,6 +455,69 @@ def test_rlhf_subcommand_forwards_to_the_rlhf_command(capsys):
     assert "RLHFConfig.kl_coef" in capsys.readouterr().err
 
 
+def test_rlhf_help_names_both_forms_and_each_forms_help_its_own(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rlhf", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    sections = {part.split(":\n")[0]: part for part in shown.split("\n\n")}
+    assert "--task {sorting,reversal}" in sections["task form only"]
+    assert "--small" in sections["task form only"]
+    assert "--model FOLDER" in sections["model form only"]
+    assert "--reward MODULE:FUNCTION" in sections["model form only"]
+    assert "--steps" in sections["both forms"]
+    fields = sections["both forms: RLHFConfig fields (unset: the field's default)"]
+    assert "--update-epochs" in fields and "--kl-target" in fields
+    assert "--ppo-epochs" not in shown and "--target-kl" not in shown  # old names: hidden
+    for form, own, other in (
+        ("--task", "--sft-steps", "--samples"),
+        ("--model", "--prompts", "--small"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["rlhf", form, "reversal" if form == "--task" else "m", "--help"])
+        shown = capsys.readouterr().out
+        assert own in shown and other not in shown and "task form only" not in shown
+
+
+def test_rlhf_picks_its_form_by_the_flags_and_refuses_a_mix(tmp_path, capsys):
+    from ppojax.cli import rlhf
+
+    own = rlhf.own_flags(rlhf.form_parsers())
+    assert own["task"] == {"--task", "--sft-steps", "--rm-steps", "--small"}
+    assert {"--model", "--prompts", "--reward", "--response-len"} <= own["model"]
+    assert rlhf.choose_form(["--steps", "4", "--kl-coef", "0.1"], own) == "task"  # the default
+    assert rlhf.choose_form(["--task=reversal"], own) == "task"
+    assert rlhf.choose_form(["--model", "m", "--prompts", "p.jsonl"], own) == "model"
+    (tmp_path / "config.json").write_text(json.dumps({"command": "rlhf"}))
+    assert rlhf.choose_form(["--resume", str(tmp_path)], own) == "model"
+    assert main(["rlhf", "--task", "reversal", "--small", "--model", "m", "--steps", "2"]) == 2
+    error = capsys.readouterr().err
+    assert error == (
+        "ppojax rlhf: error: --task, --small are flags of the task form and --model of the "
+        "model form; give the flags of one form (ppojax rlhf --help shows both)\n"
+    )
+    assert main(["rlhf", "--prompts", "p.jsonl", "--reward", "m:f"]) == 2
+    assert "--prompts, --reward are flags of the model form" in capsys.readouterr().err
+
+
+def test_rlhf_old_flag_names(capsys):
+    """--ppo-epochs still sets update_epochs, after one warning line, in both forms;
+    --target-kl (the adaptive target, now --kl-target) is an error naming --kl-target."""
+    from ppojax.cli import rlhf
+
+    parsers = rlhf.form_parsers()
+    for parser in parsers.values():
+        assert parser.parse_args(["--ppo-epochs", "2"]).update_epochs == 2
+        assert capsys.readouterr().err == (
+            "ppojax rlhf: warning: --ppo-epochs is deprecated; use --update-epochs\n"
+        )
+    for form in ([], ["--model", "m"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["rlhf", *form, "--target-kl", "1.0"])
+        assert exit_info.value.code == 2
+        assert "error: --target-kl is now --kl-target" in capsys.readouterr().err
+
+
 def test_the_reset_pool_line_counts_repeated_starts_over_runs_and_updates():
     metrics = {
         "repeated_starts": np.array([[0, 3], [1, 0]], np.int32),

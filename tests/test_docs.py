@@ -102,6 +102,40 @@ def test_a_fields_default_type_and_kind_are_as_documented(name):
     assert row["meaning"], row
 
 
+def vocabulary_rows() -> list[list[str]]:
+    """The rows of configuration.md's table of names shared with RLHFConfig."""
+    rows, columns = [], None
+    for line in (ROOT / "docs" / "configuration.md").read_text().splitlines():
+        if not line.startswith("|"):
+            columns = None
+            continue
+        cells = split_row(line)
+        if columns is None:
+            columns = cells
+        elif columns == ["name", "in", "meaning"] and not set("".join(cells)) <= set("-: "):
+            rows.append(cells)
+    return rows
+
+
+def test_the_vocabulary_table_holds_for_both_configs():
+    """Each name is a field of the config(s) its row says, and of no other; the RLHF names
+    no longer in use are no field."""
+    from ppojax.rlhf import RLHFConfig
+
+    configs = {
+        "PPOConfig": {f.name for f in dataclasses.fields(ppojax.PPOConfig)},
+        "RLHFConfig": {f.name for f in dataclasses.fields(RLHFConfig)},
+    }
+    rows = vocabulary_rows()
+    assert len(rows) >= 10
+    for names, where, meaning in rows:
+        wanted = set(configs) if where == "both" else {where}
+        for name in re.findall(r"`(\w+)`", names):
+            assert {c for c, fields in configs.items() if name in fields} == wanted, name
+        assert meaning
+    assert not {"ppo_epochs", "target_kl"} & configs["RLHFConfig"]
+
+
 def test_the_readme_keeps_the_test_command_ci_runs():
     lines = (ROOT / "README.md").read_text().splitlines()
     marker = lines.index("<!-- test-command: .ci/run runs the next line verbatim -->")

@@ -89,7 +89,7 @@ def compare(config, mesh, rows, lm_params):
                         jax.tree.leaves(getattr(adam_four, moment))):
             scale = float(np.max(np.abs(a)))
             np.testing.assert_allclose(b, a, rtol=0, atol=1e-4 * scale, err_msg=moment)
-    steps = config.ppo_epochs * config.num_minibatches
+    steps = config.update_epochs * config.num_minibatches
     check_leaves(config.algorithm, one.params, four.params, start.params, steps)
 
 
@@ -102,10 +102,10 @@ assert q.sharding.is_fully_replicated  # 4096 elements, below the default min_si
 for a, b in zip(jax.tree.leaves(loaded.params), jax.tree.leaves(lm.params)):
     np.testing.assert_array_equal(a, b)
 
-ppo = RLHFConfig(algorithm="ppo", response_len=6, ppo_epochs=1, num_minibatches=2,
+ppo = RLHFConfig(algorithm="ppo", response_len=6, update_epochs=1, num_minibatches=2,
                  pad_id=0, eos_id=2, learning_rate=LR)
 compare(ppo, mesh, 8, loaded.init_value_head(loaded.params))
-grpo = RLHFConfig(algorithm="grpo", group_size=2, response_len=6, ppo_epochs=1,
+grpo = RLHFConfig(algorithm="grpo", group_size=2, response_len=6, update_epochs=1,
                   num_minibatches=2, pad_id=0, eos_id=2, learning_rate=LR)
 compare(grpo, make_mesh(fsdp=2, data=2), 4, params)
 trainer = shard_trainer(make_trainer(grpo, lm.policy_apply, reward), mesh)

@@ -25,8 +25,12 @@ from ppojax.rlhf import (
     token_rewards,
     update_kl_coef,
 )
+from ppojax.rlhf.apps.run import rlhf_config_from_dict
+from ppojax.rlhf.core.config import config_names
 from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
+from ppojax.rlhf.core.objective import RLHFBatch
 from ppojax.rlhf.core.rollout import advantages_and_returns, score
+from ppojax.rlhf.core.trainer import update_kl
 from ppojax.rlhf.post.reward_model import pair_margins
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
@@ -186,6 +190,39 @@ def test_config_errors_that_need_two_fields():
         RLHFConfig(lora_rank=4)
     with pytest.raises(ConfigError, match="lora_full names .* set lora_rank"):
         RLHFConfig(lora_full=("value_head",))
+
+
+def test_old_field_names():
+    """ppo_epochs is a deprecated alias of update_epochs (one warning naming it); target_kl,
+    the adaptive target's old name, is an error naming kl_target (in PPOConfig it stops an
+    update early); a stored dict (an older run folder's) maps both."""
+    with pytest.warns(DeprecationWarning, match="ppo_epochs is deprecated; use update_epochs"):
+        assert RLHFConfig(ppo_epochs=2) == RLHFConfig(update_epochs=2)
+    with pytest.warns(DeprecationWarning, match="use update_epochs") as caught:
+        assert RLHFConfig().replace(ppo_epochs=3).update_epochs == 3
+    assert len(caught) == 1 and caught[0].filename == __file__
+    for build in (lambda: RLHFConfig(target_kl=1.0), lambda: RLHFConfig().replace(target_kl=1.0)):
+        with pytest.raises(ConfigError, match="target_kl is now kl_target") as info:
+            build()
+        assert info.value.field == "target_kl"
+    old = {"ppo_epochs": 2, "target_kl": 0.5, "adaptive_kl": True, "lora_targets": []}
+    assert rlhf_config_from_dict(old) == RLHFConfig(
+        update_epochs=2, kl_target=0.5, adaptive_kl=True
+    )
+    with pytest.raises(ConfigError, match="both target_kl .* and kl_target"):
+        rlhf_config_from_dict({"target_kl": 0.5, "kl_target": 0.5})
+    assert "target_kl" not in config_names() and "ppo_epochs" not in config_names()
+
+
+def test_kl_target_is_what_the_adaptive_controller_aims_at():
+    """update_kl rises beta when the KL is above kl_target and lowers it below."""
+    batch = RLHFBatch(*[jnp.zeros((64, 1))] * len(RLHFBatch._fields))
+    beta, kl = jnp.float32(0.1), jnp.float32(1.0)
+    up = update_kl(RLHFConfig(adaptive_kl=True, kl_target=0.5), beta, kl, batch)
+    down = update_kl(RLHFConfig(adaptive_kl=True, kl_target=2.0), beta, kl, batch)
+    np.testing.assert_allclose(
+        [up, down], [0.1 * (1 + 0.2 * 64 / 1000), 0.1 * (1 - 0.2 * 64 / 1000)]
+    )
 
 
 def dummy_policy(params, tokens, mask):

@@ -2,7 +2,10 @@
 
 import csv
 import json
+import os
 import shutil
+import socket
+import types
 
 import chex
 import jax
@@ -26,7 +29,7 @@ TINY_RUN = [
     "4",
     "--num-minibatches",
     "2",
-    "--ppo-epochs",
+    "--update-epochs",
     "1",
     "--steps",
     "4",
@@ -61,12 +64,22 @@ def test_run_folder_and_bit_exact_resume(tmp_path, capsys):
     summary = json.loads((full / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["response_tokens_per_s"] > 0
 
-    # A run killed after its checkpoint at step 2: step 4's checkpoint and rows never came.
+    assert summary["resumed_from_step"] is None and summary["timed_steps"] == 4
+    settings = json.loads((full / "config.json").read_text())
+    assert settings["rlhf"]["update_epochs"] == 1 and "ppo_epochs" not in settings["rlhf"]
+
+    # A run killed after its checkpoint at step 2: step 4's checkpoint and rows never came. Its
+    # config.json has the names of older versions (ppo_epochs; target_kl, the adaptive target).
     killed = tmp_path / "killed"
     shutil.copytree(full, killed)
     shutil.rmtree(killed / "checkpoints" / "4")
     folder.truncate_metrics(killed / "metrics.csv", 2)
+    rlhf = settings["rlhf"]
+    rlhf["ppo_epochs"], rlhf["target_kl"] = rlhf.pop("update_epochs"), rlhf.pop("kl_target")
+    folder.write_json(killed / "config.json", settings)
     assert main(["--resume", str(killed), "--no-progress"]) == 0
+    resumed = json.loads((killed / "summary.json").read_text())
+    assert resumed["resumed_from_step"] == 2 and resumed["timed_steps"] == 2
     assert (killed / "metrics.csv").read_text() == (full / "metrics.csv").read_text()
     chex.assert_trees_all_equal(restore_state(killed, 4), restore_state(full, 4))
     assert not jax.tree.all(
@@ -89,6 +102,26 @@ def test_bad_values_name_the_field():
         main(["--kl-estimator", "k9"])
     with pytest.raises(ValueError, match="not a run folder"):
         main(["--resume", "/nonexistent/run"])
+
+
+def test_a_task_run_folder_in_use_is_refused(tmp_path):
+    """Both forms' run folders hold a ``lock`` while a process trains there."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "lock").write_text(f"{os.getppid()} {socket.gethostname()}\n")
+    with pytest.raises(ValueError, match=f"is in use: process {os.getppid()} on"):
+        main(["--resume", str(tmp_path), "--no-progress"])
+    assert (tmp_path / "lock").read_text().split()[0] == str(os.getppid())
+
+
+def test_a_model_run_folders_old_names_are_read_as_the_new_fields():
+    """config.json of an older ``ppojax rlhf --model`` run keeps the flags given, under their
+    old names; ``rlhf_config`` reads them as the new fields."""
+    from ppojax.cli.text import rlhf_config
+
+    lm = types.SimpleNamespace(tokenizer=types.SimpleNamespace(eos_id=3, pad_id=3))
+    old = {"rlhf": {"ppo_epochs": 1, "target_kl": 0.5, "adaptive_kl": True}}
+    expected = RLHFConfig(update_epochs=1, kl_target=0.5, adaptive_kl=True, pad_id=0, eos_id=3)
+    assert rlhf_config(old, lm) == expected
 
 
 REVERSAL = DigitTask(
@@ -121,7 +154,7 @@ def test_ppo_and_grpo_train_the_verifiable_task_from_sft(reversal_start, algorit
         eos_id=EOS,
         response_len=REVERSAL.response_len,
         num_minibatches=2,
-        ppo_epochs=2,
+        update_epochs=2,
         learning_rate=3e-3,
         kl_coef=0.01,
     )

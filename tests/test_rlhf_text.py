@@ -322,7 +322,7 @@ def test_text_rewards_train_with_weights_in_make_trainer(lm):
         group_size=2,
         response_len=3,
         num_minibatches=1,
-        ppo_epochs=1,
+        update_epochs=1,
         pad_id=tok.pad_id,
         eos_id=tok.eos_id,
         reward_weights=(1.0, 0.5),

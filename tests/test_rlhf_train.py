@@ -77,7 +77,7 @@ def config_for(algorithm: str, **changes) -> RLHFConfig:
         pad_id=PAD,
         eos_id=EOS,
         response_len=RESPONSE_LEN,
-        ppo_epochs=2,
+        update_epochs=2,
         num_minibatches=2,
         learning_rate=3e-3,
         kl_coef=0.01,
@@ -165,7 +165,7 @@ def test_left_padding_to_two_widths_changes_nothing():
 
 
 def test_vmap_over_beta_and_seeds_compiles_once_and_warmup_trains_the_critic_only():
-    config = config_for("ppo", critic_warmup_steps=1, adaptive_kl=True, target_kl=1.0)
+    config = config_for("ppo", critic_warmup_steps=1, adaptive_kl=True, kl_target=1.0)
     trainer = trainer_for(config)
     prompts, mask = prompt_batch(jax.random.key(6), 8)
     step = chex.assert_max_traces(trainer.step, n=1)

@@ -180,7 +180,7 @@ def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch
     argv += ["--reward", "my_rewards:short", "--reward", "my_rewards:later"]
     argv += ["--reward-model", str(reward_model)]
     argv += ["--algorithm", "grpo", "--group-size", "2", "--response-len", "4"]
-    argv += ["--num-minibatches", "2", "--ppo-epochs", "1", "--samples", "2", "--wandb"]
+    argv += ["--num-minibatches", "2", "--update-epochs", "1", "--samples", "2", "--wandb"]
     assert main([*argv, "--out", str(tmp_path / "rlhf")]) == 2
     (run_dir,) = (tmp_path / "rlhf").iterdir()
     assert capsys.readouterr().err == (

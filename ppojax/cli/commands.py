@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_module_flag(envs)
     commands.add_parser(
         "rlhf",
-        help="PPO, GRPO or RLOO for language models: a model folder (--model) or a digit task",
+        help="PPO, GRPO or RLOO for language models: a digit task (--task) or a model folder "
+        "(--model)",
         add_help=False,
     )
     for command, what in TEXT_COMMANDS.items():
@@ -102,18 +103,11 @@ TEXT_COMMANDS = {
 
 
 def run_rlhf(argv: Sequence[str]) -> int:
-    """``ppojax rlhf [options]``: a model folder (``--model``) through ``ppojax.cli.text``, or
-    a built-in task through the RLHF run's own command line (python -m ppojax.rlhf)."""
-    from ppojax.cli import text
-    from ppojax.rlhf.apps.task_run import main as rlhf_main
+    """``ppojax rlhf [options]``: a built-in digit task or a model folder, picked by the flags
+    given (``ppojax.cli.rlhf``)."""
+    from ppojax.cli import rlhf
 
-    if text.is_model_run(list(argv)):
-        return text.main("rlhf", list(argv))
-    try:
-        return rlhf_main(list(argv))
-    except ValueError as error:
-        sys.stderr.write(f"ppojax rlhf: error: {error}\n")
-        return 2
+    return rlhf.main(argv)
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from ppojax.cli.text_checks import (
     try_reward,
 )
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
-from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.config import RLHFConfig, add_config_flags, stored_names
 
 COMMANDS = ("sft", "rm", "dpo", "rlhf")
 DATA_FLAGS = {"sft": "data", "rm": "pairs", "dpo": "pairs", "rlhf": "prompts"}
@@ -295,7 +295,8 @@ def rlhf_config(settings: dict[str, Any], lm: Any) -> RLHFConfig:
     """The run's RLHFConfig, its EOS the tokenizer's. Its pad id is the tokenizer's unless
     that is EOS too (Llama's): padding is masked out everywhere, but a response must end at
     its first EOS, so then another id pads."""
-    chosen = {k: tuple(v) if isinstance(v, list) else v for k, v in settings["rlhf"].items()}
+    stored = stored_names(settings["rlhf"])  # an older folder's ppo_epochs, target_kl
+    chosen = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
     eos, pad = lm.tokenizer.eos_id, lm.tokenizer.pad_id
     if pad == eos:
         pad = 0 if eos != 0 else 1

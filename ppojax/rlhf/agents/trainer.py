@@ -9,7 +9,7 @@ One step plays ``num_episodes`` episodes (groups of ``config.group_size`` from t
 model's tokens under the policy and the frozen reference in one forward pass each, gives every
 model token of an episode that episode's group advantage (GRPO: normalized within its group,
 RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="loss"), and
-runs ``ppo_epochs`` x ``num_minibatches`` clipped updates through the shared engine. The env's
+runs ``update_epochs`` x ``num_minibatches`` clipped updates through the shared engine. The env's
 tokens are context only: they are off ``model_mask``, so no loss term, KL or entropy reads
 them. ``config.response_len`` is the per-turn token limit.
 
@@ -220,7 +220,7 @@ def make_episode_trainer(
             OptimizerCarry(state.params, state.opt_state),
             batch,
             update_key,
-            num_epochs=config.ppo_epochs,
+            num_epochs=config.update_epochs,
             num_minibatches=config.num_minibatches,
             stop_kl=None,
             divergence_guard=config.divergence_guard,

@@ -1,14 +1,18 @@
 """RLHF run folders: train a ``Trainer`` in jitted chunks with checkpoints, a metrics CSV, a
 plot and a summary, and resume a killed run bit-exactly.
 
-A run folder holds::
+Every run folder of ``ppojax rlhf`` (both forms), ``sft``, ``rm`` and ``dpo`` holds::
 
-    config.json        the RLHFConfig and the run's settings (what --resume reads back)
+    config.json        the settings (what --resume reads back; ``rlhf_config_from_dict``)
     metrics.csv        one row per step (the step's metrics, TRL's names)
-    curves.png         scores, each reward function and the KL to the reference, per step
-    checkpoints/<n>/   orbax checkpoints of the RLHFState (policy, critic, optimizer, beta)
-    frozen/0/          orbax checkpoint of whatever the rewards need (a reward model's params)
-    summary.json       final metrics, wall time, response tokens/s, versions
+    curves.png         the run's curves per step (scores, each reward function, the KL)
+    checkpoints/<n>/   orbax checkpoints of the trained state (policy, critic, optimizer, beta)
+    summary.json       final metrics, the step resumed from, steps timed, wall time, versions
+    lock               the PID and host of the process training there (``ppojax.runs.lock``)
+
+and one kind adds ``frozen/0/`` (the task form: an orbax checkpoint of what it trained before
+RL, the SFT params and a reward model's; ``save_frozen``) or ``final/`` and ``samples.jsonl``
+(a model folder's run: ``ppojax.rlhf.apps.text_run``). docs/rlhf.md has the table.
 
 Step n draws its prompts and samples from ``fold_in(key, n)``, so a run's numbers do not
 depend on where its chunks end, and a resumed run computes exactly what the uninterrupted
@@ -26,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.config import RLHFConfig, stored_names
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loop import LoopOptions, LoopResult, StepFn, train_loop
@@ -59,7 +63,9 @@ def config_dict(config: Any) -> dict[str, Any]:
 
 
 def rlhf_config_from_dict(values: dict[str, Any]) -> RLHFConfig:
-    """Undo ``config_dict`` for RLHFConfig (lists back to tuples)."""
+    """Undo ``config_dict`` for RLHFConfig (lists back to tuples), a field stored under its
+    old name (an older run folder's ``ppo_epochs``, ``target_kl``) read as its field."""
+    values = stored_names(values)
     return RLHFConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
@@ -79,8 +85,8 @@ def load_frozen(run_dir: Path, template: Any) -> Any:
 
 def summarize(result: LoopResult, **extra: Any) -> dict[str, Any]:
     """What every RLHF run folder's summary.json holds: the steps, the means of their last
-    10%, ``extra``, the wall time of the steps this call trained (compilation included) and
-    the versions."""
+    10%, ``extra``, the step this call resumed from (None: a fresh run), the steps it trained
+    and their wall time (compilation included), and the versions."""
     metrics = result.metrics
     steps = len(next(iter(metrics.values()))) if metrics else 0
     tail = max(1, steps // 10)
@@ -90,6 +96,8 @@ def summarize(result: LoopResult, **extra: Any) -> dict[str, Any]:
             name: float(np.mean(values[-tail:])) for name, values in metrics.items()
         },
         **extra,
+        "resumed_from_step": result.start or None,
+        "timed_steps": steps - result.start,
         "wall_s": round(result.seconds, 2),
         "versions": folder.versions(),
     }
@@ -140,10 +148,6 @@ def train_run(
     result = train_loop(run_dir, step, state, None, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
-    summary = summarize(
-        result,
-        timed_steps=num_steps - result.start,
-        response_tokens_per_s=response_tokens_per_s(result, rows),
-    )
+    summary = summarize(result, response_tokens_per_s=response_tokens_per_s(result, rows))
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
     return result.state, result.metrics

@@ -1,5 +1,6 @@
-"""``ppojax rlhf`` (or ``python -m ppojax.rlhf``): train on a digit task into a run folder. A
-Hugging Face model on a prompt file trains through ``ppojax rlhf --model`` (``ppojax.cli.text``).
+"""``ppojax rlhf``'s task form (or ``python -m ppojax.rlhf``): train on a digit task into a run
+folder. Its model form, a Hugging Face model on a prompt file, trains through ``ppojax rlhf
+--model`` (``ppojax.cli.text``); ``ppojax.cli.rlhf`` tells the two apart.
 
     ppojax rlhf --task sorting --algorithm ppo --kl-coef 0.1 --steps 200
     ppojax rlhf --task reversal --algorithm grpo --group-size 8 --steps 100
@@ -15,6 +16,7 @@ the one place that imports both the library and the tasks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Sequence
@@ -39,6 +41,7 @@ from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_sft
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
 from ppojax.runs import folder
+from ppojax.runs.lock import run_lock
 from ppojax.runtime import cache
 
 # Fields the task fixes: the vocabulary and the answer's length are the task's.
@@ -60,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The run's options plus one option per RLHFConfig field (unset: the default)."""
     parser = argparse.ArgumentParser(
         prog="ppojax rlhf",
-        description="PPO, GRPO or RLOO on a digit task, into a run folder.",
-        epilog="With --model FOLDER, a Hugging Face model on a prompt file instead: ppojax "
+        description="PPO, GRPO or RLOO on a digit task, into a run folder (the task form).",
+        epilog="The model form trains a Hugging Face folder on a prompt file instead: ppojax "
         "rlhf --model FOLDER --prompts FILE.jsonl --reward MODULE:FUNCTION (and/or "
-        "--reward-model FOLDER); ppojax rlhf --model FOLDER --help lists those options.",
+        "--reward-model FOLDER); ppojax rlhf --model FOLDER --help lists its options, ppojax "
+        "rlhf --help both forms'.",
     )
     parser.add_argument("--task", choices=("sorting", "reversal"), default="sorting")
     parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")
@@ -160,18 +164,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.no_compile_cache and not cache.disabled_by_environment():
         cache.enable_compile_cache()
-    if args.resume is not None:
-        run_dir = args.resume
-        if not (run_dir / folder.CONFIG_FILE).exists():
-            raise ValueError(
-                f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)"
-            )
-        settings = folder.read_json(run_dir / folder.CONFIG_FILE)
-    else:
-        settings = settings_from_args(args)
-        name = f"rlhf-{args.task}-{settings['rlhf']['algorithm']}"
-        run_dir = folder.new_run_dir(args.out, name)
-        folder.write_json(run_dir / folder.CONFIG_FILE, settings)
+    with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
+        if args.resume is not None:
+            run_dir = args.resume
+            if not (run_dir / folder.CONFIG_FILE).exists():
+                raise ValueError(
+                    f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)"
+                )
+            stack.enter_context(run_lock(run_dir))  # before a resume reads anything
+            settings = folder.read_json(run_dir / folder.CONFIG_FILE)
+        else:
+            settings = settings_from_args(args)
+            name = f"rlhf-{args.task}-{settings['rlhf']['algorithm']}"
+            run_dir = folder.new_run_dir(args.out, name)
+            stack.enter_context(run_lock(run_dir))
+            folder.write_json(run_dir / folder.CONFIG_FILE, settings)
+        return train(settings, run_dir, args)
+
+
+def train(settings: dict[str, Any], run_dir: Path, args: argparse.Namespace) -> int:
+    """Train the run folder ``run_dir`` of ``settings`` (its frozen inputs made or read back),
+    then print where it went."""
     frozen = frozen_params(settings, run_dir, args.resume is not None)
     trainer, state, prompt_fn = prepare(settings, frozen)
     run = settings["run"]

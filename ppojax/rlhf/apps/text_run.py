@@ -1,5 +1,6 @@
 """A ``Job`` (``ppojax.rlhf.apps.jobs``) trained into a run folder, from a Hugging Face folder to a
-Hugging Face folder. A run folder holds::
+Hugging Face folder. A run folder has the layout of every RLHF run folder
+(``ppojax.rlhf.apps.run``) with ``final/`` and ``samples.jsonl`` added::
 
     config.json        the command's settings (what --resume reads back)
     metrics.csv        one row per step
@@ -9,6 +10,7 @@ Hugging Face folder. A run folder holds::
     final/             the trained model as a Hugging Face folder (``from_pretrained`` reads it)
     summary.json       final metrics (mean of the last 10% of steps), held-out numbers, wall
                        time, versions
+    lock               the PID and host of the process training there
 
 The steps run through ``ppojax.runs.loop.train_loop``: a resumed run continues bit for bit.
 ``final/`` is written into a temporary folder and renamed into place when it is whole.
@@ -70,7 +72,7 @@ def train_job(
     if diverged is not None:
         raise RunDiverged(diverged)
     save_final(lm, job.model_params(result.state, job.frozen), run_dir)
-    summary = summarize(result, resumed_from_step=result.start or None)
+    summary = summarize(result)
     if job.evaluate is not None:
         summary["held_out"] = job.evaluate(result.state, job.frozen)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)

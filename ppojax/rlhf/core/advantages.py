@@ -98,10 +98,10 @@ def whiten(advantages: jax.Array, mask: jax.Array) -> jax.Array:
 def update_kl_coef(
     kl_coef: jax.Array,
     kl: jax.Array,
-    target_kl: jax.Array | float,
+    kl_target: jax.Array | float,
     horizon: jax.Array | float,
     batch_size: int,
 ) -> jax.Array:
     """Adaptive KL controller: e = clip(KL / target - 1, -0.2, 0.2); beta *= 1 + e * n / horizon."""
-    error = jnp.clip(kl / target_kl - 1.0, -0.2, 0.2)
+    error = jnp.clip(kl / kl_target - 1.0, -0.2, 0.2)
     return kl_coef * (1.0 + error * batch_size / horizon)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
+import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +35,15 @@ KL_PLACES = ("reward", "loss")
 # "grpo" is the per-sequence mean (GRPO's 1/|o_i|), "dapo" the per-token mean over the batch
 # (DAPO), "dr_grpo" the sum over tokens / (rows * response_len) (Dr. GRPO's constant).
 LOSS_AGGREGATIONS = ("token", "sequence", "grpo", "dapo", "dr_grpo")
+# Fields renamed so that a name means one thing in PPOConfig and RLHFConfig alike: the old
+# name -> the field. ppo_epochs is PPOConfig's update_epochs. target_kl was the adaptive-KL
+# controller's target; in PPOConfig target_kl stops an update early on approximate KL, so
+# the target became kl_target (beside kl_coef, adaptive_kl, kl_horizon).
+RENAMED = {"ppo_epochs": "update_epochs", "target_kl": "kl_target"}
+# Old names still accepted in code and on the command line (with a warning). target_kl is
+# not: as a keyword or flag it would mean the adaptive target here and early stopping in
+# PPOConfig, so it is an error naming kl_target.
+DEPRECATED = ("ppo_epochs",)
 
 
 @register_config
@@ -40,7 +52,7 @@ class RLHFConfig:
     """Hyperparameters of ``ppojax.rlhf.make_trainer``.
 
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
-    ppo_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
+    update_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
     whiten_advantages, group_std, critic_warmup_steps, divergence_guard), the reward weights
     and the LoRA layout (lora_rank, lora_targets, lora_full). Traced: temperature, learning
     rate and every coefficient.
@@ -51,7 +63,7 @@ class RLHFConfig:
     response_len: int = static(10)  # sampled positions per response
     algorithm: str = static("ppo")  # "ppo" (critic, token GAE), "grpo", "rloo" (no critic)
     group_size: int = static(1)  # samples per prompt; grpo and rloo need >= 2
-    ppo_epochs: int = static(4)
+    update_epochs: int = static(4)  # epochs over each step's responses (PPOConfig's name)
     num_minibatches: int = static(4)  # must divide prompts * group_size
     kl_in: str = static("reward")  # "reward": -beta KL_t per token; "loss": + beta KL_t
     kl_estimator: str = static("k1")  # k1 log(pi/ref), k2 0.5 log^2, k3 (rho - 1) - log rho
@@ -79,7 +91,7 @@ class RLHFConfig:
     vf_coef: float = 0.5
     ent_coef: float = 0.0
     kl_coef: float = 0.05  # beta, or its start value under adaptive_kl
-    target_kl: float = 2.0  # adaptive_kl: wanted sequence KL (nats)
+    kl_target: float = 2.0  # adaptive_kl: wanted sequence KL (nats)
     kl_horizon: float = 1000.0  # adaptive_kl: beta *= 1 + e * rows / kl_horizon
     missing_eos_penalty: float = 0.0  # subtracted from the score of responses without EOS
     lora_alpha: float = 16.0  # adapters add (lora_alpha / lora_rank) A @ B
@@ -89,6 +101,7 @@ class RLHFConfig:
 
     def replace(self, **changes: Any) -> RLHFConfig:
         """A copy with ``changes`` applied, validated again."""
+        changes = current_names(changes)
         unknown = sorted(set(changes) - set(config_names()))
         if unknown:
             raise ConfigError(
@@ -107,8 +120,56 @@ class RLHFConfig:
         return self.algorithm == "ppo"
 
 
+_dataclass_init = RLHFConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: RLHFConfig, *args: Any, **kwargs: Any) -> None:
+    _dataclass_init(self, *args, **current_names(kwargs))
+
+
+RLHFConfig.__init__ = _init  # type: ignore[method-assign]  # old keywords, see current_names
+
+
+def current_names(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (keywords of ``RLHFConfig(...)`` or ``.replace(...)``) with a deprecated
+    name (``DEPRECATED``) renamed after a ``DeprecationWarning`` naming the field; ``target_kl``
+    is a ``ConfigError`` naming ``kl_target``."""
+    if not any(name in settings for name in RENAMED):
+        return settings
+    if "target_kl" in settings:
+        raise ConfigError(
+            "target_kl",
+            "RLHFConfig.target_kl is now kl_target (the adaptive-KL controller's target, "
+            "nats per sequence): target_kl means early stopping on approximate KL, which "
+            "PPOConfig has and RLHFConfig does not.",
+        )
+    for old in DEPRECATED:
+        if old in settings:
+            new = RENAMED[old]
+            warnings.warn(
+                f"RLHFConfig.{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3
+            )
+    return stored_names(settings)
+
+
+def stored_names(values: Mapping[str, Any]) -> dict[str, Any]:
+    """RLHFConfig fields as stored by any version (a run folder's config.json), each old name
+    (``RENAMED``) read as its field. Unambiguous: no version stores a field under an old name,
+    so a ``target_kl`` there is the adaptive target; a ``ConfigError`` when a dict has both."""
+    renamed = dict(values)
+    for old, new in RENAMED.items():
+        if old in renamed:
+            if new in renamed:
+                raise ConfigError(
+                    new, f"RLHF settings give both {old} (the old name) and {new}; keep {new}."
+                )
+            renamed[new] = renamed.pop(old)
+    return renamed
+
+
 def _check_ints(config: RLHFConfig) -> None:
-    for name in ("response_len", "group_size", "ppo_epochs", "num_minibatches"):
+    for name in ("response_len", "group_size", "update_epochs", "num_minibatches"):
         check_positive_int("RLHFConfig", name, getattr(config, name))
     for name in ("pad_id", "eos_id", "critic_warmup_steps", "lora_rank"):
         value = getattr(config, name)
@@ -167,7 +228,7 @@ def validate(config: RLHFConfig) -> None:
     for name in ("adaptive_kl", "whiten_advantages", "group_std", "divergence_guard"):
         check_bool("RLHFConfig", name, getattr(config, name))
     positive = ("temperature", "learning_rate", "max_grad_norm", "clip_eps", "vf_clip_eps")
-    for name in positive + ("target_kl", "kl_horizon", "lora_alpha"):
+    for name in positive + ("kl_target", "kl_horizon", "lora_alpha"):
         check_range("RLHFConfig", name, getattr(config, name), 0.0, math.inf, open_low=True)
     if config.clip_eps_high is not None:
         check_range(
@@ -177,6 +238,9 @@ def validate(config: RLHFConfig) -> None:
         check_range("RLHFConfig", name, getattr(config, name), 0.0, 1.0, open_low=False)
     for name in ("vf_coef", "ent_coef", "kl_coef", "missing_eos_penalty"):
         check_range("RLHFConfig", name, getattr(config, name), 0.0, math.inf, open_low=False)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RLHFConfig)}
 
 
 def config_names() -> tuple[str, ...]:
@@ -209,3 +273,52 @@ def add_config_flags(
                 default=None,
                 help=(helps or {}).get(field.name, f"default {field.default!r}"),
             )
+    for old, new in RENAMED.items():  # hidden from --help
+        if new not in skip:
+            action = _DeprecatedFlag if old in DEPRECATED else _TargetKLFlag
+            parser.add_argument(
+                "--" + old.replace("_", "-"),
+                dest=new if old in DEPRECATED else argparse.SUPPRESS,
+                type=field_type(FIELDS[new]),
+                default=None if old in DEPRECATED else argparse.SUPPRESS,
+                action=functools.partial(action, new_flag="--" + new.replace("_", "-")),
+                help=argparse.SUPPRESS,
+            )
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old flag that still sets its field, after one warning line naming the new flag."""
+
+    def __init__(self, *args: Any, new_flag: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new_flag = new_flag
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        sys.stderr.write(
+            f"{parser.prog}: warning: {option_string} is deprecated; use {self.new_flag}\n"
+        )
+        setattr(namespace, self.dest, values)
+
+
+class _TargetKLFlag(_DeprecatedFlag):
+    """``--target-kl`` of ppojax rlhf: an error naming ``--kl-target`` (``parser.error``, exit
+    status 2), for the same flag of ppojax train stops an update early."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} is now {self.new_flag} (the adaptive-KL controller's target, nats "
+            f"per sequence); {option_string} means early stopping on approximate KL, which "
+            "ppojax train has and ppojax rlhf does not"
+        )

@@ -7,7 +7,7 @@
 One step: repeat each prompt ``group_size`` times, sample responses, recompute their log-probs
 under the policy and the frozen reference (the initial params; with LoRA the base), score
 them with the weighted reward functions, turn scores and KL into advantages (PPO: token GAE on
-the critic's values; GRPO: group-normalized; RLOO: leave-one-out), run ``ppo_epochs`` x
+the critic's values; GRPO: group-normalized; RLOO: leave-one-out), run ``update_epochs`` x
 ``num_minibatches`` clipped updates through ``ppojax.engine.epochs.run_epochs``, then the KL
 controller. Every array of the state and every traced config field can be vmapped.
 """
@@ -175,7 +175,7 @@ def train_step(
         OptimizerCarry(state.params, state.opt_state),
         rollout.batch,
         update_key,
-        num_epochs=config.ppo_epochs,
+        num_epochs=config.update_epochs,
         num_minibatches=config.num_minibatches,
         stop_kl=None,
         divergence_guard=config.divergence_guard,
@@ -194,7 +194,7 @@ def train_step(
 def update_kl(config: RLHFConfig, kl_coef: jax.Array, kl: jax.Array, batch: RLHFBatch) -> jax.Array:
     """The adaptive controller on this step's sequence KL, n = the rows of the batch."""
     rows = batch.responses.shape[0]
-    return update_kl_coef(kl_coef, kl, config.target_kl, config.kl_horizon, rows)
+    return update_kl_coef(kl_coef, kl, config.kl_target, config.kl_horizon, rows)
 
 
 def run_steps(
