@@ -3,7 +3,7 @@ launches and bytes per env step, GAE, minibatch step and update.
 
     JAX_PLATFORMS=cpu python benchmarks/gpu_program.py --purejaxrl DIR
         [--targets h200 h100] [--works NAME ...] [--programs ppojax rejax purejaxrl]
-        [--out benchmarks/results/gpu_program.json] [--smoke]
+        [--out benchmarks/results/gpu_program.json] [--replace] [--smoke]
     JAX_PLATFORMS=cpu python benchmarks/gpu_program.py --candidates [VARIANT ...]
         [--targets h200] [--works '1 agent x 8192 envs']
 
@@ -20,7 +20,8 @@ epochs, the rest, one update, the whole program.
 PureJaxRL: ``--purejaxrl DIR`` is a checkout of github.com/luchris429/purejaxrl (its
 ``purejaxrl/ppo.py`` is imported from there, not copied); it unpacks gymnax's old five-value
 step, so its env gets gymnax's LegacyStepAPIWrapper as rejax's does. Without ``--purejaxrl``
-its rows are left out. Writes ``--out`` after every row (an interrupted run keeps its rows).
+its rows are left out. Writes ``--out`` after every row (an interrupted run keeps its rows);
+with ``--replace``, into the ``--out`` there is, whose other rows it keeps.
 ``--smoke``: the works shrunk to seconds of compiling, results in /tmp.
 
 ``--candidates``: ppojax's program with each of ``VARIANTS`` (the kernels candidates of
@@ -328,6 +329,18 @@ def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def replacing(kept: dict, fresh: dict) -> dict:
+    """``kept`` (a report read back) whose rows this run replaces: its command followed by
+    this one's, its ppojax commits followed by this one's, this run's date."""
+    commit = fresh["versions"]["ppojax_commit"]
+    kept["command"] += f"; then rows replaced by those of: {fresh['command']}"
+    commits = kept["versions"]["ppojax_commit"]
+    commits = commits if isinstance(commits, list) else [commits]
+    kept["versions"]["ppojax_commit"] = list(dict.fromkeys([*commits, commit]))
+    kept["date"] = fresh["date"]
+    return kept
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", choices=list(deviceless.TARGETS))
@@ -337,6 +350,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
     parser.add_argument("--readme", type=Path, help="write --out's table into this README")
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="keep --out's other rows: replace only the rows counted now",
+    )
     parser.add_argument(
         "--candidates",
         nargs="*",
@@ -383,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.purejaxrl is not None:
         makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)
     report = header(argv)
+    commit = report["versions"]["ppojax_commit"]
+    if args.replace and args.out.exists():
+        report = replacing(json.loads(args.out.read_text()), report)
     failed = 0
     for target in args.targets:
         for work, spec in args.works.items():
@@ -393,7 +414,13 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"program": program, "work": work, "target": target}
                     row["error"] = failure(error)
                     failed += 1
-                report["rows"].append(row)
+                row["ppojax_commit"] = commit
+                key = (program, work, target)
+                report["rows"] = [
+                    old
+                    for old in report["rows"]
+                    if (old["program"], old["work"], old["target"]) != key
+                ] + [row]
                 write_json(args.out, report)
                 brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
                 print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)

@@ -164,3 +164,30 @@ def test_without_a_mask_the_policy_is_the_plain_categorical(spec):
         policy_distribution(spec, logits, None),
     )
     np.testing.assert_array_equal(masked.entropy(), plain.entropy())
+
+
+def test_elementwise_argmax_picks_what_argmax_picks():
+    """The CUDA default "elementwise_argmax": the first largest (ties), the first NaN, -inf
+    masked choices, over 1 to ELEMENTWISE_ARGMAX_MAX choices, and it is what a sampled action
+    takes where chosen."""
+    from ppojax.networks import distributions
+    from ppojax.runtime import kernels
+
+    nan, inf = float("nan"), float("inf")
+    rows = jnp.array(
+        [[1.0, 3.0, 3.0, 0.0], [nan, 5.0, nan, 1.0], [2.0, nan, 9.0, 1.0], [-inf, -inf, 0.5, -inf]]
+    )
+    np.testing.assert_array_equal(distributions.elementwise_argmax(rows), jnp.argmax(rows, axis=-1))
+    rng = np.random.default_rng(3)
+    for choices in range(1, distributions.ELEMENTWISE_ARGMAX_MAX + 1):
+        logits = jnp.asarray(rng.integers(-2, 3, size=(64, choices)), jnp.float32)  # many ties
+        np.testing.assert_array_equal(
+            distributions.elementwise_argmax(logits), jnp.argmax(logits, axis=-1)
+        )
+
+    def primitives(fn) -> str:  # a new function each time: traced afresh
+        return str(jax.make_jaxpr(lambda x: fn(x))(rows))
+
+    with kernels.use("elementwise_argmax"):
+        assert "argmax" not in primitives(distributions.argmax_last)
+    assert "argmax" in primitives(distributions.argmax_last)  # plain here: one argmax

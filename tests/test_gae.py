@@ -2,6 +2,8 @@ import numpy as np
 import pytest
 
 import ppojax
+from ppojax.engine import gae
+from ppojax.runtime import kernels
 
 
 def gae_reference(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
@@ -80,3 +82,36 @@ def test_truncation_bootstraps_from_the_final_observation_but_cuts_the_trace():
         REWARDS, VALUES, NEXT_VALUES, NONE, AT_1, gamma=1.0, gae_lambda=1.0
     )
     np.testing.assert_allclose(advantages[:, 0], [3.2, 2.2, 6.5], rtol=1e-6)
+
+
+def test_associative_form_computes_the_reverse_scan_recurrence():
+    """The CUDA default "associative_gae" against the reference reverse scan and a float64
+    loop, at the rollout's T = 128 with terminations and truncations. A_t is the sum over k of
+    (decays_t ... decays_{t+k-1}) * deltas_{t+k}: each form rounds every term at most ~2T
+    times (the chain) or ~4 log2 T times (the tree), so both lie within 2T ulps of
+    S_t = sum_k |product| * |deltas_{t+k}| of the exact sum; a wrong composition order would
+    be off by terms of size S_t."""
+    rng = np.random.default_rng(1)
+    steps, envs = 128, 32
+    deltas = (rng.normal(size=(steps, envs)) * 10.0).astype(np.float32)
+    done = rng.random((steps, envs)) < 0.05  # terminated or truncated: both cut the trace
+    decays = np.where(done, 0.0, 0.99 * 0.95).astype(np.float32)
+    assert done.any(axis=0).all() and (~done).sum() > steps * envs * 0.9
+    exact, scale = np.zeros((steps, envs)), np.zeros((steps, envs))
+    running, running_scale = np.zeros(envs), np.zeros(envs)
+    for t in reversed(range(steps)):
+        running = deltas[t] + decays[t].astype(np.float64) * running
+        running_scale = np.abs(deltas[t]) + decays[t].astype(np.float64) * running_scale
+        exact[t], scale[t] = running, running_scale
+    plain = np.asarray(gae.reverse_scan(deltas, decays))
+    associative = np.asarray(gae.associative_reverse_scan(deltas, decays))
+    tolerance = 2 * steps * np.finfo(np.float32).eps * scale
+    assert (np.abs(plain - exact) <= tolerance).all()
+    assert (np.abs(associative - exact) <= tolerance).all()
+    # and it is what compute_gae runs where chosen (on CUDA by default)
+    rewards, values = deltas, np.zeros_like(deltas)
+    with kernels.use("associative_gae"):
+        advantages, _ = ppojax.compute_gae(
+            rewards, values, values, done, np.zeros_like(done), gamma=0.99, gae_lambda=0.95
+        )
+    np.testing.assert_array_equal(advantages, associative)

@@ -202,6 +202,11 @@ def test_ppo_phases_name_the_loops_by_their_trips_and_order():
     phases = launches.ppo_phases(block("main", 1, 0, [chunked]), 5, 8, 3, 2)
     assert phases["rollout"]["launches"] == 2 * (1 + 4 * 3)
     assert phases["per_env_step"]["launches"] == 26 / 8
+    # 4 steps unrolled a trip: 2 trips of 12 launches, then GAE's loop of 8 trips
+    unrolled = block("update", 5, 0, [block("rollout", 2, 12), block("gae", 8, 2), epochs])
+    phases = launches.ppo_phases(block("main", 1, 0, [unrolled]), 5, 8, 3, 2)
+    assert phases["rollout"]["launches"] == 24 and phases["per_env_step"]["launches"] == 3
+    assert phases["gae"]["loops"] == [8]
     with pytest.raises(ValueError, match="no loop of 4 updates"):
         launches.ppo_phases(program, updates=4, num_steps=8, epochs=3, minibatches=2)
 
@@ -250,23 +255,24 @@ def test_a_sort_and_a_loop_compile_for_each_target(target):
 
 # The small PPO program's launches on the H200 target per jax version (counted with
 # ppojax.runtime.launches; a change that splits or merges a fusion changes them), by default
-# (the loss in one Triton kernel per minibatch step: ppojax.runtime.kernels.CUDA_DEFAULTS)
+# (ppojax.runtime.kernels.CUDA_DEFAULTS: the loss in one Triton kernel per minibatch step,
+# kernels.STEPS_PER_TRIP env steps a trip of the rollout's loop, so 32 steps make 2 trips)
 # and with the CUDA defaults turned off
 SMALL_CONFIG = dict(
     env_id="CartPole-v1",
     num_envs=4,
-    num_steps=8,
-    total_timesteps=4 * 8 * 3,
+    num_steps=32,
+    total_timesteps=4 * 32 * 3,
     update_epochs=2,
     num_minibatches=2,
 )
 EXPECTED = {
-    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 40},  # Python 3.11's jax
-    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 44},  # Python 3.12's and 3.13's
+    "0.10.2": {"per_env_step": 5.875, "per_minibatch_step": 34},  # Python 3.11's jax
+    "0.11.2": {"per_env_step": 5.75, "per_minibatch_step": 38},  # Python 3.12's and 3.13's
 }
 EXPECTED_PLAIN = {
-    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 60},
-    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 62},
+    "0.10.2": {"per_env_step": 17, "per_minibatch_step": 59},
+    "0.11.2": {"per_env_step": 20, "per_minibatch_step": 60},
 }
 
 
@@ -275,7 +281,7 @@ def small_program_phases() -> dict:
     keys = jax.random.split(jax.random.key(0), 1)
     program = jax.vmap(ppojax.train, in_axes=(None, 0))  # a new function: traced again
     compiled = deviceless.compile_for(program, (config, keys), "h200")
-    return launches.ppo_phases(launches.count(compiled.as_text()), 3, 8, 2, 2)
+    return launches.ppo_phases(launches.count(compiled.as_text()), 3, 32, 2, 2)
 
 
 @pytest.mark.parametrize("cuda_defaults", [True, False])
@@ -291,7 +297,8 @@ def test_small_ppo_program_launches_on_the_h200(cuda_defaults):
         expected = EXPECTED_PLAIN[jax.__version__]
     counted = {part: phases[part]["launches"] for part in expected}
     assert counted == expected
-    assert phases["rollout"]["trips"] == 8 and phases["epochs"]["trips"] == 2
+    steps_per_trip = kernels.STEPS_PER_TRIP if cuda_defaults else 1
+    assert phases["rollout"]["trips"] == 32 // steps_per_trip and phases["epochs"]["trips"] == 2
     # by default the loss and its gradient are one Triton custom call per minibatch step
     custom_calls = phases["per_minibatch_step"]["by_opcode"].get("custom-call", 0)
     assert custom_calls == (1 if cuda_defaults else 0)

@@ -12,6 +12,7 @@ from tolerance import (
     assert_close,
     assert_states_close,
     assert_trees_close,
+    host,
 )
 
 import ppojax
@@ -51,6 +52,53 @@ def test_scan_drawing_draws_ahead_or_per_step():
     # 15 uniforms summed in another order: a few ulps of the total (~7.5)
     assert_close(plain_total, per_step.sum(), ulps=8, scale=8.0)
     assert_close(total, drawn.sum(), ulps=8, scale=8.0)
+
+
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_packed_scan_stores_what_scan_stores_bit_for_bit(unroll):
+    """ "packed_steps": a step's 32-bit and boolean outputs stored as one vector of words per
+    step, ``unroll`` steps a trip (3 of 7: a remainder too), every bit as ``lax.scan`` stores
+    them; other dtypes (here bfloat16) stay outputs of their own."""
+
+    def step(carry, x):
+        y = {
+            "f": x * carry,
+            "i": jnp.int32(-3) * carry.astype(jnp.int32),
+            "b": jnp.reshape(x > 0.5, (1, 3)),
+            "u": jax.lax.bitcast_convert_type(x, jnp.uint32),
+            "h": x.astype(jnp.bfloat16),
+            "none": None,
+        }
+        return carry + x.sum(), y
+
+    xs = jax.random.normal(jax.random.key(4), (7, 3))
+    expected = jax.lax.scan(step, jnp.float32(1.0), xs)
+    packed = kernels.packed_scan(step, jnp.float32(1.0), xs, unroll)
+    assert jax.tree.structure(packed) == jax.tree.structure(expected)
+    for have, want in zip(jax.tree.leaves(packed), jax.tree.leaves(expected), strict=True):
+        assert have.dtype == want.dtype and have.shape == want.shape
+        np.testing.assert_array_equal(host(have), host(want))
+    (scan,) = [
+        e
+        for e in jax.make_jaxpr(kernels.packed_scan, static_argnums=(0, 3))(
+            step, jnp.float32(1.0), xs, unroll
+        ).eqns
+        if e.primitive.name == "scan"
+    ]
+    assert scan.params["unroll"] == unroll
+    assert len(scan.outvars) == 1 + 2  # the carry, the words, the bfloat16 leaf
+
+
+def test_the_cuda_defaults_of_rollout_gae_and_optimizer_train_as_the_plain_forms(tiny_config):
+    # The rollout's outputs are stored bit for bit, its actions are the same argmax, the
+    # parameters step as one vector with the same arithmetic, and GAE adds the same terms in
+    # another order (a few ulps of advantages of order 1 to 10, then normalized): the float
+    # leaves get TRAINING_ULPS as other programs computing the same, counters and keys exactly.
+    plain = jax.jit(ppojax.train)(tiny_config, jax.random.key(0))
+    with kernels.use("packed_steps", "associative_gae", "flat_params", "elementwise_argmax"):
+        fast = jax.jit(lambda c, k: ppojax.train(c, k))(tiny_config, jax.random.key(0))
+    assert_states_close(fast.state, plain.state, ulps=TRAINING_ULPS)
+    assert_trees_close(fast.metrics, plain.metrics, ulps=TRAINING_ULPS, scale=100.0)
 
 
 @pytest.mark.parametrize("reset_pool", [None, 2])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ppojax.runtime import kernels
+
 
 def compute_gae(
     rewards: jax.Array,
@@ -24,11 +26,22 @@ def compute_gae(
         delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t
         A_t = delta_t + gamma * gae_lambda * (1 - done_t) * A_{t+1},  done = terminated | truncated
         returns = A + values
+
+    The recurrence is ``reverse_scan`` (T steps in order), or in programs lowered for CUDA
+    ``associative_reverse_scan`` (the kernels candidate "associative_gae", a CUDA default).
     """
     not_terminated = 1.0 - terminated.astype(rewards.dtype)
     not_done = 1.0 - jnp.logical_or(terminated, truncated).astype(rewards.dtype)
     deltas = rewards + gamma * not_terminated * next_values - values
     decays = gamma * gae_lambda * not_done
+    recurrence = kernels.by_platform("associative_gae", reverse_scan, associative_reverse_scan)
+    advantages = recurrence(deltas, decays)
+    return advantages, advantages + values
+
+
+def reverse_scan(deltas: jax.Array, decays: jax.Array) -> jax.Array:
+    """A [T, ...] with A_t = deltas_t + decays_t * A_{t+1} and A_T = 0, one step at a time
+    from the last: the reference form."""
 
     def backward(carry: jax.Array, step: tuple[jax.Array, jax.Array]):
         delta, decay = step
@@ -38,4 +51,19 @@ def compute_gae(
     _, advantages = jax.lax.scan(
         backward, jnp.zeros_like(deltas[0]), (deltas, decays), reverse=True
     )
-    return advantages, advantages + values
+    return advantages
+
+
+def associative_reverse_scan(deltas: jax.Array, decays: jax.Array) -> jax.Array:
+    """``reverse_scan``'s A in log2(T) levels of ``jax.lax.associative_scan``: step t is the
+    map x -> deltas_t + decays_t * x, A_t is the maps t, t+1, ..., T-1 composed, applied to 0.
+    The same sum of products, added in another order (a tree instead of a chain)."""
+
+    def compose(later: tuple[jax.Array, jax.Array], earlier: tuple[jax.Array, jax.Array]):
+        # ``later`` composes the steps after ``earlier``'s: earlier(later(x))
+        later_decay, later_delta = later
+        decay, delta = earlier
+        return decay * later_decay, delta + decay * later_delta
+
+    _, advantages = jax.lax.associative_scan(compose, (decays, deltas), reverse=True)
+    return advantages

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax.envs import EnvSpec
+from ppojax.runtime import kernels
 
 MASKED_LOGIT = float(np.finfo(np.float32).min)
 HALF_LOG_TWO_PI = 0.5 * math.log(2.0 * math.pi)
@@ -139,10 +140,40 @@ def deterministic_action(
     """The mode of the policy: argmax of the (masked) logits, per choice for MultiDiscrete
     ([..., k]), or the Gaussian mean."""
     if spec.action_nvec is not None:
-        return jnp.argmax(choice_logits(spec, masked_logits(head, action_mask)), axis=-1)
+        return argmax_last(choice_logits(spec, masked_logits(head, action_mask)))
     if spec.discrete:
-        return jnp.argmax(masked_logits(head, action_mask), axis=-1)
+        return argmax_last(masked_logits(head, action_mask))
     return head
+
+
+# Most choices an ``elementwise_argmax`` compares one by one.
+ELEMENTWISE_ARGMAX_MAX = 8
+
+
+def argmax_last(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)``; in programs lowered for CUDA (the kernels candidate
+    "elementwise_argmax", a CUDA default) over at most ELEMENTWISE_ARGMAX_MAX choices
+    ``elementwise_argmax``, the same index."""
+    if x.shape[-1] > ELEMENTWISE_ARGMAX_MAX:
+        return jnp.argmax(x, axis=-1)
+    return kernels.by_platform("elementwise_argmax", reduced_argmax, elementwise_argmax)(x)
+
+
+def reduced_argmax(x: jax.Array) -> jax.Array:
+    return jnp.argmax(x, axis=-1)
+
+
+def elementwise_argmax(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` as a chain of elementwise compares over the last axis: the
+    first largest, or the first NaN, as argmax picks. A reduction is a kernel of its own on a
+    GPU; compares fuse into the kernel that uses the index (a rollout's env step)."""
+    best, index = x[..., 0], jnp.zeros(x.shape[:-1], jnp.int32)
+    for choice in range(1, x.shape[-1]):
+        value = x[..., choice]
+        take = (value > best) | (jnp.isnan(value) & ~jnp.isnan(best))
+        best = jnp.where(take, value, best)
+        index = jnp.where(take, choice, index)
+    return index
 
 
 def draw_action_noise(spec: EnvSpec, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:

@@ -24,6 +24,7 @@ interpreter as plain XLA ops, for tests.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -205,10 +206,17 @@ def _summed(
     settings: LossSettings, coefficients: Coefficients, network: Network, outputs: list
 ) -> tuple[jax.Array, dict[str, jax.Array], Network]:
     """The programs' outputs summed into the loss, its METRICS and the gradients, cut back
-    from the padded shapes to ``network``'s."""
+    from the padded shapes to ``network``'s. All outputs are summed over the programs in one
+    reduction of their rows side by side ([programs, all their numbers]), not one reduction
+    per output: each number is the same sum of one value per program."""
     actor, critic, _ = network
     depth = len(actor) - 1
-    sums = [out.sum(axis=0) for out in outputs]
+    side_by_side = jnp.concatenate([out.reshape(out.shape[0], -1) for out in outputs], axis=1)
+    ends = np.cumsum([math.prod(out.shape[1:]) for out in outputs])[:-1]
+    sums = [
+        part.reshape(out.shape[1:])
+        for part, out in zip(jnp.split(side_by_side.sum(axis=0), ends), outputs, strict=True)
+    ]
     metric_sums = sums[-1][0]
     metrics = {name: metric_sums[i] for i, name in enumerate(METRICS)}
     loss = (  # losses.total_loss's sum (runtime/ sits below ppo/ and imports none of it)

@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import optax
 
@@ -100,16 +101,47 @@ def ppo_update(
     kl_coef: jax.Array,
     key: jax.Array,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
-    """PPO's update: ``config.update_epochs`` epochs of ``config.num_minibatches`` steps."""
-    return run_epochs(
-        ppo_loss_function(agent, config, kl_coef),
-        optimizer,
-        carry,
-        batch,
-        key,
+    """PPO's update: ``config.update_epochs`` epochs of ``config.num_minibatches`` steps.
+
+    In programs lowered for CUDA (the kernels candidate "flat_params", a CUDA default) the
+    epochs carry the parameters as the one vector the flat optimizer (``make_optimizer``)
+    steps, and the loss reads its leaves from it: the step adds its update to one vector
+    instead of to every leaf, one kernel instead of one per leaf. The same values, the same
+    optimizer state."""
+    loss_fn = ppo_loss_function(agent, config, kl_coef)
+    epochs = functools.partial(
+        run_epochs,
         num_epochs=config.update_epochs,
         num_minibatches=config.num_minibatches,
         stop_kl=config.target_kl,
         divergence_guard=config.divergence_guard,
         shuffle=shuffle_any,
     )
+
+    def by_leaf(carry: OptimizerCarry, batch: Any, key: jax.Array):
+        return epochs(loss_fn, optimizer, carry, batch, key)
+
+    def flat(carry: OptimizerCarry, batch: Any, key: jax.Array):
+        return flat_epochs(epochs, loss_fn, optimizer, carry, batch, key)
+
+    return kernels.by_platform("flat_params", by_leaf, flat)(carry, batch, key)
+
+
+def flat_epochs(
+    epochs: Any,
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    carry: OptimizerCarry,
+    batch: Any,
+    key: jax.Array,
+) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
+    """``epochs(loss_fn, optimizer, carry, batch, key)`` with the parameters raveled into one
+    vector for the epochs and unraveled after. ``optimizer`` is the flat one (``optax.flatten``
+    of a vector is that vector): its state is the same either way."""
+    params, unravel = jax.flatten_util.ravel_pytree(carry.params)
+
+    def flat_loss(params: jax.Array, minibatch: Any):
+        return loss_fn(unravel(params), minibatch)
+
+    end, metrics = epochs(flat_loss, optimizer, OptimizerCarry(params, carry.opt_state), batch, key)
+    return OptimizerCarry(unravel(end.params), end.opt_state), metrics

@@ -33,32 +33,66 @@ computes what its plain form computes (tests/test_kernels.py):
 - "pallas_ppo_loss": PPO-Clip's loss and its gradient for two MLP torsos and a Categorical
   or a Gaussian head in one Pallas kernel per block of rows (``ppojax.ppo.pallas_loss``),
   activations kept on chip, instead of XLA's kernels per layer and loss term (the same loss
-  and gradient).
+  and gradient);
+- "associative_gae": GAE's recurrence A_t = delta_t + decay_t * A_{t+1} in log2(T) levels of
+  ``jax.lax.associative_scan`` instead of a loop of T trips (``ppojax.engine.gae``; the same
+  sum, added in another order);
+- "packed_steps": a rollout's steps (``scan_drawing``) STEPS_PER_TRIP a trip of their loop,
+  each step's outputs stored as one vector of words (``packed_scan``): one store a trip
+  instead of one per output and step (the same bits);
+- "flat_params": PPO's epochs carry the parameters as the flat optimizer's one vector
+  (``ppojax.ppo.update``): one kernel adds a step's update instead of one per leaf (the same
+  values and optimizer state);
+- "elementwise_argmax": a discrete action's argmax over at most 8 choices as elementwise
+  compares (``ppojax.networks.distributions``), which fuse into the env step, instead of a
+  reduction kernel (the same index).
 
 ``CUDA_DEFAULTS`` are the candidates that programs lowered for CUDA use without being chosen,
 and only those programs: ``by_platform`` traces both forms and ``jax.lax.platform_dependent``
 keeps the candidate where the program is lowered for CUDA and the plain form everywhere else,
 so a CPU (or TPU, or ROCm) program is the one it was without it and every CPU result stays
 bit for bit. No GPU timing has chosen them yet: the count of what an H200 would run did
-(``benchmarks/gpu_program.py --candidates``, the ``candidates`` section of
-benchmarks/results/gpu_program.json): "pallas_ppo_loss" cuts one update at 1 agent x 8192 envs
-from 4,077 launches to 3,693 and from 40.6 GB to 5.7 GB (the epochs' activations stay on
-chip), the others cut neither by 10%. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns
-one off for CUDA too.
+(``benchmarks/gpu_program.py``, its ``--candidates`` section and its ppojax rows in
+benchmarks/results/gpu_program.json). At 1 agent x 8192 envs, one update: "pallas_ppo_loss"
+4,077 launches and 40.6 GB -> 3,693 and 5.7 GB (the epochs' activations stay on chip); then
+"associative_gae" and "packed_steps" (8 steps a trip) -> 1,909 (GAE's loop of 512 launches
+gone, the update's rest 81 -> 73 launches, the rollout 2,176 -> 912); "flat_params" and the
+loss's one reduction of all its outputs over the kernel's programs (``pallas_loss``)
+55 -> 37 launches per minibatch step; "elementwise_argmax" and 16 steps a trip the rollout
+-> 704: 1,426 launches and 6.9 GB per update. The others cut neither by 10%. They stay
+CUDA's alone because their count is a GPU's; on the CPU the plain program stays the one every
+CPU result and test was made with. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns one off
+for CUDA too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 STAND_INS = ("noise",)
-CANDIDATES = ("gather_once", "fused_actor_critic", "pallas_ppo_loss")
-CUDA_DEFAULTS = ("pallas_ppo_loss",)
+CANDIDATES = (
+    "gather_once",
+    "fused_actor_critic",
+    "pallas_ppo_loss",
+    "associative_gae",
+    "packed_steps",
+    "flat_params",
+    "elementwise_argmax",
+)
+CUDA_DEFAULTS = (
+    "pallas_ppo_loss",
+    "associative_gae",
+    "packed_steps",
+    "flat_params",
+    "elementwise_argmax",
+)
 
 
 def _names_from_environment(variable: str, allowed: tuple[str, ...]) -> frozenset[str]:
@@ -180,8 +214,76 @@ def scan_drawing(
         def drawing_step(carry: Any, step_key: jax.Array):
             return step(carry, jax.tree.map(lambda x: x[0], draw(step_key, 1)))
 
-        return jax.lax.scan(drawing_step, carry, jax.random.split(key, length))
-    return jax.lax.scan(step, carry, draw(key, length))
+        return steps_scan(drawing_step, carry, jax.random.split(key, length))
+    return steps_scan(step, carry, draw(key, length))
+
+
+# Env steps a trip of the rollout's loop runs with "packed_steps" (``packed_scan``): at
+# 1 agent x 8192 envs on the H200 8 took the rollout from 9 launches per step to 7.1, 16 to
+# 6.4, and 16 with "elementwise_argmax" to 5.5 (benchmarks/gpu_program.py); each doubling
+# doubles the rollout's code to compile.
+STEPS_PER_TRIP = 16
+
+
+def steps_scan(step: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any) -> tuple[Any, Any]:
+    """``jax.lax.scan(step, carry, xs)``; with "packed_steps" (a CUDA default), ``packed_scan``."""
+
+    def plain_scan(carry: Any, xs: Any) -> tuple[Any, Any]:
+        return jax.lax.scan(step, carry, xs)
+
+    def packed(carry: Any, xs: Any) -> tuple[Any, Any]:
+        return packed_scan(step, carry, xs, STEPS_PER_TRIP)
+
+    return by_platform("packed_steps", plain_scan, packed)(carry, xs)
+
+
+def _packable(leaf: Any) -> bool:
+    return leaf.dtype == jnp.bool_ or (leaf.dtype.itemsize == 4 and leaf.dtype.kind in "fiu")
+
+
+def _to_words(leaf: jax.Array) -> jax.Array:
+    if leaf.dtype == jnp.bool_:
+        return leaf.astype(jnp.int32).reshape(-1)
+    return jax.lax.bitcast_convert_type(leaf, jnp.int32).reshape(-1)
+
+
+def _from_words(words: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    words = words.reshape(shape)
+    if dtype == jnp.bool_:
+        return words != 0
+    return jax.lax.bitcast_convert_type(words, dtype)
+
+
+def packed_scan(
+    step: Callable[[Any, Any], tuple[Any, Any]], carry: Any, xs: Any, unroll: int
+) -> tuple[Any, Any]:
+    """``jax.lax.scan(step, carry, xs)``, with each step's 32-bit and boolean outputs stored
+    as one vector of words (bit for bit: bitcasts, booleans as 0 and 1) and ``unroll`` steps a
+    trip of the loop: one store of [unroll, words] per trip instead of one store per output
+    and step, and the loop's own counter and test once per ``unroll`` steps."""
+    layout: dict[str, Any] = {}
+
+    def packed_step(carry: Any, x: Any) -> tuple[Any, Any]:
+        carry, y = step(carry, x)
+        leaves, layout["tree"] = jax.tree.flatten(y)
+        layout["packed"] = [_packable(leaf) for leaf in leaves]
+        layout["shapes"] = [(leaf.shape, leaf.dtype) for leaf in leaves]
+        words = [_to_words(leaf) for leaf in leaves if _packable(leaf)]
+        kept = [leaf for leaf in leaves if not _packable(leaf)]
+        return carry, (jnp.concatenate(words) if words else jnp.zeros(0, jnp.int32), kept)
+
+    carry, (words, kept) = jax.lax.scan(packed_step, carry, xs, unroll=unroll)
+    length = words.shape[0]
+    kept = iter(kept)
+    leaves, start = [], 0
+    for packed, (shape, dtype) in zip(layout["packed"], layout["shapes"], strict=True):
+        if not packed:
+            leaves.append(next(kept))
+            continue
+        size = math.prod(shape)
+        leaves.append(_from_words(words[:, start : start + size], (length, *shape), dtype))
+        start += size
+    return carry, jax.tree.unflatten(layout["tree"], leaves)
 
 
 def scan_epochs(

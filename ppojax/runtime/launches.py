@@ -327,9 +327,11 @@ def ppo_phases(
 
     - ``update``: the outermost loop of ``updates`` trips that holds loops (one update a trip);
     - ``rollout``: its first loop of ``num_steps`` trips (one env step a trip), or of fewer
-      trips holding one that makes up ``num_steps`` (the rollout in chunks);
+      trips holding one that makes up ``num_steps`` (the rollout in chunks), or of a divisor
+      of either (env steps unrolled, several a trip);
     - ``gae``: the loops between the rollout and the epochs (GAE's reverse scan, which may be
-      unrolled into fewer trips);
+      unrolled into fewer trips; an associative scan has no loop, and its launches are
+      ``rest``'s);
     - ``epochs``: its loop of ``epochs`` trips holding one of ``minibatches`` trips (the
       ``minibatch`` loop, one gradient step a trip), or one loop of ``epochs * minibatches``
       trips (both at once);
@@ -375,9 +377,11 @@ def update_roles(update: Block, num_steps: int, epochs: int, minibatches: int) -
 
     def steps_of(loop: Block) -> int:
         """Env steps a loop covers: its trips, or its trips times an inner loop's where XLA
-        or the program cut the rollout into chunks."""
+        or the program cut the rollout into chunks; either times the steps a trip runs where
+        the program unrolled them (a divisor of num_steps)."""
         inner = [(loop.trips or 1) * (child.trips or 1) for child in loop.loops]
-        return num_steps if num_steps in [loop.trips, *inner] else 0
+        covered = [trips for trips in [loop.trips, *inner] if trips and num_steps % trips == 0]
+        return num_steps if covered else 0
 
     rollout = next((i for i, loop in enumerate(loops) if steps_of(loop)), None)
     if rollout is None:
@@ -391,10 +395,14 @@ def update_roles(update: Block, num_steps: int, epochs: int, minibatches: int) -
         return None
 
     found = next(
-        ((i, holds_minibatches(loop)) for i, loop in enumerate(loops) if holds_minibatches(loop)),
+        (
+            (i, holds_minibatches(loop))
+            for i, loop in enumerate(loops)
+            if i > rollout and holds_minibatches(loop)
+        ),
         None,
     )
-    if found is None or found[0] < rollout:
+    if found is None:
         raise ValueError(
             f"no loop of {epochs} epochs x {minibatches} minibatches after the rollout"
         )
