@@ -130,7 +130,9 @@ def test_candidates_from_the_environment_name_the_variable_when_wrong(monkeypatc
     def chosen():
         return kernels._names_from_environment("PPOJAX_KERNELS", kernels.CANDIDATES)
 
-    monkeypatch.setenv("PPOJAX_KERNELS", " gather_once, fused_actor_critic,pallas_ppo_loss")
+    monkeypatch.setenv("PPOJAX_KERNELS", " " + ", ".join(kernels.CANDIDATES[:2]))
+    assert chosen() == frozenset(kernels.CANDIDATES[:2])  # spaces around names ignored
+    monkeypatch.setenv("PPOJAX_KERNELS", ",".join(kernels.CANDIDATES))
     assert chosen() == frozenset(kernels.CANDIDATES)
     monkeypatch.setenv("PPOJAX_KERNELS", "fused_actor_critic")
     assert chosen() == {"fused_actor_critic"}
