@@ -349,7 +349,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--purejaxrl", type=Path, help="a checkout of luchris429/purejaxrl")
     parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
     parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
-    parser.add_argument("--readme", type=Path, help="write --out's table into this README")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        help="write --out's tables into this file, where it has their markers",
+    )
     parser.add_argument(
         "--replace",
         action="store_true",
@@ -385,8 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme is not None:
         report = json.loads(args.out.read_text())
-        readme = readme_with_table(args.readme.read_text(), markdown_table(report))
-        if "candidates" in report and CANDIDATES_START in readme:
+        readme = args.readme.read_text()
+        if TABLE_START not in readme and CANDIDATES_START not in readme:
+            raise SystemExit(
+                f"--readme {args.readme}: it has neither {TABLE_START} nor {CANDIDATES_START}"
+            )
+        if TABLE_START in readme:  # README.md holds the main table
+            readme = readme_with_table(readme, markdown_table(report))
+        if "candidates" in report and CANDIDATES_START in readme:  # benchmarks/README.md
             readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
         args.readme.write_text(readme)
         print(f"wrote the table of {args.out} into {args.readme}", flush=True)
