@@ -1,4 +1,4 @@
-"""GRPO and RLOO on multi-turn episodes of a JAX text environment, as pure init and step:
+"""GRPO and RLOO on multi-turn episodes of a text environment, as pure init and step:
 
     trainer = make_episode_trainer(config, policy_apply, env, num_episodes, max_turns)
     state = trainer.init(policy_params, key)
@@ -12,7 +12,9 @@ RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="l
 with ``turn_weight`` a mix of it and a turn-level advantage (``credit``, MT-GRPO style), and
 runs ``ppo_epochs`` x ``num_minibatches`` clipped updates through the shared engine. The env's
 tokens are context only: they are off ``model_mask``, so no loss term, KL or entropy reads
-them. ``config.response_len`` is the per-turn token limit.
+them. ``config.response_len`` is the per-turn token limit. With a Python env (``host``) the
+step plays on the host, a compiled call per turn, then runs the compiled update: it is not
+jittable as a whole.
 
 Not yet: PPO's critic and token-level GAE on episodes, LoRA, the adaptive KL controller
 (each refused with a ``ConfigError``). ``missing_eos_penalty`` and the PPO-only
@@ -41,6 +43,7 @@ from ppojax.rlhf.agents.episodes import (
     episode_stats,
     rollout_episodes,
 )
+from ppojax.rlhf.agents.host import HostRollout, runs_on_host
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import aggregate
@@ -242,8 +245,13 @@ def make_episode_trainer(
     optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
     model = policy_apply if kv_cache is None else kv_cache
 
-    def sample(policy: Any, key: jax.Array) -> Episodes:
-        return rollout_episodes(model, policy, env, key, num_episodes, settings, config.group_size)
+    if runs_on_host(env):
+        rollout = HostRollout(model, env, num_episodes, settings, config.group_size)
+    else:
+        rollout = functools.partial(
+            rollout_episodes, model, env=env, batch_size=num_episodes, settings=settings,
+            group_size=config.group_size,
+        )  # fmt: skip
 
     def init(policy_params: Any, key: jax.Array) -> RLHFState:
         """The state at step 0; ``key`` is unused (no adapters to draw), kept for the
@@ -258,10 +266,10 @@ def make_episode_trainer(
             step=jnp.int32(0),
         )
 
-    def step(state: RLHFState, key: jax.Array) -> tuple[RLHFState, dict[str, jax.Array]]:
-        """One iteration: play, score, update (see the module)."""
-        sample_key, update_key = jax.random.split(key)
-        episodes = sample(state.params["policy"], sample_key)
+    def learn(
+        state: RLHFState, episodes: Episodes, key: jax.Array
+    ) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """Score the episodes and update the policy on them (see the module)."""
         batch, metrics = collect_episodes(
             config, policy_apply, episodes, state, turn_weight, turn_index
         )
@@ -270,7 +278,7 @@ def make_episode_trainer(
             optimizer,
             OptimizerCarry(state.params, state.opt_state),
             batch,
-            update_key,
+            key,
             num_epochs=config.ppo_epochs,
             num_minibatches=config.num_minibatches,
             stop_kl=None,
@@ -278,5 +286,16 @@ def make_episode_trainer(
         )
         state = state.replace(params=carry.params, opt_state=carry.opt_state, step=state.step + 1)
         return state, {**metrics, **update_metrics}
+
+    compiled_learn = jax.jit(learn)
+
+    def step(state: RLHFState, key: jax.Array) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """One iteration: play, score, update (see the module). With a Python env the
+        rollout runs on the host and the update is compiled apart: call it without jit."""
+        sample_key, update_key = jax.random.split(key)
+        episodes = rollout(state.params["policy"], key=sample_key)
+        if runs_on_host(env):
+            return compiled_learn(state, episodes, update_key)
+        return learn(state, episodes, update_key)
 
     return EpisodeTrainer(init, step, config, settings)
