@@ -59,7 +59,8 @@ def leaning(outputs, lean):
 
 def test_python_env_plays_the_jax_envs_episodes():
     """Same key, same model, through the KV cache: the host path (a compiled call per turn,
-    the cache carried between calls) gives the one-program rollout's episodes."""
+    the cache carried between calls, compiled once) gives the one-program rollout's
+    episodes."""
     settings = EpisodeSettings(4, 2, 1.0, g.PAD, g.EOS, token_budget=5)
     length = EpisodeLayout(1, 2, 1, 4).length
     lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
@@ -77,7 +78,8 @@ def test_python_env_plays_the_jax_envs_episodes():
     one_program = jax.jit(
         lambda params, key: rollout_episodes(hook, params, jax_env, key, 16, settings, 2)
     )(params, key)
-    host = rollout_episodes(hook, params, py_env, key, 16, settings, group_size=2)
+    rollout = HostRollout(hook, py_env, 16, settings, group_size=2)
+    host = rollout(params, key)
     for name in ("tokens", "mask", "model_mask", "rewards", "num_turns", "terminated"):
         np.testing.assert_array_equal(getattr(host, name), getattr(one_program, name), name)
     # float32 log-softmaxes of O(1) logits from programs compiled apart
@@ -85,6 +87,10 @@ def test_python_env_plays_the_jax_envs_episodes():
     turns, ended = np.asarray(host.num_turns), np.asarray(host.terminated)
     assert set(turns[ended].tolist()) == {1, 3} and not ended.all()  # wins, env limit, budget
     assert np.asarray(host.rewards).sum() >= 1
+    other = rollout(params, jax.random.key(2))
+    assert not np.array_equal(other.tokens, host.tokens)
+    # each compiled piece compiled once, for every turn and every call
+    assert rollout.first_turn._cache_size() == rollout.next_turn._cache_size() == 1
     assert host.tokens.shape == (16, length)
 
 
@@ -153,10 +159,12 @@ class BadReply(PyGuessing):
 def test_a_wrong_reply_type_names_the_env_and_the_turn_and_jit_is_refused():
     settings = EpisodeSettings(2, 3, 1.0, g.PAD, g.EOS)
     five = [g.FIRST_DIGIT + 5, g.EOS]
-    rollout = HostRollout(positional_apply(five, 1), BadReply(10, 3), 2, settings, env_name="bad")
+    apply, env = positional_apply(five, 1), BadReply(10, 3)
     with pytest.raises(HostEnvError, match="text env bad: step\\(\\) at turn 0, episode 0 "
                        "returned its reply wrongly: token ids must be a list of ints"):  # fmt: skip
-        rollout(None, jax.random.key(0))
+        # rollout_episodes hands a Python env to the host rollout
+        rollout_episodes(apply, None, env, jax.random.key(0), 2, settings, env_name="bad")
+    rollout = HostRollout(apply, env, 2, settings, env_name="bad")
     with pytest.raises(TypeError, match="text env bad is a Python env, stepped on the host"):
         jax.jit(rollout)(None, jax.random.key(0))
 
@@ -178,3 +186,27 @@ def test_episode_trainer_steps_on_the_calculator():
     assert all(np.isfinite(value) for value in metrics.values()), metrics
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params["policy"], params)
     assert max(jax.tree.leaves(moved)) > 0
+
+
+class LongPrompt(PyGuessing):
+    def reset(self, key):
+        return super().reset(key)[0], [g.BOS, g.BOS]
+
+
+class TextReward(PyGuessing):
+    def step(self, state, response):
+        state, reply, reward, done = super().step(state, response)
+        return state, reply, str(reward), done
+
+
+def test_a_wrong_prompt_or_reward_names_the_env():
+    settings = EpisodeSettings(2, 3, 1.0, g.PAD, g.EOS)
+    apply = positional_apply([g.FIRST_DIGIT + 5, g.EOS], 1)
+    long_prompt = HostRollout(apply, LongPrompt(10, 3), 4, settings, group_size=2)
+    message = "LongPrompt: reset\\(\\) of group 0 returned its prompt wrongly: 2 token ids, more"
+    with pytest.raises(HostEnvError, match=f"text env {message} than the env's width 1"):
+        long_prompt(None, jax.random.key(0))
+    text_reward = HostRollout(apply, TextReward(10, 3), 2, settings)
+    with pytest.raises(HostEnvError, match="TextReward: step\\(\\) at turn 0, episode 0 "
+                       "returned reward '0.0'; it must be a float"):  # fmt: skip
+        text_reward(None, jax.random.key(0))

@@ -14,10 +14,10 @@ samples the turn with the KV cache carried as an explicit state from call to cal
 after the first first extends the cache with the previous reply), then the host decodes the
 sampled turn, calls ``env.step`` for every episode that finished its turn and pads the
 replies. The cost against a JAX env: per turn, one dispatch and one host round trip (the
-turn's [B, R] tokens down, the replies [B, O] up; the cache stays on the device), and the
-env's Python time; a JAX env runs inside one program with neither. A group's episodes start
-from one ``reset``, each from its own deep copy of the state. What the env raises or returns
-wrongly becomes a ``HostEnvError`` naming the env, the turn and the episode.
+turn's [B, R] tokens, log-probs and mask down, the replies [B, O] up; the cache stays on the
+device), and the env's Python time; a JAX env runs inside one program with neither. A
+group's episodes start from one ``reset``, each from its own deep copy of the state. What the
+env raises or returns wrongly becomes a ``HostEnvError`` naming the env, the turn and the episode.
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ class HostRollout:
         self.next_turn = jax.jit(self.sample_next)
 
     def context(self, params: Any) -> Context:
+        """How the compiled pieces read the episode: the KV cache or recomputation."""
         if isinstance(self.model, KVCacheHook):
             return cached_context(self.model, params, self.layout.length)
         return recomputed_context(self.model, params, self.layout.length, self.settings.pad_id)
