@@ -79,7 +79,12 @@ def test_python_env_plays_the_jax_envs_episodes():
         lambda params, key: rollout_episodes(hook, params, jax_env, key, 16, settings, 2)
     )(params, key)
     rollout = HostRollout(hook, py_env, 16, settings, group_size=2)
+    calls = []
+    next_turn = rollout.next_turn
+    rollout.next_turn = lambda *args: calls.append(int(args[3])) or next_turn(*args)
     host = rollout(params, key)
+    # one compiled call per turn; the 4th turn is skipped: the env ends every episode by its 3rd
+    assert calls == [1, 2]
     for name in ("tokens", "mask", "model_mask", "rewards", "num_turns", "terminated"):
         np.testing.assert_array_equal(getattr(host, name), getattr(one_program, name), name)
     # float32 log-softmaxes of O(1) logits from programs compiled apart
@@ -90,7 +95,7 @@ def test_python_env_plays_the_jax_envs_episodes():
     other = rollout(params, jax.random.key(2))
     assert not np.array_equal(other.tokens, host.tokens)
     # each compiled piece compiled once, for every turn and every call
-    assert rollout.first_turn._cache_size() == rollout.next_turn._cache_size() == 1
+    assert rollout.first_turn._cache_size() == next_turn._cache_size() == 1
     assert host.tokens.shape == (16, length)
 
 
