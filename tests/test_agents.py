@@ -3,6 +3,7 @@ episodes, and multi-turn rollouts: hand-checked layouts and masks with a scripte
 budgets, the KV cache across turns against recomputation, vmap and determinism."""
 
 import dataclasses
+import types
 from pathlib import Path
 
 import jax
@@ -13,6 +14,7 @@ import pytest
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import guessing as g
+from ppojax.rlhf.agents.credit import turn_advantages
 from ppojax.rlhf.agents.env import Tokens, make_text_env, register_text_env, text_env_ids
 from ppojax.rlhf.agents.episodes import (
     EpisodeLayout,
@@ -23,6 +25,8 @@ from ppojax.rlhf.agents.episodes import (
 )
 from ppojax.rlhf.agents.trainer import (
     EpisodeBatch,
+    check_turn_weight,
+    credit,
     episode_advantages,
     episode_loss,
     make_episode_trainer,
@@ -346,7 +350,9 @@ def test_an_episode_trainer_step_updates_the_policy():
     )  # fmt: skip
     length = EpisodeLayout(1, 2, 1, 2).length
     lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
-    trainer = make_episode_trainer(config, lm.policy_apply, env, 8, 2, kv_cache=lm.kv_cache)
+    trainer = make_episode_trainer(
+        config, lm.policy_apply, env, 8, 2, kv_cache=lm.kv_cache, turn_weight=0.5
+    )
     params = lm.init(jax.random.key(0))
     state = trainer.init(params, jax.random.key(0))
     state, metrics = jax.jit(trainer.step)(state, jax.random.key(1))
@@ -378,3 +384,58 @@ def test_episode_advantages_by_hand():
         config.replace(algorithm="rloo", kl_in="loss"), scores, kl, model_mask, jnp.float32(0.2)
     )
     np.testing.assert_allclose(rloo, np.where(model_mask, [[1.0], [-1.0], [0.0], [0.0]], 0.0))
+
+
+def credit_case():
+    """Four episodes in two groups (prompt 1, turns of 2 tokens and a 1-token reply, 3 turns),
+    rows 0 and 2 by hand below; KL 0.5 on every token."""
+    model_mask = np.zeros((4, 10), bool)
+    for row, columns in enumerate([[1, 2, 4], [1, 4, 5, 7], [1, 2], [1, 4]]):
+        model_mask[row, columns] = True
+    rewards = jnp.array([[1.0, 0, 0], [0, 0, 1], [1, 0, 0], [0, 0, 0]])
+    turn_index = EpisodeLayout(1, 2, 1, 3).turn_index
+    return jnp.asarray(model_mask), rewards, jnp.full((4, 10), 0.5), turn_index
+
+
+def test_turn_advantages_by_hand():
+    """MT-GRPO-style credit, beta 0.2 (0.1 per model token): returns from turn k G_ik:
+    row 0 [0.7, -0.1, 0], row 1 [0.6, 0.7, 0.9], row 2 [0.8, 0, 0], row 3 [-0.2, -0.1, 0].
+    GRPO per turn among the group's episodes that reached it: group 0 turn 0 +-0.05 / (0.05 +
+    eps), turn 1 -+0.4 / (0.4 + eps), turn 2 row 1 alone: 0; group 1 turn 0 +-0.5 / (0.5 +
+    eps), turn 1 row 3 alone: 0. The episode advantages are the turn-0 ones."""
+    model_mask, rewards, kl, turn_index = credit_case()
+    config = RLHFConfig(pad_id=0, eos_id=2, algorithm="grpo", group_size=2)
+    episodes = types.SimpleNamespace(rewards=rewards, model_mask=model_mask)
+
+    @jax.jit
+    def mixed(weight):
+        return credit(config, episodes, kl, jnp.float32(0.2), weight, turn_index)
+
+    def unit(d):
+        return d / (d + 1e-6)
+
+    a, b, c = unit(0.05), unit(0.4), unit(0.5)
+    w = 0.25
+    expected = np.zeros((4, 10))
+    expected[0, [1, 2]], expected[0, 4] = a, (1 - w) * a - w * b
+    expected[1, 1], expected[1, [4, 5]], expected[1, 7] = -a, -(1 - w) * a + w * b, -(1 - w) * a
+    expected[2, [1, 2]] = c
+    expected[3, 1], expected[3, 4] = -c, -(1 - w) * c
+    np.testing.assert_allclose(mixed(jnp.float32(w)), expected, rtol=1e-5, atol=1e-6)
+
+    # w = 0 is today's episode-level credit, bit for bit (one program, so that both read the
+    # same compiled sums)
+    @jax.jit
+    def both(weight):
+        today = episode_advantages(config, rewards.sum(axis=1), kl, model_mask, jnp.float32(0.2))
+        return mixed(weight), today
+
+    np.testing.assert_array_equal(*both(jnp.float32(0.0)))
+    # RLOO among the members of each turn, without KL: G row 0 [1, 0, 0], row 1 [1, 1, 1]
+    rloo = turn_advantages("rloo", 2, True, rewards, kl, 0.0, model_mask, turn_index)
+    expected = np.zeros((4, 10))
+    expected[0, 4], expected[1, [4, 5]] = -1.0, 1.0
+    expected[2, [1, 2]], expected[3, 1] = 1.0, -1.0
+    np.testing.assert_allclose(rloo, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="turn_weight must be in \\[0, 1\\]"):
+        check_turn_weight(1.5)

@@ -1,7 +1,10 @@
 """Language-model agents: text environments (``TextEnv``, ``register_text_env``,
 ``make_text_env``), the number-guessing game, multi-turn episodes rolled out in one compiled
-program (``rollout_episodes``), and GRPO / RLOO on them (``make_episode_trainer``)."""
+program (``rollout_episodes``), Python envs and tools stepped on the host between compiled
+turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), and GRPO / RLOO on them with
+episode- or turn-level credit (``make_episode_trainer``)."""
 
+from ppojax.rlhf.agents.calculator import Calculator
 from ppojax.rlhf.agents.env import (
     TextEnv,
     Tokens,
@@ -17,9 +20,24 @@ from ppojax.rlhf.agents.episodes import (
     rollout_episodes,
 )
 from ppojax.rlhf.agents.guessing import NumberGuessing
+from ppojax.rlhf.agents.host import (
+    HostEnvError,
+    HostRollout,
+    PythonTextEnv,
+    ToolError,
+    call_tool,
+    rollout_host_episodes,
+)
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 
 __all__ = [
+    "Calculator",
+    "HostEnvError",
+    "HostRollout",
+    "PythonTextEnv",
+    "ToolError",
+    "call_tool",
+    "rollout_host_episodes",
     "EpisodeLayout",
     "EpisodeSettings",
     "EpisodeTrainer",

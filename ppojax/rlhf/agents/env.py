@@ -13,6 +13,9 @@ is left-padded (real tokens at the end), as every prompt in the library is; a re
 its padding anywhere, the rollout attends to its real tokens only. A JAX environment's
 ``reset`` and ``step`` are pure and jittable, and run inside the rollout's compiled program.
 
+A Python environment (``host.PythonTextEnv``: lists of ids, floats and bools instead of
+arrays) has the same methods and runs on the host between compiled turns (``host``).
+
 ``register_text_env(env_id, factory)`` names a factory ``factory(**kwargs) -> env``;
 ``make_text_env(env_id, **kwargs)`` builds one. The built-in ids are registered on first use.
 """
@@ -50,7 +53,10 @@ class TextEnv(Protocol):
 TextEnvFactory = Callable[..., TextEnv]
 _FACTORIES: dict[str, TextEnvFactory] = {}
 # The library's own ids: module and factory, imported on first use.
-BUILT_IN = {"guessing": ("ppojax.rlhf.agents.guessing", "number_guessing")}
+BUILT_IN = {
+    "guessing": ("ppojax.rlhf.agents.guessing", "number_guessing"),
+    "calculator": ("ppojax.rlhf.agents.calculator", "calculator"),
+}
 
 
 def register_text_env(env_id: str, factory: TextEnvFactory) -> None:

@@ -22,151 +22,35 @@ Two decodings, the same tokens for the same key (up to float32 rounding in the l
   reply; the cache carries across turns, nothing is recomputed.
 - full recomputation (``model`` a ``policy_apply``): one forward pass over all L columns per
   sampled position and per reply, max_turns * (R + 1) + 1 passes of [B, L].
+
+A Python env (``host.PythonTextEnv``) cannot run inside a program: ``rollout_episodes`` hands
+it to ``host.HostRollout``, which plays the same episodes a compiled call per turn. The pieces
+both share are in ``turns``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ppojax.rlhf.agents.context import Context, cached_context, recomputed_context
 from ppojax.rlhf.agents.env import TextEnv, Tokens, check_observation, check_scalar
-from ppojax.rlhf.core.sampling import (
-    KVCacheHook,
-    PolicyApply,
-    SamplingSettings,
-    TokenStats,
-    choose,
+from ppojax.rlhf.agents.host import rollout_host_episodes, runs_on_host
+from ppojax.rlhf.agents.turns import (
+    EpisodeLayout,
+    Episodes,
+    EpisodeSettings,
+    TurnCarry,
+    TurnOutput,
+    assemble,
+    last_real_logits,
+    sample_turn,
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeSettings:
-    """What a rollout plays: at most ``max_turns`` turns of at most ``turn_len`` tokens each
-    (``token_budget`` model tokens in all, None: no budget beyond those), sampled at
-    ``temperature`` (may be traced); ``eos_id`` ends a turn, ``pad_id`` fills the gaps."""
-
-    max_turns: int
-    turn_len: int
-    temperature: Any
-    pad_id: int
-    eos_id: int
-    token_budget: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "turn_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"EpisodeSettings.{name} must be an int >= 1, got {value!r}")
-        budget = self.token_budget
-        if budget is not None and (not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"EpisodeSettings.token_budget must be None or >= 1, got {budget!r}")
-        if self.pad_id == self.eos_id:
-            raise ValueError("EpisodeSettings.eos_id must differ from pad_id")
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeLayout:
-    """Where everything sits in an episode's L columns: the prompt [0, P), then turn k's
-    response at ``response_start(k)`` + [0, R) and its reply right after, [O] wide."""
-
-    prompt_len: int
-    turn_len: int
-    reply_len: int
-    max_turns: int
-
-    @property
-    def length(self) -> int:
-        """L = P + max_turns * (R + O)."""
-        return self.prompt_len + self.max_turns * (self.turn_len + self.reply_len)
-
-    def response_start(self, turn: Any) -> Any:
-        """The first column of turn ``turn``'s response."""
-        return self.prompt_len + turn * (self.turn_len + self.reply_len)
-
-    @property
-    def turn_index(self) -> np.ndarray:
-        """[L] int: the turn each column belongs to (its response or its reply), -1 on the
-        prompt."""
-        per_turn = np.repeat(np.arange(self.max_turns), self.turn_len + self.reply_len)
-        return np.concatenate([np.full(self.prompt_len, -1), per_turn])
-
-    @property
-    def response_columns(self) -> np.ndarray:
-        """[L] bool: True on the columns of response slots."""
-        offset = (np.arange(self.length) - self.prompt_len) % (self.turn_len + self.reply_len)
-        return (self.turn_index >= 0) & (offset < self.turn_len)
-
-
-class Episodes(NamedTuple):
-    """A batch of B episodes in the layout's L columns, and what happened in them."""
-
-    tokens: jax.Array  # [B, L] int32, pad_id off the mask
-    mask: jax.Array  # [B, L] bool: real tokens (prompt, model and env)
-    model_mask: jax.Array  # [B, L] bool: the tokens the policy chose
-    log_probs: jax.Array  # [B, L]: their sampling log-probs at the temperature, 0 elsewhere
-    rewards: jax.Array  # [B, max_turns]: the env's reward per turn, 0 for turns not played
-    num_turns: jax.Array  # [B] int: turns the env read
-    terminated: jax.Array  # [B] bool: the env said done (else a budget ended the episode)
-
-
-class TurnCarry(NamedTuple):
-    """What passes from turn to turn, per row: the env's state, the model's state, the
-    next-token logits [B, V], whether the episode is over [B] and the token budget left [B]."""
-
-    env_state: Any
-    model_state: Any
-    logits: jax.Array
-    over: jax.Array
-    budget_left: jax.Array
-
-
-class TurnTokens(NamedTuple):
-    """One turn's sampled tokens, their log-probs and which are real, each [R, B]."""
-
-    tokens: jax.Array
-    log_probs: jax.Array
-    real: jax.Array
-
-
-def sample_turn(
-    context: Context, carry: TurnCarry, key: jax.Array, column: Any, settings: EpisodeSettings
-) -> tuple[TurnCarry, TurnTokens]:
-    """Up to R tokens for each row whose episode goes on: each fed to the model as it is
-    drawn, a row stopping at its EOS or when its budget is spent."""
-    sampling = SamplingSettings(
-        settings.turn_len, settings.temperature, settings.pad_id, settings.eos_id
-    )
-
-    def step(state, inputs):
-        model_state, logits, ended, budget_left = state
-        index, step_key = inputs
-        token, log_prob, real = choose(logits, step_key, ended | (budget_left <= 0), sampling)
-        model_state, new = context.feed(model_state, token[:, None], real[:, None], column + index)
-        logits = jnp.where(real[:, None], new[:, 0], logits)
-        ended = ended | (token == settings.eos_id)
-        return (model_state, logits, ended, budget_left - real), (token, log_prob, real)
-
-    start = (carry.model_state, carry.logits, carry.over, carry.budget_left)
-    inputs = (jnp.arange(settings.turn_len), jax.random.split(key, settings.turn_len))
-    (model_state, logits, _, budget_left), turn = jax.lax.scan(step, start, inputs)
-    carry = carry._replace(model_state=model_state, logits=logits, budget_left=budget_left)
-    return carry, TurnTokens(*turn)
-
-
-def last_real_logits(logits: jax.Array, chunk_logits: jax.Array, mask: jax.Array) -> jax.Array:
-    """The logits [B, V] after a chunk [B, S] (mask [B, S]): those at its last real token, or
-    ``logits`` unchanged for a row without one."""
-    width = mask.shape[1]
-    last = width - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-    picked = jnp.take_along_axis(chunk_logits, last[:, None, None], axis=1)[:, 0]
-    return jnp.where(mask.any(axis=1)[:, None], picked, logits)
+from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
 
 
 def select_rows(chosen: jax.Array, new: Any, old: Any) -> Any:
@@ -221,21 +105,6 @@ def env_turn(
     return carry, reply, jnp.where(stepped, reward, 0.0), stepped & done
 
 
-class TurnOutput(NamedTuple):
-    """What one turn adds, per row: the response [B, R] and its log-probs and real tokens,
-    the reply [B, O] and its mask, the reward [B], whether the env read the turn [B] and
-    whether it said done [B]."""
-
-    response: jax.Array
-    log_probs: jax.Array
-    response_mask: jax.Array
-    reply: jax.Array
-    reply_mask: jax.Array
-    reward: jax.Array
-    stepped: jax.Array
-    terminated: jax.Array
-
-
 def play_turn(
     env_step: Callable[..., tuple],
     context: Context,
@@ -279,7 +148,12 @@ def rollout_episodes(
     KV cache when ``model`` is a ``KVCacheHook``, else by recomputation with ``model`` as
     the ``policy_apply``. Each run of ``group_size`` adjacent rows starts from the same reset
     (the same secret, the same task), for GRPO's and RLOO's groups. ``env_name`` names the
-    env in errors (default: its class)."""
+    env in errors (default: its class). A Python env (``host.PythonTextEnv``) is played by
+    ``host.HostRollout`` instead, a compiled call per turn and the env on the host."""
+    if runs_on_host(env):
+        return rollout_host_episodes(
+            model, params, env, key, batch_size, settings, group_size, env_name
+        )
     name = env_name or type(env).__name__
     if batch_size % group_size:
         raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
@@ -310,32 +184,6 @@ def rollout_episodes(
     play = functools.partial(play_turn, checked_step(env, name), context, layout, settings)
     _, out = jax.lax.scan(play, carry, (turns, keys))
     return assemble(prompt, out)
-
-
-def assemble(prompt: Tokens, out: TurnOutput) -> Episodes:
-    """The episodes [B, L] from the prompt [B, P] and the turns' outputs [T, B, ...]."""
-
-    def columns(response_part: jax.Array, reply_part: jax.Array, prompt_part: jax.Array):
-        per_turn = jnp.concatenate([response_part, reply_part], axis=2)  # [T, B, R + O]
-        batch_size = prompt_part.shape[0]
-        rest = jnp.swapaxes(per_turn, 0, 1).reshape(batch_size, -1)
-        return jnp.concatenate([prompt_part, rest.astype(prompt_part.dtype)], axis=1)
-
-    no_reply = jnp.zeros_like(out.reply_mask)
-    tokens = columns(out.response, out.reply, prompt.tokens)
-    mask = columns(out.response_mask, out.reply_mask, prompt.mask)
-    model_mask = columns(out.response_mask, no_reply, jnp.zeros_like(prompt.mask))
-    zeros = jnp.zeros(prompt.mask.shape, out.log_probs.dtype)
-    log_probs = columns(out.log_probs, no_reply.astype(out.log_probs.dtype), zeros)
-    return Episodes(
-        tokens,
-        mask,
-        model_mask,
-        log_probs,
-        out.reward.T,
-        out.stepped.sum(axis=0),
-        out.terminated.any(axis=0),
-    )
 
 
 def previous_real(mask: jax.Array) -> jax.Array:

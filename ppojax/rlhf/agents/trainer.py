@@ -1,4 +1,4 @@
-"""GRPO and RLOO on multi-turn episodes of a JAX text environment, as pure init and step:
+"""GRPO and RLOO on multi-turn episodes of a text environment, as pure init and step:
 
     trainer = make_episode_trainer(config, policy_apply, env, num_episodes, max_turns)
     state = trainer.init(policy_params, key)
@@ -8,14 +8,17 @@ One step plays ``num_episodes`` episodes (groups of ``config.group_size`` from t
 ``rollout_episodes``), scores each by the sum of its rewards, recomputes the log-probs of the
 model's tokens under the policy and the frozen reference in one forward pass each, gives every
 model token of an episode that episode's group advantage (GRPO: normalized within its group,
-RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="loss"), and
+RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="loss"), or
+with ``turn_weight`` a mix of it and a turn-level advantage (``credit``, MT-GRPO style), and
 runs ``update_epochs`` x ``num_minibatches`` clipped updates through the shared engine. The env's
 tokens are context only: they are off ``model_mask``, so no loss term, KL or entropy reads
-them. ``config.response_len`` is the per-turn token limit.
+them. ``config.response_len`` is the per-turn token limit. With a Python env (``host``) the
+step plays on the host, a compiled call per turn, then runs the compiled update: it is not
+jittable as a whole.
 
-Not yet: PPO's critic and token-level GAE on episodes, turn-level advantages, LoRA, the
-adaptive KL controller (each refused with a ``ConfigError``). ``missing_eos_penalty`` and the
-PPO-only fields (gamma, gae_lambda, the value loss's) are not read.
+Not yet: PPO's critic and token-level GAE on episodes, LoRA, the adaptive KL controller
+(each refused with a ``ConfigError``). ``missing_eos_penalty`` and the PPO-only
+fields (gamma, gae_lambda, the value loss's) are not read.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from ppojax.checks import ConfigError
 from ppojax.engine import losses
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.engine.optim import clipped_adam
+from ppojax.rlhf.agents.credit import mixed_advantages, turn_advantages
 from ppojax.rlhf.agents.env import TextEnv
 from ppojax.rlhf.agents.episodes import (
+    EpisodeLayout,
     Episodes,
     EpisodeSettings,
     episode_stats,
     rollout_episodes,
 )
+from ppojax.rlhf.agents.host import HostRollout, runs_on_host
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import aggregate
@@ -139,23 +145,52 @@ def check_config(config: RLHFConfig, num_episodes: int) -> None:
         )
 
 
+def credit(
+    config: RLHFConfig,
+    episodes: Episodes,
+    penalty_kl: jax.Array,
+    kl_coef: jax.Array,
+    turn_weight: Any,
+    turn_index: Any,
+) -> jax.Array:
+    """[N, L]: each model token's advantage, (1 - w) * episode + w * turn-level
+    (``credit``'s module), w = ``turn_weight``; the episode advantage alone when w is None."""
+    scores = episodes.rewards.sum(axis=1)
+    model_mask = episodes.model_mask
+    episode = episode_advantages(config, scores, penalty_kl, model_mask, kl_coef)
+    if turn_weight is None:
+        return episode
+    beta = kl_coef if config.kl_in == "reward" else 0.0
+    turn = turn_advantages(
+        config.algorithm,
+        config.group_size,
+        config.group_std,
+        episodes.rewards,
+        penalty_kl,
+        beta,
+        model_mask,
+        turn_index,
+    )
+    return mixed_advantages(episode, turn, turn_weight)
+
+
 def collect_episodes(
     config: RLHFConfig,
     policy_apply: PolicyApply,
-    sample: Callable[[Any, jax.Array], Episodes],
+    episodes: Episodes,
     state: RLHFState,
-    key: jax.Array,
-) -> tuple[Episodes, EpisodeBatch, dict[str, jax.Array]]:
-    """Episodes played by the current policy, the update's batch and the rollout's metrics."""
+    turn_weight: Any = None,
+    turn_index: Any = None,
+) -> tuple[EpisodeBatch, dict[str, jax.Array]]:
+    """The update's batch and the rollout's metrics for episodes the current policy played."""
     policy = state.params["policy"]
-    episodes = sample(policy, key)
     tokens, mask, model_mask = episodes.tokens, episodes.mask, episodes.model_mask
     stats = episode_stats(policy_apply, policy, tokens, mask, config.temperature)
     reference = episode_stats(policy_apply, state.reference, tokens, mask, config.temperature)
     estimate = adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator)
     penalty_kl = jnp.where(model_mask, estimate, 0.0)
     scores = episodes.rewards.sum(axis=1)
-    advantages = episode_advantages(config, scores, penalty_kl, model_mask, state.kl_coef)
+    advantages = credit(config, episodes, penalty_kl, state.kl_coef, turn_weight, turn_index)
     batch = EpisodeBatch(tokens, mask, model_mask, stats.log_probs, reference.log_probs, advantages)
     kl = jnp.where(model_mask, stats.log_probs - reference.log_probs, 0.0).sum(axis=1)
     metrics = {
@@ -166,7 +201,16 @@ def collect_episodes(
         "objective/kl": kl.mean(),
         "objective/entropy": losses.masked_mean(stats.entropy, model_mask),
     }
-    return episodes, batch, metrics
+    return batch, metrics
+
+
+def check_turn_weight(turn_weight: Any) -> None:
+    """A ``ValueError`` for a concrete ``turn_weight`` outside [0, 1] (traced ones pass)."""
+    if turn_weight is None or isinstance(turn_weight, jax.core.Tracer):
+        return
+    value = float(turn_weight)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"make_episode_trainer: turn_weight must be in [0, 1], got {value}")
 
 
 def make_episode_trainer(
@@ -177,12 +221,19 @@ def make_episode_trainer(
     max_turns: int,
     token_budget: int | None = None,
     kv_cache: KVCacheHook | None = None,
+    turn_weight: Any = None,
 ) -> EpisodeTrainer:
     """The trainer of ``config.algorithm`` ("grpo" or "rloo") on ``num_episodes`` episodes of
     ``env`` per step, each at most ``max_turns`` turns of ``config.response_len`` tokens
     (``token_budget`` model tokens in all). ``kv_cache``: the model's hook with ``extend``;
-    without one the rollout recomputes the whole context for every token."""
+    without one the rollout recomputes the whole context for every token. ``turn_weight``
+    w in [0, 1] (may be traced): each model token of turn k gets (1 - w) * the episode
+    advantage + w * turn k's (MT-GRPO style, ``agents.credit``); None: episode-level only."""
     check_config(config, num_episodes)
+    check_turn_weight(turn_weight)
+    turn_index = EpisodeLayout(
+        env.prompt_len, config.response_len, env.reply_len, max_turns
+    ).turn_index
     settings = EpisodeSettings(
         max_turns,
         config.response_len,
@@ -194,8 +245,13 @@ def make_episode_trainer(
     optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
     model = policy_apply if kv_cache is None else kv_cache
 
-    def sample(policy: Any, key: jax.Array) -> Episodes:
-        return rollout_episodes(model, policy, env, key, num_episodes, settings, config.group_size)
+    if runs_on_host(env):
+        rollout = HostRollout(model, env, num_episodes, settings, config.group_size)
+    else:
+        rollout = functools.partial(
+            rollout_episodes, model, env=env, batch_size=num_episodes, settings=settings,
+            group_size=config.group_size,
+        )  # fmt: skip
 
     def init(policy_params: Any, key: jax.Array) -> RLHFState:
         """The state at step 0; ``key`` is unused (no adapters to draw), kept for the
@@ -210,16 +266,19 @@ def make_episode_trainer(
             step=jnp.int32(0),
         )
 
-    def step(state: RLHFState, key: jax.Array) -> tuple[RLHFState, dict[str, jax.Array]]:
-        """One iteration: play, score, update (see the module)."""
-        sample_key, update_key = jax.random.split(key)
-        _, batch, metrics = collect_episodes(config, policy_apply, sample, state, sample_key)
+    def learn(
+        state: RLHFState, episodes: Episodes, key: jax.Array
+    ) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """Score the episodes and update the policy on them (see the module)."""
+        batch, metrics = collect_episodes(
+            config, policy_apply, episodes, state, turn_weight, turn_index
+        )
         carry, update_metrics = run_epochs(
             functools.partial(episode_loss, config, policy_apply, state.kl_coef),
             optimizer,
             OptimizerCarry(state.params, state.opt_state),
             batch,
-            update_key,
+            key,
             num_epochs=config.update_epochs,
             num_minibatches=config.num_minibatches,
             stop_kl=None,
@@ -227,5 +286,16 @@ def make_episode_trainer(
         )
         state = state.replace(params=carry.params, opt_state=carry.opt_state, step=state.step + 1)
         return state, {**metrics, **update_metrics}
+
+    compiled_learn = jax.jit(learn)
+
+    def step(state: RLHFState, key: jax.Array) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """One iteration: play, score, update (see the module). With a Python env the
+        rollout runs on the host and the update is compiled apart: call it without jit."""
+        sample_key, update_key = jax.random.split(key)
+        episodes = rollout(state.params["policy"], key=sample_key)
+        if runs_on_host(env):
+            return compiled_learn(state, episodes, update_key)
+        return learn(state, episodes, update_key)
 
     return EpisodeTrainer(init, step, config, settings)

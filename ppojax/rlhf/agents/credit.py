@@ -1,0 +1,90 @@
+"""Turn-level credit for episodes: the advantage each model token gets, [N, L].
+
+Episode-level (``trainer.episode_advantages``, GRPO or RLOO over the group of ``group_size``
+episodes from one reset): every model token of episode i gets A_i, the group advantage of
+R_i = score_i - beta * sum of its model tokens' KL.
+
+Turn-level, with a mixing weight w (the idea of MT-GRPO: Zeng et al. 2025, "Reinforcing
+multi-turn reasoning in LLM agents via turn-level credit assignment"): a model token of turn k
+gets
+
+    (1 - w) * A_i + w * T_ik,   T_ik = the group advantage of G_ik = sum_{j >= k} r_ij
+
+where r_ij = reward_ij - beta * (KL of episode i's model tokens in turn j) and the group is the
+episodes of i's group that reached turn k (wrote a token in it): those whose history brought
+them to turn k, compared on what followed. G_i0 = R_i and every episode writes in turn 0, so
+T_i0 = A_i (to float32 rounding): turn 0 gets the episode advantage at every w. w = 0 gives
+episode-level credit exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def masked_group_advantages(
+    algorithm: str,
+    values: jax.Array,
+    members: jax.Array,
+    group_size: int,
+    divide_by_std: bool,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GRPO or RLOO advantages of ``values`` [N, T] per column, each group of ``group_size``
+    adjacent rows restricted to its ``members`` [N, T]: GRPO (v - mean) / (std + eps) (ddof 0,
+    no division without ``divide_by_std``), RLOO v - the mean of the other members (0 with no
+    other member); 0 off ``members``."""
+    shape = (-1, group_size, values.shape[1])
+    v, m = values.reshape(shape), members.reshape(shape)
+    count = m.sum(axis=1, keepdims=True)
+    total = jnp.where(m, v, 0.0).sum(axis=1, keepdims=True)
+    if algorithm == "grpo":
+        mean = total / jnp.maximum(count, 1)
+        centered = v - mean
+        if divide_by_std:
+            var = jnp.where(m, centered**2, 0.0).sum(axis=1, keepdims=True) / jnp.maximum(count, 1)
+            centered = centered / (jnp.sqrt(var) + eps)
+        result = centered
+    else:
+        others = (total - v) / jnp.maximum(count - 1, 1)
+        result = jnp.where(count > 1, v - others, 0.0)
+    return jnp.where(m, result, 0.0).reshape(values.shape)
+
+
+def per_turn(values: jax.Array, turn_index: np.ndarray, num_turns: int) -> jax.Array:
+    """[N, T]: the sum of ``values`` [N, L] over each turn's columns (``turn_index`` [L], -1
+    on the prompt, which no turn holds)."""
+    one_hot = jnp.asarray(turn_index[:, None] == np.arange(num_turns)[None, :], values.dtype)
+    return values @ one_hot
+
+
+def turn_advantages(
+    algorithm: str,
+    group_size: int,
+    group_std: bool,
+    rewards: jax.Array,
+    penalty_kl: jax.Array,
+    beta: Any,
+    model_mask: jax.Array,
+    turn_index: np.ndarray,
+) -> jax.Array:
+    """[N, L]: T_ik (see the module) on every model token of turn k, 0 elsewhere; ``rewards``
+    [N, T] per turn, ``penalty_kl`` [N, L] the KL that ``beta`` weighs, ``turn_index`` [L]
+    each column's turn."""
+    num_turns = rewards.shape[1]
+    turn_kl = per_turn(jnp.where(model_mask, penalty_kl, 0.0), turn_index, num_turns)
+    turn_rewards = rewards - beta * turn_kl
+    returns = jnp.cumsum(turn_rewards[:, ::-1], axis=1)[:, ::-1]
+    reached = per_turn(model_mask.astype(jnp.float32), turn_index, num_turns) > 0
+    by_turn = masked_group_advantages(algorithm, returns, reached, group_size, group_std)
+    columns = jnp.asarray(np.maximum(turn_index, 0))
+    return jnp.where(model_mask, by_turn[:, columns], 0.0)
+
+
+def mixed_advantages(episode: jax.Array, turn: jax.Array, turn_weight: Any) -> jax.Array:
+    """(1 - w) * episode + w * turn, both [N, L]; w = ``turn_weight`` (may be traced)."""
+    return (1.0 - turn_weight) * episode + turn_weight * turn

@@ -1,0 +1,275 @@
+"""Text environments and tools written in plain Python, run on the host between compiled turns.
+
+A ``PythonTextEnv`` has the interface of a JAX text env (``env``) on Python values, one
+episode per call:
+
+    state, prompt = env.reset(key)       # prompt: a list of at most prompt_len token ids
+    state, reply, reward, done = env.step(state, response)
+    # response: the turn's token ids (a list; its EOS included when emitted);
+    # reply: a list of at most reply_len ids; reward: a float; done: a bool
+
+``HostRollout`` (``rollout_episodes`` picks it for such an env) plays the same episodes as the
+one-program rollout, in the same layout, with the same keys: one compiled call per turn
+samples the turn with the KV cache carried as an explicit state from call to call (a turn
+after the first first extends the cache with the previous reply), then the host decodes the
+sampled turn, calls ``env.step`` for every episode that finished its turn and pads the
+replies. The cost against a JAX env: per turn, one dispatch and one host round trip (the
+turn's [B, R] tokens, log-probs and mask down, the replies [B, O] up; the cache stays on the
+device), and the env's Python time; a JAX env runs inside one program with neither. A
+group's episodes start from one ``reset``, each from its own deep copy of the state. What the
+env raises or returns wrongly becomes a ``HostEnvError`` naming the env, the turn and the episode.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppojax.rlhf.agents.context import Context, cached_context, recomputed_context
+from ppojax.rlhf.agents.env import Tokens
+from ppojax.rlhf.agents.turns import (
+    EpisodeLayout,
+    Episodes,
+    EpisodeSettings,
+    TurnCarry,
+    TurnOutput,
+    assemble,
+    last_real_logits,
+    sample_turn,
+)
+from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
+
+
+class HostEnvError(RuntimeError):
+    """A Python text env (or a tool it calls) that raised or returned something wrong."""
+
+
+class ToolError(Exception):
+    """A tool (a function of text that returns text) that raised or returned a non-str."""
+
+
+def call_tool(name: str, tool: Any, text: str) -> str:
+    """``tool(text)``, which must be a str; a ``ToolError`` naming the tool and its input
+    for anything it raises or another type."""
+    try:
+        result = tool(text)
+    except Exception as error:
+        raise ToolError(
+            f"tool {name!r} raised {type(error).__name__}: {error} (input {text!r})"
+        ) from error
+    if not isinstance(result, str):
+        raise ToolError(f"tool {name!r} returned {type(result).__name__}, not str (input {text!r})")
+    return result
+
+
+class PythonTextEnv:
+    """The base of a text env in plain Python (see the module); subclasses set
+    ``prompt_len`` and ``reply_len`` and write ``reset`` and ``step``."""
+
+    runs_on_host = True
+    prompt_len: int
+    reply_len: int
+
+    def reset(self, key: jax.Array) -> tuple[Any, list[int]]:
+        raise NotImplementedError
+
+    def step(self, state: Any, response: list[int]) -> tuple[Any, list[int], float, bool]:
+        raise NotImplementedError
+
+
+def runs_on_host(env: Any) -> bool:
+    """Whether ``env`` is a Python env, stepped on the host."""
+    return bool(getattr(env, "runs_on_host", False))
+
+
+def check_ids(where: str, ids: Any, width: int) -> list[int]:
+    """``ids`` as a list of at most ``width`` non-negative ints; a ``HostEnvError`` starting
+    with ``where`` for anything else."""
+    if isinstance(ids, np.ndarray) and ids.ndim == 1:
+        ids = ids.tolist()
+    if not isinstance(ids, list | tuple) or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise HostEnvError(f"{where}: token ids must be a list of ints >= 0, got {ids!r:.200}")
+    if len(ids) > width:
+        raise HostEnvError(f"{where}: {len(ids)} token ids, more than the env's width {width}")
+    return [int(i) for i in ids]
+
+
+class HostRollout:
+    """``rollout(params, key) -> Episodes``: ``batch_size`` episodes of the Python env ``env``
+    (see the module), the model read through its KV cache (``model`` a ``KVCacheHook`` with
+    ``extend``) or by recomputation (``model`` a ``policy_apply``). Build it once and call it
+    every step: its two compiled pieces (the first turn, any later turn) compile once."""
+
+    def __init__(
+        self,
+        model: KVCacheHook | PolicyApply,
+        env: Any,
+        batch_size: int,
+        settings: EpisodeSettings,
+        group_size: int = 1,
+        env_name: str | None = None,
+    ) -> None:
+        if batch_size % group_size:
+            raise ValueError(
+                f"batch_size {batch_size} is not a multiple of group_size {group_size}"
+            )
+        self.model, self.env, self.settings = model, env, settings
+        self.batch_size, self.group_size = batch_size, group_size
+        self.name = env_name or type(env).__name__
+        self.layout = EpisodeLayout(
+            env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns
+        )
+        self.first_turn = jax.jit(self.sample_first)
+        self.next_turn = jax.jit(self.sample_next)
+
+    def context(self, params: Any) -> Context:
+        """How the compiled pieces read the episode: the KV cache or recomputation."""
+        if isinstance(self.model, KVCacheHook):
+            return cached_context(self.model, params, self.layout.length)
+        return recomputed_context(self.model, params, self.layout.length, self.settings.pad_id)
+
+    def sample_first(self, params: Any, prompt: Tokens, key: jax.Array) -> tuple:
+        """Compiled: read the prompt, sample turn 0."""
+        context = self.context(params)
+        model_state, logits = context.start(prompt)
+        budget = self.settings.token_budget or self.layout.max_turns * self.layout.turn_len
+        over = jnp.zeros((self.batch_size,), bool)
+        budget_left = jnp.full((self.batch_size,), budget, jnp.int32)
+        carry = TurnCarry((), model_state, logits, over, budget_left)
+        return sample_turn(context, carry, key, self.layout.response_start(0), self.settings)
+
+    def sample_next(
+        self, params: Any, carry: TurnCarry, reply: Tokens, turn: jax.Array, key: jax.Array
+    ) -> tuple:
+        """Compiled: extend the cache with turn - 1's replies [B, O], sample turn ``turn``."""
+        context = self.context(params)
+        column = self.layout.response_start(turn)
+        model_state, chunk_logits = context.feed(
+            carry.model_state, *reply, column - self.layout.reply_len
+        )
+        logits = last_real_logits(carry.logits, chunk_logits, reply.mask)
+        carry = carry._replace(model_state=model_state, logits=logits)
+        return sample_turn(context, carry, key, column, self.settings)
+
+    def reset(self, key: jax.Array) -> tuple[list[Any], Tokens]:
+        """Every episode's state (deep copies within a group) and the left-padded prompts."""
+        width, pad_id = self.layout.prompt_len, self.settings.pad_id
+        states, rows, masks = [], [], []
+        for group, group_key in enumerate(
+            jax.random.split(key, self.batch_size // self.group_size)
+        ):
+            where = f"text env {self.name}: reset() of group {group}"
+            try:
+                state, prompt = self.env.reset(group_key)
+            except Exception as error:
+                raise HostEnvError(f"{where} raised {type(error).__name__}: {error}") from error
+            ids = check_ids(f"{where} returned its prompt wrongly", prompt, width)
+            for _ in range(self.group_size):
+                states.append(copy.deepcopy(state))
+                rows.append([pad_id] * (width - len(ids)) + ids)
+                masks.append([False] * (width - len(ids)) + [True] * len(ids))
+        tokens = jnp.asarray(np.asarray(rows, np.int32))
+        return states, Tokens(tokens, jnp.asarray(np.asarray(masks, bool)))
+
+    def step(self, state: Any, response: list[int], turn: int, row: int) -> tuple:
+        """``env.step`` on one episode, its outputs checked (see the module)."""
+        where = f"text env {self.name}: step() at turn {turn}, episode {row}"
+        try:
+            outputs = self.env.step(state, response)
+        except Exception as error:
+            raise HostEnvError(f"{where} raised {type(error).__name__}: {error}") from error
+        if not (isinstance(outputs, tuple) and len(outputs) == 4):
+            raise HostEnvError(
+                f"{where} must return (state, reply, reward, done), got {type(outputs).__name__}"
+            )
+        state, reply, reward, done = outputs
+        reply = check_ids(f"{where} returned its reply wrongly", reply, self.layout.reply_len)
+        if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
+            raise HostEnvError(f"{where} returned reward {reward!r}; it must be a float")
+        if not isinstance(done, bool | np.bool_):
+            raise HostEnvError(f"{where} returned done {done!r}; it must be a bool")
+        return state, reply, float(reward), bool(done)
+
+    def env_turn(self, states: list[Any], sampled: Any, over: np.ndarray, turn: int) -> TurnOutput:
+        """The env's answers to one sampled turn (``sampled`` on the host, each [R, B]), the
+        same rules as the one-program rollout's ``play_turn``; ``states`` updated in place."""
+        tokens, log_probs, real = (np.asarray(part).T for part in sampled)
+        eos = ((tokens == self.settings.eos_id) & real).any(axis=1)
+        stepped = ~over & (eos | real.all(axis=1))
+        width = self.layout.reply_len
+        reply = np.full((self.batch_size, width), self.settings.pad_id, np.int32)
+        reply_mask = np.zeros((self.batch_size, width), bool)
+        reward = np.zeros(self.batch_size, np.float32)
+        done = np.zeros(self.batch_size, bool)
+        for row in np.flatnonzero(stepped):
+            response = tokens[row][real[row]].tolist()
+            states[row], ids, reward[row], done[row] = self.step(states[row], response, turn, row)
+            reply[row, : len(ids)], reply_mask[row, : len(ids)] = ids, True
+        return TurnOutput(tokens, log_probs, real, reply, reply_mask, reward, stepped, done)
+
+    def __call__(self, params: Any, key: jax.Array) -> Episodes:
+        """The episodes (see the class); not jittable: the env runs in Python between calls."""
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((params, key))):
+            raise TypeError(
+                f"text env {self.name} is a Python env, stepped on the host: call its rollout "
+                "(or the episode trainer's step) outside jax.jit, jax.vmap and jax.grad"
+            )
+        reset_key, turns_key = jax.random.split(key)
+        states, prompt = self.reset(reset_key)
+        keys = jax.random.split(turns_key, self.layout.max_turns)
+        over = np.zeros(self.batch_size, bool)
+        outputs: list[TurnOutput] = []
+        for turn in range(self.layout.max_turns):
+            if turn == 0:
+                carry, sampled = self.first_turn(params, prompt, keys[0])
+            elif over.all():
+                outputs.append(self.empty_turn())
+                continue
+            else:
+                reply = Tokens(jnp.asarray(outputs[-1].reply), jnp.asarray(outputs[-1].reply_mask))
+                carry = carry._replace(over=jnp.asarray(over))
+                carry, sampled = self.next_turn(params, carry, reply, jnp.int32(turn), keys[turn])
+            output = self.env_turn(states, jax.device_get(sampled), over, turn)
+            active = ~over
+            over = over | output.terminated | (active & ~output.stepped)
+            outputs.append(output)
+        stacked = TurnOutput(*(jnp.asarray(np.stack(part)) for part in zip(*outputs, strict=True)))
+        return assemble(prompt, stacked)
+
+    def empty_turn(self) -> TurnOutput:
+        """A turn no episode plays: what the one-program rollout writes for it."""
+        shape = (self.batch_size, self.layout.turn_len)
+        reply_shape = (self.batch_size, self.layout.reply_len)
+        none = np.zeros(self.batch_size, bool)
+        return TurnOutput(
+            np.full(shape, self.settings.pad_id, np.int32),
+            np.zeros(shape, np.float32),
+            np.zeros(shape, bool),
+            np.full(reply_shape, self.settings.pad_id, np.int32),
+            np.zeros(reply_shape, bool),
+            np.zeros(self.batch_size, np.float32),
+            none,
+            none,
+        )
+
+
+def rollout_host_episodes(
+    model: KVCacheHook | PolicyApply,
+    params: Any,
+    env: Any,
+    key: jax.Array,
+    batch_size: int,
+    settings: EpisodeSettings,
+    group_size: int = 1,
+    env_name: str | None = None,
+) -> Episodes:
+    """One call of a ``HostRollout`` (which compiles its pieces; build one to reuse them)."""
+    rollout = HostRollout(model, env, batch_size, settings, group_size, env_name)
+    return rollout(params, key)
