@@ -1,0 +1,198 @@
+"""The planner (ppojax.rlhf.plan, ``ppojax plan``): its numbers against the CPU backend's own
+``memory_analysis`` of the same step built from real arrays, the FLOP count by hand, the
+search for the largest step, the errors, and (with JAX's CUDA plugin) the H100 path over an
+FSDP mesh of two.
+
+One tiny Qwen2-shaped config (1 layer, width 16, 1024 tokens) keeps every compile small; the
+planner caches what it measured, so the tests that ask for the same step share its compile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ppojax.cli.commands import main
+from ppojax.rlhf import PlanError, StepShape, make_trainer, plan
+from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
+from ppojax.rlhf.models.config import parse_config
+from ppojax.rlhf.models.shapes import model_config
+from ppojax.rlhf.planner import abstract_lm, rl_config, token_reward
+from ppojax.rlhf.sizing import largest_fitting, step_flops, token_flops
+from ppojax.runtime import deviceless
+
+TINY = {
+    "model_type": "qwen2",
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 1024,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+}
+GRPO = StepShape(
+    "grpo",
+    prompts=2,
+    group_size=2,
+    prompt_len=4,
+    response_len=3,
+    dtype="float32",
+    ppo_epochs=1,
+    num_minibatches=2,
+)
+
+
+@pytest.fixture
+def tiny_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def test_the_plan_is_the_cpu_backends_memory_analysis_of_the_real_step():
+    """The step built from shapes alone compiles to the program of the step built from real
+    params (the same buffers, byte for byte), and the state's parts are its leaves' bytes."""
+    config = parse_config(TINY)
+    planned = plan(config, GRPO, "cpu", 1)
+
+    lm = abstract_lm(config, "float32")
+    params = lm.module.init(jax.random.key(1), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1)))
+    trainer = make_trainer(
+        rl_config(GRPO, config), lm.policy_apply, token_reward, kv_cache=lm.kv_cache
+    )
+    sharded = shard_trainer(trainer, make_mesh(1))
+    state = sharded.init(params, jax.random.key(2))
+    prompts = jnp.ones((GRPO.prompts, GRPO.prompt_len), jnp.int32)
+    mask = jnp.ones(prompts.shape, bool)
+    compiled = sharded.step.lower(state, prompts, mask, jax.random.key(3)).compile()
+    real = compiled.memory_analysis()
+
+    m = planned.memory
+    held = m.parameters + m.reference + m.critic + m.optimizer
+    assert held + m.inputs == real.argument_size_in_bytes
+    assert (m.outputs, m.temporaries, m.aliased) == (
+        real.output_size_in_bytes,
+        real.temp_size_in_bytes,
+        real.alias_size_in_bytes,
+    )
+    assert m.peak == real.argument_size_in_bytes + real.output_size_in_bytes + m.temporaries
+    weights = sum(leaf.size * 4 for leaf in jax.tree.leaves(params))
+    assert m.parameters == m.reference == weights and m.critic == 0
+    assert m.optimizer == 2 * weights + 4  # Adam's two moments and its int32 count
+    # the batch [2, 4] as int32 and bool, beta, the step and the key
+    assert m.inputs == 2 * 4 * 4 + 2 * 4 + 4 + 4 + 8
+    assert planned.estimate is None and planned.fits and planned.largest_prompts is None
+
+
+def test_flops_by_hand():
+    config = parse_config(TINY)
+    # per token over 8 keys: q, o 16x16 each and k, v 16x8 each (768), the MLP 3 x 16 x 32
+    # (1536), the tied head 1024 x 16 (16384): 2 x 18688 = 37376, attention 4 x 16 x 8 = 512
+    assert token_flops(config, 8) == 37376 + 512
+    assert token_flops(config, 8, logits=False) == 2 * (768 + 1536) + 512
+    step = StepShape("grpo", prompts=2, group_size=3, prompt_len=5, response_len=3, ppo_epochs=2)
+    full = 6 * 8 * (37376 + 512)  # 6 rows of 8 tokens
+    sampled = 6 * 5 * (37376 + 512) + 6 * 3 * (37376 + 512)
+    # sampling, policy and reference log-probs, 2 epochs of forward + backward (3 forwards)
+    assert step_flops(config, step) == sampled + 2 * full + 2 * 3 * full
+    lora = replace(step, lora_rank=4)
+    assert step_flops(config, lora) == sampled + 2 * full + 2 * 2 * full
+
+
+def test_largest_fitting_doubles_then_bisects():
+    asked = []
+
+    def fits(prompts: int) -> bool:
+        asked.append(prompts)
+        return prompts <= 37
+
+    assert largest_fitting(fits, 4, 2, limit=1000) == 36
+    assert asked == [4, 8, 16, 32, 64, 48, 40, 36, 38]
+    asked.clear()
+    assert largest_fitting(fits, 40, 4, limit=1000) == 36
+    assert asked == [40, 20, 28, 32, 36]
+    assert largest_fitting(lambda prompts: False, 8, 2) == 0
+    assert largest_fitting(lambda prompts: True, 8, 2, limit=100) == 100
+
+
+def test_the_search_finds_the_largest_step_by_compiling(tiny_json):
+    """With exactly the memory 2 rows take, the search from 2 compiles 4 (too large), then 3
+    (too large: more rows, more bytes) and answers 2."""
+    sft = StepShape("sft", prompts=2, prompt_len=4, response_len=3, dtype="float32")
+    two = plan(tiny_json, sft, "cpu")
+    memory = two.memory.peak
+    found = plan(tiny_json, sft, "cpu", device_memory=memory, headroom=0.0, search=True)
+    assert found.largest_prompts == 2 and found.fits
+    assert "largest prompts per step that fit: 2" in found.report()
+    roomy = plan(tiny_json, sft, "cpu", device_memory=2 * memory, headroom=0.5, search=True)
+    assert roomy.largest_prompts == 2  # headroom 0.5 of twice the memory: the same bytes
+
+
+def test_errors_name_the_flag(tiny_json, tmp_path):
+    with pytest.raises(PlanError, match="--target 'tpu9' is unknown"):
+        plan(tiny_json, GRPO, "tpu9")
+    with pytest.raises(PlanError, match="--prompts 3 cannot be split over --devices 2"):
+        plan(tiny_json, replace(GRPO, prompts=3), "cpu", 2)
+    with pytest.raises(PlanError, match="--devices 2: this process has 1 CPU device"):
+        plan(tiny_json, GRPO, "cpu", 2)
+    with pytest.raises(PlanError, match="--num-minibatches 3 must divide --prompts 2"):
+        plan(tiny_json, replace(GRPO, num_minibatches=3), "cpu")
+    with pytest.raises(PlanError, match="more than the model's context"):
+        plan(tiny_json, replace(GRPO, response_len=61), "cpu")
+    with pytest.raises(PlanError, match="--algorithm 'a2c'"):
+        StepShape("a2c")
+    with pytest.raises(PlanError, match="--group-size must be >= 2 for grpo"):
+        StepShape("grpo", group_size=1)
+    with pytest.raises(ValueError, match="built-in shape"):
+        plan(tmp_path / "absent.json", GRPO, "cpu")
+
+
+def test_the_command_prints_the_plan_and_fails_when_it_does_not_fit(tiny_json, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    flags = ["plan", "--model", str(tiny_json), "--target", "cpu", "--dtype", "float32"]
+    flags += ["--algorithm", "grpo", "--prompts", "2", "--group-size", "2", "--prompt-len", "4"]
+    flags += ["--response-len", "3", "--ppo-epochs", "1", "--num-minibatches", "2"]
+    assert main([*flags, "--json", str(out)]) == 0  # the first test's step, already compiled
+    printed = capsys.readouterr().out
+    assert "verdict: fits" in printed and "peak" in printed
+    written = json.loads(out.read_text())
+    assert written["fits"] and written["memory"] == plan(tiny_json, GRPO, "cpu").memory.__dict__
+    assert main([*flags, "--memory-gib", "0.0001"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+    assert main([*flags, "--target", "a100"]) == 2
+    assert "--target 'a100' is unknown" in capsys.readouterr().err
+
+
+def needs_plugin() -> None:
+    if deviceless.plugin_installed():
+        return
+    if os.environ.get("PPOJAX_REQUIRE_GPU_AOT"):
+        pytest.fail("PPOJAX_REQUIRE_GPU_AOT is set and JAX's CUDA plugin is not installed")
+    pytest.skip('JAX\'s CUDA plugin is not installed (pip install "ppojax[gpu-aot]")')
+
+
+def test_on_two_h100s_the_sharded_leaves_halve_and_three_cannot_split_them(tiny_json):
+    needs_plugin()
+    one, two = plan(tiny_json, GRPO, "h100", 1), plan(tiny_json, GRPO, "h100", 2)
+    # only the embedding (1024 x 16 = 16Ki elements) is large enough to be split
+    embedding = 1024 * 16 * 4
+    assert one.memory.parameters - two.memory.parameters == embedding // 2
+    assert one.memory.optimizer - two.memory.optimizer == embedding
+    assert one.device_memory == 84942979072  # the spec's device_memory_size
+    for found in (one, two):
+        e = found.estimate
+        assert e.compute == pytest.approx(
+            step_flops(model_config(tiny_json), GRPO) / found.devices / 495e12
+        )
+        assert e.memory == pytest.approx(found.bytes_moved / 3.35232e12)
+        assert e.step == max(e.compute, e.memory) and found.launches > 0
+    with pytest.raises(PlanError, match="--devices 3: tensor .*embed.* of shape \\(1024, 16\\)"):
+        plan(tiny_json, replace(GRPO, prompts=3, num_minibatches=3), "h100", 3)
