@@ -79,11 +79,21 @@ class Estimate:
 
 
 @dataclasses.dataclass(frozen=True)
+class Loop:
+    """One loop of the step's program at its top level (sampling's decode steps, the epochs):
+    its trips and, over all of them, its launches and the bytes they move, per device."""
+
+    trips: int | None
+    launches: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A step sized on a target: ``memory`` per device, ``launches`` and ``bytes_moved`` per
-    step (per device), ``estimate`` (None on "cpu"), whether it ``fits`` in
-    ``device_memory`` x (1 - ``headroom``), the ``largest_prompts`` per step that fit (None
-    when not searched; 0 when none does) and the first compile's seconds."""
+    step (per device) and the ``loops`` that hold them, ``estimate`` (None on "cpu"), whether
+    it ``fits`` in ``device_memory`` x (1 - ``headroom``), the ``largest_prompts`` per step
+    that fit (None when not searched; 0 when none does) and the first compile's seconds."""
 
     model: str
     step: StepShape
@@ -92,6 +102,7 @@ class Plan:
     memory: Memory
     launches: int
     bytes_moved: int
+    loops: tuple[Loop, ...]
     estimate: Estimate | None
     device_memory: int
     headroom: float
@@ -155,9 +166,9 @@ def token_flops(config: DecoderConfig, keys: int, logits: bool = True) -> float:
 @functools.lru_cache(maxsize=64)
 def measure(
     config: DecoderConfig, step: StepShape, target: str, devices: int
-) -> tuple[Memory, int, int, float]:
-    """Memory, launches and bytes moved per device of ``step``'s compiled program, and the
-    compile's seconds (cached: a search asks again for the same step)."""
+) -> tuple[Memory, int, int, tuple[Loop, ...], float]:
+    """Memory, launches, bytes moved and top-level loops per device of ``step``'s compiled
+    program, and the compile's seconds (cached: a search asks again for the same step)."""
     from ppojax.runtime import launches
 
     check_step(step, config, devices)
@@ -182,7 +193,10 @@ def measure(
         peak=arguments + outputs - aliased + temporaries,
     )
     counted = launches.count(compiled.as_text())
-    return memory, counted.total_launches(), counted.total_bytes(), seconds
+    loops = tuple(
+        Loop(loop.trips, loop.total_launches(), loop.total_bytes()) for loop in counted.loops
+    )
+    return memory, counted.total_launches(), counted.total_bytes(), loops, seconds
 
 
 def device_memory_of(target: str) -> int:
@@ -251,7 +265,7 @@ def plan(
         raise PlanError(f"--headroom must be in [0, 1), got {headroom!r}")
     config = model if isinstance(model, DecoderConfig) else model_config(model)
     name = config.model_type if isinstance(model, DecoderConfig) else str(model)
-    memory, launched, moved, seconds = measure(config, step, target, devices)
+    memory, launched, moved, loops, seconds = measure(config, step, target, devices)
     capacity = device_memory_of(target) if device_memory is None else int(device_memory)
     found = Plan(
         name,
@@ -261,6 +275,7 @@ def plan(
         memory,
         launched,
         moved,
+        loops,
         estimate(config, step, target, devices, moved),
         capacity,
         headroom,
@@ -279,6 +294,14 @@ def plan(
     return dataclasses.replace(found, largest_prompts=largest)
 
 
+def size_text(size: int) -> str:
+    """Bytes in GiB, or in MiB or KiB below one of those."""
+    for unit, name in ((GIB, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size >= unit:
+            return f"{size / unit:9.3f} {name}"
+    return f"{size:9d} B"
+
+
 def report(p: Plan) -> str:
     """The plan as text: the step, bytes per device by part, launches, the estimate, the
     verdict."""
@@ -293,11 +316,16 @@ def report(p: Plan) -> str:
         "per device:",
     ]
     for name in (*PARTS, "inputs", "temporaries", "outputs"):
-        lines.append(f"  {name:<12} {getattr(m, name) / GIB:9.3f} GiB")
+        lines.append(f"  {name:<12} {size_text(getattr(m, name))}")
     if m.aliased:
-        lines.append(f"  {'aliased':<12} {-m.aliased / GIB:9.3f} GiB")
-    lines.append(f"  {'peak':<12} {m.peak / GIB:9.3f} GiB")
-    lines.append(f"launches per step: {p.launches}, bytes they move: {p.bytes_moved / GIB:.2f} GiB")
+        lines.append(f"  {'aliased':<12} -{size_text(m.aliased)}")
+    lines.append(f"  {'peak':<12} {size_text(m.peak)}")
+    lines.append(f"launches per step: {p.launches}, bytes they move: {size_text(p.bytes_moved)}")
+    for loop in p.loops:
+        lines.append(
+            f"  in a loop of {loop.trips} trips: {loop.launches} launches, "
+            f"{size_text(loop.bytes).strip()}"
+        )
     if p.estimate is not None:
         e = p.estimate
         lines.append(
@@ -306,8 +334,8 @@ def report(p: Plan) -> str:
         )
     verdict = "fits" if p.fits else "does NOT fit"
     lines.append(
-        f"verdict: {verdict}: peak {m.peak / GIB:.2f} GiB of {p.usable / GIB:.2f} GiB usable "
-        f"({p.device_memory / GIB:.2f} GiB less {p.headroom:.0%} headroom)"
+        f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
+        f"usable ({size_text(p.device_memory).strip()} less {p.headroom:.0%} headroom)"
     )
     if p.largest_prompts is not None:
         lines.append(f"largest prompts per step that fit: {p.largest_prompts}")
