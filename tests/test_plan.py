@@ -169,3 +169,7 @@ def test_the_command_prints_the_plan_and_fails_when_it_does_not_fit(tiny_json, t
     assert "does NOT fit" in capsys.readouterr().out
     assert main([*flags, "--target", "a100"]) == 2
     assert "--target 'a100' is unknown" in capsys.readouterr().err
+    for argv, usage in ((["plan", "--help"], "usage: ppojax plan"), (["--help"], "plan ")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0 and usage in capsys.readouterr().out

@@ -320,7 +320,9 @@ def report(p: Plan) -> str:
     if m.aliased:
         lines.append(f"  {'aliased':<12} -{size_text(m.aliased)}")
     lines.append(f"  {'peak':<12} {size_text(m.peak)}")
-    lines.append(f"launches per step: {p.launches}, bytes they move: {size_text(p.bytes_moved)}")
+    lines.append(
+        f"launches per step: {p.launches}, bytes they move: {size_text(p.bytes_moved).strip()}"
+    )
     for loop in p.loops:
         lines.append(
             f"  in a loop of {loop.trips} trips: {loop.launches} launches, "
@@ -329,8 +331,8 @@ def report(p: Plan) -> str:
     if p.estimate is not None:
         e = p.estimate
         lines.append(
-            f"step time ESTIMATE (at peak, a lower bound): {e.step:.2f} s (compute "
-            f"{e.flops / 1e12:.1f} TFLOP -> {e.compute:.2f} s, memory {e.memory:.2f} s)"
+            f"step time ESTIMATE (at peak, a lower bound): {e.step:.3g} s (compute "
+            f"{e.flops / 1e12:.4g} TFLOP -> {e.compute:.3g} s, memory {e.memory:.3g} s)"
         )
     verdict = "fits" if p.fits else "does NOT fit"
     lines.append(
