@@ -20,6 +20,7 @@ from ppojax.cli.commands import main
 from ppojax.rlhf import PlanError, StepShape, make_trainer, plan
 from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
 from ppojax.rlhf.models.config import parse_config
+from ppojax.rlhf.models.shapes import abstract_params, model_config
 from ppojax.rlhf.planner import abstract_lm, rl_config, token_reward
 from ppojax.rlhf.sizing import largest_fitting, step_flops, token_flops
 
@@ -173,3 +174,17 @@ def test_the_command_prints_the_plan_and_fails_when_it_does_not_fit(tiny_json, t
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0 and usage in capsys.readouterr().out
+
+
+def test_the_built_in_shapes_have_the_published_parameter_counts():
+    """Each built-in config's parameters (from shapes alone) are the count its Hugging Face
+    repo publishes for the safetensors it holds."""
+    published = {
+        "qwen2.5-0.5b": 494_032_768,
+        "qwen2.5-1.5b": 1_543_714_304,
+        "qwen2.5-7b": 7_615_616_512,
+        "llama-3.1-8b": 8_030_261_248,
+    }
+    for name, count in published.items():
+        params = abstract_params(model_config(name), jnp.bfloat16)
+        assert sum(leaf.size for leaf in jax.tree.leaves(params)) == count, name
