@@ -7,6 +7,7 @@ step-time estimate and the verdict of a post-training step, compiled for H100s o
 Needs the CUDA plugin of the ``gpu-aot`` extra. Each run adds (or replaces) one row, keyed by
 model, step and target, in benchmarks/results/plan.json, with the plan's numbers and the
 seconds the compile took on this machine (the search's compiles are not timed).
+``python benchmarks/plan.py --table`` prints the rows of that file as docs/rlhf.md's table.
 """
 
 from __future__ import annotations
@@ -15,10 +16,34 @@ import argparse
 import sys
 from pathlib import Path
 
-from common import RESULTS, merge_row, read_rows, record, write_json
+from common import RESULTS, markdown_table, merge_row, read_rows, record, write_json
 
 from ppojax.rlhf.planner import StepShape
 from ppojax.rlhf.sizing import plan
+
+
+def table(results: dict) -> str:
+    """GiB per device by part, the verdict, the estimate and the compile's seconds, a row per
+    plan."""
+    gib = 1024**3
+    header = ["model", "step", "GPUs", "params", "ref.", "critic", "Adam", "temp.", "out."]
+    header += ["peak", "fits", "est. s/step", "compile s"]
+    rows = []
+    for row in results["tasks"]:
+        step, memory = row["step"], row["memory"]
+        lora = f" LoRA r{step['lora_rank']}" if step["lora_rank"] else ""
+        what = (
+            f"{step['algorithm']}{lora} {step['prompts']} x {step['group_size']}, "
+            f"{step['prompt_len']} + {step['response_len']}, {step['dtype']}"
+        )
+        parts = ("parameters", "reference", "critic", "optimizer", "temporaries", "outputs")
+        cells = [f"{memory[part] / gib:.2f}" for part in (*parts, "peak")]
+        estimate = row["estimate"]["step"] if row["estimate"] else None
+        rows.append(
+            [row["model"], what, f"{row['devices']} x {row['target']}", *cells]
+            + ["yes" if row["fits"] else "no", f"{estimate:.3g}", f"{row['compile_seconds']:.0f}"]
+        )
+    return markdown_table(header, rows)
 
 
 def main() -> None:
@@ -35,7 +60,11 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "plan.json")
+    parser.add_argument("--table", action="store_true", help="print --out's rows as markdown")
     args = parser.parse_args()
+    if args.table:
+        print(table(read_rows(args.out, "plan", "")))
+        return
     import jax
 
     jax.config.update("jax_platforms", "cpu")

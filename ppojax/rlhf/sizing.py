@@ -306,7 +306,8 @@ def report(p: Plan) -> str:
     """The plan as text: the step, bytes per device by part, launches, the estimate, the
     verdict."""
     s, m = p.step, p.memory
-    group = f" x {s.group_size} responses" if s.algorithm in RL_ALGORITHMS else ""
+    plural = "s" if s.group_size > 1 else ""
+    group = f" x {s.group_size} response{plural}" if s.algorithm in RL_ALGORITHMS else ""
     lora = f", LoRA r{s.lora_rank}" if s.lora_rank else ", full fine-tuning"
     lines = [
         f"{p.model}: {s.algorithm}, {s.prompts} prompts{group}, {s.prompt_len} + "
