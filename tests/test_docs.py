@@ -278,6 +278,13 @@ def test_the_pbt_tables_in_the_docs_are_the_result_file_s():
         assert table in doc.read_text(), f"{doc}: rerun `python benchmarks/pbt.py --table`"
 
 
+def test_the_plan_table_in_the_rlhf_guide_is_the_result_file_s():
+    table = run_benchmark("plan", "--table").stdout.strip()
+    assert table.startswith("| model | step | GPUs |")
+    guide = ROOT / "docs" / "rlhf.md"
+    assert table in guide.read_text(), f"{guide}: rerun `python benchmarks/plan.py --table`"
+
+
 def table_cells(table: str, column: int) -> dict[str, str]:
     """A markdown table's ``column`` (0 = the task), by task (its * mark dropped)."""
     rows = [line.split(" | ") for line in table.splitlines()[2:] if line.startswith("| ")]

@@ -1,6 +1,7 @@
 """Compiling for a GPU without one (ppojax.runtime.deviceless) and counting what it would run
-(ppojax.runtime.launches): the counting on HLO written by hand, the targets' specs, and the
-launches of a small PPO program compiled for the H200, exactly.
+(ppojax.runtime.launches): the counting on HLO written by hand, the targets' specs, the
+launches of a small PPO program compiled for the H200, exactly, and the planner
+(ppojax.rlhf.plan) on one and two H100s.
 
 The compiled tests need JAX's CUDA plugin (``pip install "ppojax[gpu-aot]"``) and skip
 without it, unless ``PPOJAX_REQUIRE_GPU_AOT`` is set (CI sets it where it installed the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -18,6 +20,9 @@ import pytest
 from benchmark_script import run_benchmark
 
 import ppojax
+from ppojax.rlhf import PlanError, StepShape, plan
+from ppojax.rlhf.models.config import parse_config
+from ppojax.rlhf.sizing import step_flops
 from ppojax.runtime import deviceless, kernels, launches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,3 +330,47 @@ def test_the_readme_table_is_the_one_gpu_program_py_makes_from_the_result_file(t
         for target in deviceless.TARGETS
     }
     assert not [row for row in report["rows"] if "error" in row]
+
+
+# A Qwen2-shaped model of one layer whose embedding (1024 x 16 = 16Ki elements) is the one
+# leaf large enough for FSDP to split
+TINY_QWEN2 = {
+    "model_type": "qwen2",
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 1024,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+}
+GRPO = StepShape(
+    "grpo",
+    prompts=2,
+    group_size=2,
+    prompt_len=4,
+    response_len=3,
+    dtype="float32",
+    ppo_epochs=1,
+    num_minibatches=2,
+)
+
+
+def test_on_two_h100s_the_sharded_leaves_halve_and_three_cannot_split_them():
+    needs_plugin()
+    config = parse_config(TINY_QWEN2)
+    one, two = plan(config, GRPO, "h100", 1), plan(config, GRPO, "h100", 2)
+    # only the embedding (1024 x 16 = 16Ki elements) is large enough to be split
+    embedding = 1024 * 16 * 4
+    assert one.memory.parameters - two.memory.parameters == embedding // 2
+    assert one.memory.optimizer - two.memory.optimizer == embedding
+    assert one.device_memory == 84942979072  # the spec's device_memory_size
+    for found in (one, two):
+        e = found.estimate
+        assert e.compute == pytest.approx(step_flops(config, GRPO) / found.devices / 495e12)
+        assert e.memory == pytest.approx(found.bytes_moved / 3.35232e12)
+        assert e.step == max(e.compute, e.memory) and found.launches > 0
+    with pytest.raises(PlanError, match="--devices 3: tensor .*embed.* of shape \\(1024, 16\\)"):
+        plan(config, replace(GRPO, prompts=3, num_minibatches=3), "h100", 3)

@@ -1,4 +1,5 @@
-"""The command line: ``ppojax train | sweep | eval | envs``.
+"""The command line: ``ppojax train | sweep | eval | envs`` (and ``rlhf``, ``sft``, ``rm``,
+``dpo``, ``plan``, each with its own module).
 
 ``ppojax train`` (no arguments) trains CartPole-v1, shows a progress bar, writes a run folder
 (config, metrics, learning curve, checkpoints, summary; see ``ppojax.runs.folder``) and prints the
@@ -92,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for command, what in TEXT_COMMANDS.items():
         commands.add_parser(command, help=what, add_help=False)
+    commands.add_parser(
+        "plan",
+        help="size a post-training step on h100/h200 GPUs before renting them (no GPU needed)",
+        add_help=False,
+    )
     return parser
 
 
@@ -442,6 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["rlhf"]:
         return run_rlhf(argv[1:])
+    if argv[:1] == ["plan"]:
+        from ppojax.cli import plan
+
+        return plan.main(argv[1:])
     if argv[:1] and argv[0] in TEXT_COMMANDS:
         from ppojax.cli import text
 

@@ -4,7 +4,8 @@ step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply
 
 In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
 ``models`` (the built-in transformer, Hugging Face families), ``data`` and ``text_rewards``
-(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO). ``apps`` (run folders,
+(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO), ``planner`` and
+``sizing`` (``plan``: a step sized on GPUs before they are rented). ``apps`` (run folders,
 the commands) and ``tasks`` (the digit demos) sit on top; the library never imports them."""
 
 from ppojax.rlhf.core.advantages import (
@@ -38,6 +39,7 @@ from ppojax.rlhf.data import (
 )
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.models.transformer import LanguageModel, TransformerLM, transformer
+from ppojax.rlhf.planner import PlanError, StepShape
 from ppojax.rlhf.post.dpo import dpo_loss, make_dpo_step, pair_log_probs
 from ppojax.rlhf.post.pairs import PairData, load_pairs
 from ppojax.rlhf.post.reward_model import (
@@ -53,6 +55,7 @@ from ppojax.rlhf.post.sft import (
     sft_loss,
     train_sft,
 )
+from ppojax.rlhf.sizing import Plan, plan
 from ppojax.rlhf.text_rewards import (
     call_text_reward,
     exact_match,
@@ -67,6 +70,8 @@ __all__ = [
     "KVCacheHook",
     "LanguageModel",
     "PairData",
+    "Plan",
+    "PlanError",
     "PromptData",
     "RLHFBatch",
     "RLHFConfig",
@@ -74,6 +79,7 @@ __all__ = [
     "Samples",
     "SamplingSettings",
     "Sequences",
+    "StepShape",
     "Trainer",
     "TransformerLM",
     "aggregate",
@@ -99,6 +105,7 @@ __all__ = [
     "make_trainer",
     "pair_accuracy",
     "pair_log_probs",
+    "plan",
     "read_jsonl",
     "regex_reward",
     "response_mask",

@@ -115,6 +115,23 @@ def jax_version() -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", jax.__version__)[:3])
 
 
+def target_devices(target: str, devices: int = 1) -> list[Any]:
+    """The ``devices`` abstract GPUs of ``target``'s "1x1x<devices>" topology, for a mesh of
+    any shape (``jax.sharding.Mesh`` over them)."""
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise DevicelessError(f"a {target} topology needs a device count >= 1, got {devices!r}")
+    return list(topology(target, devices).devices)
+
+
+def spec_number(target: str, field: str) -> float:
+    """A number of ``target``'s spec (``device_memory_size`` in bytes, ``memory_bandwidth`` in
+    bytes/s, ``clock_rate_ghz``, ...); DevicelessError when the spec has no such field."""
+    found = re.search(rf"^\s*{re.escape(field)}:\s*([0-9.eE+-]+)\s*$", spec_text(target), re.M)
+    if found is None:
+        raise DevicelessError(f"the {target} spec has no field {field!r}")
+    return float(found.group(1))
+
+
 def target_mesh(target: str, devices: int = 1, axis_name: str = "devices") -> Mesh:
     """A 1-D mesh over ``devices`` abstract GPUs of ``target``."""
     from jax.experimental import topologies
@@ -155,9 +172,16 @@ def compile_for(
         arg if index in static_argnums else abstract(arg, mesh) for index, arg in enumerate(args)
     ]
     lowering = jax.jit(fn, static_argnums=static_argnums).lower
+    return compile_lowered(lambda: lowering(*shaped), mesh)
+
+
+def compile_lowered(lower: Callable[[], Any], mesh: Mesh) -> Any:
+    """``lower()`` (a function returning a ``jax.stages.Lowered``, traced for the abstract GPUs
+    of ``mesh``) lowered and compiled as CUDA's program. Returns the ``jax.stages.Compiled``."""
+    require_plugin()
     with kernels.lowering_for_cuda():  # the program is CUDA's: its defaults go in
         if jax_version() < (0, 11):  # Pallas's Triton lowering assumes compute capability 9.0
-            return lowering(*shaped).compile()
+            return lower().compile()
         # from jax 0.11 it reads the GPU from the abstract mesh when none is attached
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return lowering(*shaped).compile()
+            return lower().compile()

@@ -1,0 +1,93 @@
+"""The planner (``ppojax plan``) on published model shapes: bytes per device, launches, the
+step-time estimate and the verdict of a post-training step, compiled for H100s on a CPU.
+
+    PYTHONPATH=/path/to/aotsite JAX_PLATFORMS=cpu python benchmarks/plan.py \\
+        [--model qwen2.5-0.5b] [--algorithm grpo] [--devices 1] [--search] [--out FILE]
+
+Needs the CUDA plugin of the ``gpu-aot`` extra. Each run adds (or replaces) one row, keyed by
+model, step and target, in benchmarks/results/plan.json, with the plan's numbers and the
+seconds the compile took on this machine (the search's compiles are not timed).
+``python benchmarks/plan.py --table`` prints the rows of that file as docs/rlhf.md's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from common import RESULTS, markdown_table, merge_row, read_rows, record, write_json
+
+from ppojax.rlhf.planner import StepShape
+from ppojax.rlhf.sizing import plan
+
+
+def table(results: dict) -> str:
+    """GiB per device by part, the verdict, the estimate and the compile's seconds, a row per
+    plan."""
+    gib = 1024**3
+    header = ["model", "step", "GPUs", "params", "ref.", "critic", "Adam", "temp.", "out."]
+    header += ["peak", "fits", "est. s/step", "compile s"]
+    rows = []
+    for row in results["tasks"]:
+        step, memory = row["step"], row["memory"]
+        lora = f" LoRA r{step['lora_rank']}" if step["lora_rank"] else ""
+        what = (
+            f"{step['algorithm']}{lora} {step['prompts']} x {step['group_size']}, "
+            f"{step['prompt_len']} + {step['response_len']}, {step['dtype']}"
+        )
+        parts = ("parameters", "reference", "critic", "optimizer", "temporaries", "outputs")
+        cells = [f"{memory[part] / gib:.2f}" for part in (*parts, "peak")]
+        estimate = row["estimate"]["step"] if row["estimate"] else None
+        rows.append(
+            [row["model"], what, f"{row['devices']} x {row['target']}", *cells]
+            + ["yes" if row["fits"] else "no", f"{estimate:.3g}", f"{row['compile_seconds']:.0f}"]
+        )
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--algorithm", default="grpo")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--response-len", type=int, default=1024)
+    parser.add_argument("--lora-rank", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--target", default="h100")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--search", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "plan.json")
+    parser.add_argument("--table", action="store_true", help="print --out's rows as markdown")
+    args = parser.parse_args()
+    if args.table:
+        print(table(read_rows(args.out, "plan", "")))
+        return
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    step = StepShape(
+        args.algorithm,
+        prompts=args.prompts,
+        group_size=args.group_size,
+        prompt_len=args.prompt_len,
+        response_len=args.response_len,
+        lora_rank=args.lora_rank,
+        dtype=args.dtype,
+    )
+    found = plan(args.model, step, args.target, args.devices, search=args.search)
+    print(found.report())
+    key = (
+        f"{args.model} {step.algorithm} {step.prompts}x{step.group_size} "
+        f"{step.prompt_len}+{step.response_len} {step.dtype} lora{step.lora_rank} "
+        f"{args.devices}x{args.target}"
+    )
+    row = {"key": key, **found.to_dict(), **record(__file__, sys.argv[1:])}
+    results = read_rows(args.out, "plan", "ppojax plan on published shapes, compiled on a CPU")
+    write_json(args.out, merge_row(results, row, "key"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""``ppojax plan``: size a post-training step on a target before renting it.
+
+    ppojax plan --model qwen2.5-0.5b --algorithm grpo --prompts 8 --group-size 8 \\
+        --prompt-len 512 --response-len 1024 --target h100 --devices 1 --search
+
+``--model`` is a config.json, a model folder holding one, or a built-in shape
+(``ppojax.rlhf.models.shapes.PUBLISHED``). The h100 and h200 targets compile XLA's CUDA
+program on this machine (``pip install "ppojax[gpu-aot]"``); ``cpu`` compiles for this
+process's CPU devices. Prints bytes per device by part, launches, a step-time estimate and
+the verdict; ``--json FILE`` writes them too. Exit status 1 when the step does not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ppojax.cli.values import Parser, parse_float, parse_int
+
+STEP_FLAGS = (
+    "algorithm",
+    "prompts",
+    "group_size",
+    "prompt_len",
+    "response_len",
+    "lora_rank",
+    "dtype",
+    "ppo_epochs",
+    "num_minibatches",
+)
+
+
+def build_parser() -> Parser:
+    from ppojax.rlhf.planner import ALGORITHMS, DTYPES, StepShape
+
+    default = StepShape()
+    parser = Parser(prog="ppojax plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", required=True, help="config.json, a model folder or a built-in shape"
+    )
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default=default.algorithm)
+    parser.add_argument("--dtype", choices=DTYPES, default=default.dtype)
+    for name in STEP_FLAGS:
+        if name not in ("algorithm", "dtype"):
+            parser.add_argument(
+                "--" + name.replace("_", "-"),
+                type=parse_int,
+                default=getattr(default, name),
+                help=f"({getattr(default, name)})",
+            )
+    parser.add_argument(
+        "--lora-targets",
+        default=",".join(default.lora_targets),
+        help=f"layers with adapters ({','.join(default.lora_targets)})",
+    )
+    parser.add_argument("--target", default="h100", help="h100, h200 or cpu (h100)")
+    parser.add_argument("--devices", type=parse_int, default=1, help="GPUs in one FSDP mesh (1)")
+    parser.add_argument("--memory-gib", type=parse_float, help="memory per device (the spec's)")
+    parser.add_argument("--headroom", type=parse_float, default=0.1, help="kept free (0.1)")
+    parser.add_argument("--search", action="store_true", help="find the largest --prompts")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError, RuntimeError) as error:
+        sys.stderr.write(f"ppojax plan: error: {error}\n")
+        return 2
+
+
+def run(args) -> int:
+    import jax
+
+    from ppojax.rlhf.planner import StepShape
+    from ppojax.rlhf.sizing import GIB, plan
+
+    # the plan runs no device: JAX must not try to start a GPU (the CUDA plugin is only the
+    # compiler here), and a cpu plan wants the CPU devices it names
+    jax.config.update("jax_platforms", "cpu")
+    if args.target == "cpu" and args.devices > 1:
+        from ppojax.runtime.compiling import use_cpu_devices
+
+        use_cpu_devices(args.devices)
+    step = StepShape(
+        **{name: getattr(args, name) for name in STEP_FLAGS},
+        lora_targets=tuple(part for part in args.lora_targets.split(",") if part),
+    )
+    memory = None if args.memory_gib is None else int(args.memory_gib * GIB)
+    found = plan(
+        args.model,
+        step,
+        args.target.lower(),
+        args.devices,
+        device_memory=memory,
+        headroom=args.headroom,
+        search=args.search,
+    )
+    print(found.report())
+    if args.json is not None:
+        args.json.write_text(json.dumps(found.to_dict(), indent=2) + "\n")
+    return 0 if found.fits else 1

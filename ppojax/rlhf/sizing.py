@@ -1,0 +1,345 @@
+"""``plan``: what a post-training step needs per device on a target, read from its compiled
+program (``ppojax.rlhf.planner`` builds and compiles it from shapes), and whether it fits.
+
+    p = plan("qwen2.5-0.5b", StepShape("grpo", prompts=8), "h100", devices=1)
+    p.memory.peak, p.fits, p.largest_prompts   # bytes per device, the verdict, the search
+    print(p.report())
+
+Per device: the bytes of each part of the state (``bytes_per_device`` of its layout) and
+XLA's ``memory_analysis()`` of the program (arguments, outputs, temporaries); the peak is
+arguments + outputs - aliased + temporaries, what XLA's buffer assignment holds at once. The
+launches and the bytes they move come from the program's HLO (``ppojax.runtime.launches``).
+The FLOPs are counted from the model's shape (``step_flops``; XLA's cost analysis is empty
+for a deviceless program), and the time is an ESTIMATE: the larger of FLOPs at the device's
+dense peak and bytes at its memory bandwidth, a bound no kernel schedule beats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ppojax.rlhf.core.sharding import bytes_per_device
+from ppojax.rlhf.models.config import DecoderConfig
+from ppojax.rlhf.models.shapes import model_config
+from ppojax.rlhf.planner import (
+    PARTS,
+    RL_ALGORITHMS,
+    PlanError,
+    StepShape,
+    check_step,
+    compile_program,
+    program,
+    prompt_unit,
+    target_mesh,
+)
+
+# Dense tensor-core peaks of one H100 SXM (NVIDIA's H100 datasheet: BF16 989 TFLOP/s, TF32 495
+# TFLOP/s without sparsity); the H200 has the same chip and clocks. float32 matmuls run as TF32
+# under JAX's default precision on these GPUs.
+PEAK_FLOPS = {
+    "h100": {"bfloat16": 989e12, "float32": 495e12},
+    "h200": {"bfloat16": 989e12, "float32": 495e12},
+}
+HEADROOM = 0.1  # the share of device memory a plan keeps free (allocator, fragmentation)
+MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
+GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Bytes per device. The state's parts (PARTS); ``inputs``: the rest of the arguments
+    (the batch, a key, scalars); then XLA's ``temporaries``, ``outputs`` and ``aliased``
+    (outputs written into arguments); ``peak`` = arguments + outputs - aliased + temporaries."""
+
+    parameters: int
+    reference: int
+    critic: int
+    optimizer: int
+    inputs: int
+    temporaries: int
+    outputs: int
+    aliased: int
+    peak: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """Seconds per step at the device's peak, each device doing its share: ``compute`` =
+    FLOPs / peak FLOP/s, ``memory`` = bytes moved / bandwidth, ``step`` the larger."""
+
+    flops: float
+    compute: float
+    memory: float
+    step: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """One loop of the step's program at its top level (sampling's decode steps, the epochs):
+    its trips and, over all of them, its launches and the bytes they move, per device."""
+
+    trips: int | None
+    launches: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A step sized on a target: ``memory`` per device, ``launches`` and ``bytes_moved`` per
+    step (per device) and the ``loops`` that hold them, ``estimate`` (None on "cpu"), whether
+    it ``fits`` in ``device_memory`` x (1 - ``headroom``), the ``largest_prompts`` per step
+    that fit (None when not searched; 0 when none does) and the first compile's seconds."""
+
+    model: str
+    step: StepShape
+    target: str
+    devices: int
+    memory: Memory
+    launches: int
+    bytes_moved: int
+    loops: tuple[Loop, ...]
+    estimate: Estimate | None
+    device_memory: int
+    headroom: float
+    compile_seconds: float
+    largest_prompts: int | None = None
+
+    @property
+    def usable(self) -> int:
+        return int(self.device_memory * (1.0 - self.headroom))
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.peak <= self.usable
+
+    def to_dict(self) -> dict[str, Any]:
+        found = dataclasses.asdict(self)
+        found["step"]["lora_targets"] = list(self.step.lora_targets)
+        return {**found, "fits": self.fits, "usable": self.usable}
+
+    def report(self) -> str:
+        return report(self)
+
+
+def step_flops(config: DecoderConfig, step: StepShape) -> float:
+    """Matmul FLOPs of one step over all devices, counted from the shapes as the program
+    computes them: a forward pass costs 2 x its matmul weights per token plus attention's 4 x
+    heads x head_dim per (token, key) on every layer; every pass attends over all
+    prompt + response positions, decoding too (the KV cache holds them all); a backward pass
+    costs 2 forwards (1 with LoRA: no gradients of the frozen weights)."""
+    length = step.prompt_len + step.response_len
+    rows = step.rows
+
+    def forward(tokens: int, logits: bool = True) -> float:
+        return rows * tokens * token_flops(config, length, logits)
+
+    full = forward(length)
+    if step.algorithm == "sft":
+        return 3 * full
+    if step.algorithm == "dpo":
+        return 4 * full  # policy forward and backward, reference forward
+    if step.algorithm == "rm":
+        return 3 * forward(length, logits=False)
+    sample = forward(step.prompt_len) + forward(step.response_len)
+    backward = 1 if step.lora_rank else 2
+    total = sample + 2 * full + step.ppo_epochs * (1 + backward) * full
+    if step.algorithm == "ppo":  # the critic's forward, then its forward and backward per epoch
+        total += forward(length, logits=False) * (1 + 3 * step.ppo_epochs)
+    return total
+
+
+def token_flops(config: DecoderConfig, keys: int, logits: bool = True) -> float:
+    """Forward FLOPs of one token attending over ``keys`` positions."""
+    width, heads, kv_heads = config.hidden_size, config.num_heads, config.num_kv_heads
+    q_width, kv_width = heads * config.head_dim, kv_heads * config.head_dim
+    attention = width * q_width * 2 + width * kv_width * 2
+    mlp = (2 if config.model_type == "gpt2" else 3) * width * config.intermediate_size
+    weights = config.num_layers * (attention + mlp) + (config.vocab_size * width if logits else 0)
+    return 2.0 * weights + 4.0 * config.num_layers * q_width * keys
+
+
+@functools.lru_cache(maxsize=64)
+def measure(
+    config: DecoderConfig, step: StepShape, target: str, devices: int
+) -> tuple[Memory, int, int, tuple[Loop, ...], float]:
+    """Memory, launches, bytes moved and top-level loops per device of ``step``'s compiled
+    program, and the compile's seconds (cached: a search asks again for the same step)."""
+    from ppojax.runtime import launches
+
+    check_step(step, config, devices)
+    mesh = target_mesh(target, devices)
+    try:
+        prog = program(config, step, mesh)
+    except ValueError as error:  # a tensor no axis of which the device count divides
+        raise PlanError(f"--devices {devices}: {error}") from None
+    started = time.perf_counter()
+    compiled = compile_program(prog, target, mesh)
+    seconds = time.perf_counter() - started
+    analysis = compiled.memory_analysis()
+    held = {part: bytes_per_device(prog.held.get(part, {}), mesh) for part in PARTS}
+    arguments, outputs = analysis.argument_size_in_bytes, analysis.output_size_in_bytes
+    aliased, temporaries = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
+    memory = Memory(
+        **held,
+        inputs=arguments - sum(held.values()),
+        temporaries=temporaries,
+        outputs=outputs,
+        aliased=aliased,
+        peak=arguments + outputs - aliased + temporaries,
+    )
+    counted = launches.count(compiled.as_text())
+    loops = tuple(
+        Loop(loop.trips, loop.total_launches(), loop.total_bytes()) for loop in counted.loops
+    )
+    return memory, counted.total_launches(), counted.total_bytes(), loops, seconds
+
+
+def device_memory_of(target: str) -> int:
+    """The target's memory in bytes: its spec's ``device_memory_size``; the host's RAM for
+    "cpu"."""
+    if target == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    from ppojax.runtime import deviceless
+
+    return int(deviceless.spec_number(target, "device_memory_size"))
+
+
+def estimate(
+    config: DecoderConfig, step: StepShape, target: str, devices: int, moved: int
+) -> Estimate | None:
+    """The roofline estimate of one step on ``target`` (None for "cpu": no peak is known)."""
+    if target not in PEAK_FLOPS:
+        return None
+    from ppojax.runtime import deviceless
+
+    flops = step_flops(config, step) / devices
+    compute = flops / PEAK_FLOPS[target][step.dtype]
+    memory = moved / deviceless.spec_number(target, "memory_bandwidth")
+    return Estimate(flops, compute, memory, max(compute, memory))
+
+
+def largest_fitting(fits: Any, start: int, unit: int, limit: int = MAX_PROMPTS) -> int:
+    """The largest multiple of ``unit`` up to ``limit`` for which ``fits`` holds, ``fits``
+    being monotone (true up to some size, false above): doubling from ``start`` (a multiple
+    of ``unit``), then bisection. 0 when ``unit`` itself does not fit."""
+    low, high = 0, None  # in units: low fits (0: nothing known to), high does not
+    count = max(start // unit, 1)
+    while count * unit <= limit:
+        if not fits(count * unit):
+            high = count
+            break
+        low, count = count, count * 2
+    if high is None:
+        high = limit // unit + 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle * unit) else (low, middle)
+    return low * unit
+
+
+def plan(
+    model: str | Path | DecoderConfig,
+    step: StepShape | None = None,
+    target: str = "h100",
+    devices: int = 1,
+    *,
+    device_memory: int | None = None,
+    headroom: float = HEADROOM,
+    search: bool = False,
+    max_prompts: int = MAX_PROMPTS,
+) -> Plan:
+    """Size ``step`` (default: GRPO, 8 prompts x 8 responses of 512 + 1024 tokens, bf16) for
+    ``model`` (a config.json, a folder, a built-in shape name or a ``DecoderConfig``) on
+    ``devices`` of ``target`` ("h100", "h200", "cpu") in a (data=1, fsdp=devices) mesh.
+    ``device_memory``: bytes per device (default: the target's spec, the host's RAM on cpu);
+    ``search``: also find the largest prompts per step that fit (one compile a probe)."""
+    step = StepShape() if step is None else step
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise PlanError(f"--devices must be an int >= 1, got {devices!r}")
+    if not 0.0 <= headroom < 1.0:
+        raise PlanError(f"--headroom must be in [0, 1), got {headroom!r}")
+    config = model if isinstance(model, DecoderConfig) else model_config(model)
+    name = config.model_type if isinstance(model, DecoderConfig) else str(model)
+    memory, launched, moved, loops, seconds = measure(config, step, target, devices)
+    capacity = device_memory_of(target) if device_memory is None else int(device_memory)
+    found = Plan(
+        name,
+        step,
+        target,
+        devices,
+        memory,
+        launched,
+        moved,
+        loops,
+        estimate(config, step, target, devices, moved),
+        capacity,
+        headroom,
+        seconds,
+    )
+    if not search:
+        return found
+
+    def fits(prompts: int) -> bool:
+        sized = dataclasses.replace(step, prompts=prompts)
+        return measure(config, sized, target, devices)[0].peak <= found.usable
+
+    unit = prompt_unit(step, devices)
+    start = step.prompts - step.prompts % unit or unit
+    largest = largest_fitting(fits, start, unit, max_prompts)
+    return dataclasses.replace(found, largest_prompts=largest)
+
+
+def size_text(size: int) -> str:
+    """Bytes in GiB, or in MiB or KiB below one of those."""
+    for unit, name in ((GIB, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size >= unit:
+            return f"{size / unit:9.3f} {name}"
+    return f"{size:9d} B"
+
+
+def report(p: Plan) -> str:
+    """The plan as text: the step, bytes per device by part, launches, the estimate, the
+    verdict."""
+    s, m = p.step, p.memory
+    plural = "s" if s.group_size > 1 else ""
+    group = f" x {s.group_size} response{plural}" if s.algorithm in RL_ALGORITHMS else ""
+    lora = f", LoRA r{s.lora_rank}" if s.lora_rank else ", full fine-tuning"
+    lines = [
+        f"{p.model}: {s.algorithm}, {s.prompts} prompts{group}, {s.prompt_len} + "
+        f"{s.response_len} tokens, {s.dtype}{lora}",
+        f"on {p.devices} x {p.target} (mesh data=1 x fsdp={p.devices}), compiled in "
+        f"{p.compile_seconds:.1f} s",
+        "per device:",
+    ]
+    for name in (*PARTS, "inputs", "temporaries", "outputs"):
+        lines.append(f"  {name:<12} {size_text(getattr(m, name))}")
+    if m.aliased:
+        lines.append(f"  {'aliased':<12} -{size_text(m.aliased)}")
+    lines.append(f"  {'peak':<12} {size_text(m.peak)}")
+    lines.append(
+        f"launches per step: {p.launches}, bytes they move: {size_text(p.bytes_moved).strip()}"
+    )
+    for loop in p.loops:
+        lines.append(
+            f"  in a loop of {loop.trips} trips: {loop.launches} launches, "
+            f"{size_text(loop.bytes).strip()}"
+        )
+    if p.estimate is not None:
+        e = p.estimate
+        lines.append(
+            f"step time ESTIMATE (at peak, a lower bound): {e.step:.3g} s (compute "
+            f"{e.flops / 1e12:.4g} TFLOP -> {e.compute:.3g} s, memory {e.memory:.3g} s)"
+        )
+    verdict = "fits" if p.fits else "does NOT fit"
+    lines.append(
+        f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
+        f"usable ({size_text(p.device_memory).strip()} less {p.headroom:.0%} headroom)"
+    )
+    if p.largest_prompts is not None:
+        lines.append(f"largest prompts per step that fit: {p.largest_prompts}")
+    return "\n".join(lines)
