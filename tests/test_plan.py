@@ -43,7 +43,7 @@ GRPO = StepShape(
     prompt_len=4,
     response_len=3,
     dtype="float32",
-    ppo_epochs=1,
+    update_epochs=1,
     num_minibatches=2,
 )
 
@@ -99,7 +99,7 @@ def test_flops_by_hand():
     # (1536), the tied head 1024 x 16 (16384): 2 x 18688 = 37376, attention 4 x 16 x 8 = 512
     assert token_flops(config, 8) == 37376 + 512
     assert token_flops(config, 8, logits=False) == 2 * (768 + 1536) + 512
-    step = StepShape("grpo", prompts=2, group_size=3, prompt_len=5, response_len=3, ppo_epochs=2)
+    step = StepShape("grpo", prompts=2, group_size=3, prompt_len=5, response_len=3, update_epochs=2)
     full = 6 * 8 * (37376 + 512)  # 6 rows of 8 tokens
     sampled = 6 * 5 * (37376 + 512) + 6 * 3 * (37376 + 512)
     # sampling, policy and reference log-probs, 2 epochs of forward + backward (3 forwards)
@@ -160,7 +160,7 @@ def test_the_command_prints_the_plan_and_fails_when_it_does_not_fit(tiny_json, t
     out = tmp_path / "plan.json"
     flags = ["plan", "--model", str(tiny_json), "--target", "cpu", "--dtype", "float32"]
     flags += ["--algorithm", "grpo", "--prompts", "2", "--group-size", "2", "--prompt-len", "4"]
-    flags += ["--response-len", "3", "--ppo-epochs", "1", "--num-minibatches", "2"]
+    flags += ["--response-len", "3", "--update-epochs", "1", "--num-minibatches", "2"]
     assert main([*flags, "--json", str(out)]) == 0  # the first test's step, already compiled
     printed = capsys.readouterr().out
     assert "verdict: fits" in printed and "peak" in printed

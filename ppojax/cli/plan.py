@@ -27,7 +27,7 @@ STEP_FLAGS = (
     "response_len",
     "lora_rank",
     "dtype",
-    "ppo_epochs",
+    "update_epochs",
     "num_minibatches",
 )
 

@@ -64,7 +64,7 @@ class StepShape:
     ``group_size``: responses per prompt (ppo, grpo, rloo); ``prompt_len`` and
     ``response_len``: tokens (sft, dpo, rm: the completion's); ``lora_rank`` 0: full
     fine-tuning, else adapters on ``lora_targets``; ``dtype``: params and compute;
-    ``ppo_epochs`` and ``num_minibatches``: RLHFConfig's, which the commands default to."""
+    ``update_epochs`` and ``num_minibatches``: RLHFConfig's, which the commands default to."""
 
     algorithm: str = "grpo"
     prompts: int = 8
@@ -74,7 +74,7 @@ class StepShape:
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = LORA_TARGETS
     dtype: str = "bfloat16"
-    ppo_epochs: int = 4
+    update_epochs: int = 4
     num_minibatches: int = 4
 
     def __post_init__(self) -> None:
@@ -82,7 +82,7 @@ class StepShape:
             raise PlanError(f"--algorithm {self.algorithm!r} is not one of {', '.join(ALGORITHMS)}")
         if self.dtype not in DTYPES:
             raise PlanError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        for name in ("prompts", "group_size", "prompt_len", "response_len", "ppo_epochs"):
+        for name in ("prompts", "group_size", "prompt_len", "response_len", "update_epochs"):
             check_count(name, getattr(self, name))
         check_count("num_minibatches", self.num_minibatches)
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
@@ -191,7 +191,7 @@ def rl_config(step: StepShape, config: DecoderConfig) -> RLHFConfig:
         response_len=step.response_len,
         algorithm=step.algorithm,
         group_size=step.group_size,
-        ppo_epochs=step.ppo_epochs,
+        update_epochs=step.update_epochs,
         num_minibatches=step.num_minibatches,
         **lora,
     )

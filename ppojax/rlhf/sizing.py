@@ -147,9 +147,9 @@ def step_flops(config: DecoderConfig, step: StepShape) -> float:
         return 3 * forward(length, logits=False)
     sample = forward(step.prompt_len) + forward(step.response_len)
     backward = 1 if step.lora_rank else 2
-    total = sample + 2 * full + step.ppo_epochs * (1 + backward) * full
+    total = sample + 2 * full + step.update_epochs * (1 + backward) * full
     if step.algorithm == "ppo":  # the critic's forward, then its forward and backward per epoch
-        total += forward(length, logits=False) * (1 + 3 * step.ppo_epochs)
+        total += forward(length, logits=False) * (1 + 3 * step.update_epochs)
     return total
 
 
