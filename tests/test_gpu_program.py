@@ -353,7 +353,7 @@ GRPO = StepShape(
     prompt_len=4,
     response_len=3,
     dtype="float32",
-    ppo_epochs=1,
+    update_epochs=1,
     num_minibatches=2,
 )
 

@@ -168,6 +168,8 @@ def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch
 
     monkeypatch.chdir(files.root)  # my_rewards imports from the current folder
     monkeypatch.syspath_prepend(str(files.root))
+    # another test of this process may have imported a my_rewards of its own folder
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     rewards = importlib.import_module("my_rewards")
     rewards.CALLS[0], rewards.FAIL_AFTER[0] = 0, 3  # the check and steps 1-2 pass
     wandb = FakeWandb()
