@@ -14,12 +14,13 @@ import pytest
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.credit import turn_advantages
+from ppojax.rlhf.agents.credit import episode_gae, turn_advantages
 from ppojax.rlhf.agents.env import Tokens, make_text_env, register_text_env, text_env_ids
 from ppojax.rlhf.agents.episodes import (
     EpisodeLayout,
     EpisodeSettings,
     episode_stats,
+    episode_values,
     previous_real,
     rollout_episodes,
 )
@@ -297,7 +298,9 @@ def test_hugging_face_extend_skips_masked_gaps():
 def test_episode_loss_gives_gradient_to_model_tokens_only():
     """The logits of a position get gradient exactly where they predict a model token: a
     zero probe added to the logits [N, L, V] has a nonzero gradient at previous_real(c) for
-    every model column c and nowhere else (not at a position predicting an env token)."""
+    every model column c and nowhere else (not at a position predicting an env token), with
+    GRPO's loss and with PPO's; so does a zero probe added to PPO's values [N, L] (the value
+    loss reads V before model tokens only)."""
     cut = ((D5, g.PAD, g.PAD), (1, 0, 0), None)
     rows = [
         hand_rows([(*GUESS, g.CORRECT), EMPTY, EMPTY, EMPTY]),
@@ -315,31 +318,48 @@ def test_episode_loss_gives_gradient_to_model_tokens_only():
     def probed(params, tokens, mask):
         return lm.policy_apply(params["lm"], tokens, mask) + params["probe"]
 
-    params = {"lm": lm.init(jax.random.key(0)), "probe": jnp.zeros((4, 17, g.VOCAB_SIZE))}
+    def probed_critic(params, tokens, mask):
+        return lm.critic_apply(params["lm"], tokens, mask) + params["value_probe"]
+
+    params = {
+        "lm": lm.init(jax.random.key(0)),
+        "probe": jnp.zeros((4, 17, g.VOCAB_SIZE)),
+        "value_probe": jnp.zeros((4, 17)),
+    }
+    ppo = config.replace(algorithm="ppo")
 
     @jax.jit
-    def probe_gradient(params):
+    def probe_gradients(params):
         # the old log-probs are the current ones (ratio 1), so no token is clipped off
         old = episode_stats(probed, params, tokens, mask, 1.0).log_probs
         advantages = jnp.where(model_mask, jnp.array([1.0, -1.0, 2.0, -0.5])[:, None], 0.0)
-        batch = EpisodeBatch(tokens, mask, model_mask, old, old - 0.3, advantages)
+        values = episode_values(probed_critic, params, tokens, mask)
+        batch = EpisodeBatch(
+            tokens, mask, model_mask, old, old - 0.3, advantages, values, values + advantages
+        )
 
-        def loss(params):
+        def loss(params, config, critic):
             policy = {"policy": params}
-            return episode_loss(config, probed, jnp.float32(0.5), policy, batch)[0]
+            return episode_loss(
+                config, probed, jnp.float32(0.5), policy, batch, critic_apply=critic
+            )[0]
 
-        return jax.grad(loss)(params)["probe"]
+        grpo_grad = jax.grad(loss)(params, config, None)
+        ppo_grad = jax.grad(loss)(params, ppo, probed_critic)
+        return grpo_grad["probe"], ppo_grad["probe"], ppo_grad["value_probe"]
 
-    touched = np.abs(np.asarray(probe_gradient(params))).sum(axis=-1) > 0
-    expected = np.zeros_like(touched)
+    grpo_probe, ppo_probe, value_probe = map(np.asarray, probe_gradients(params))
+    expected = np.zeros((4, 17), bool)
     prev = np.asarray(previous_real(mask))
     for row, column in zip(*np.nonzero(np.asarray(model_mask)), strict=True):
         expected[row, prev[row, column]] = True
-    np.testing.assert_array_equal(touched, expected)
     env_tokens = np.array(mask & ~model_mask)
     env_tokens[:, 0] = False  # the prompt has no predecessor
     rows_of, columns_of = np.nonzero(env_tokens)
-    assert len(rows_of) and not touched[rows_of, prev[rows_of, columns_of]].any()
+    for touched in (np.abs(grpo_probe).sum(axis=-1) > 0, np.abs(ppo_probe).sum(axis=-1) > 0):
+        np.testing.assert_array_equal(touched, expected)
+        assert len(rows_of) and not touched[rows_of, prev[rows_of, columns_of]].any()
+    np.testing.assert_array_equal(value_probe != 0, expected)
 
 
 def test_an_episode_trainer_step_updates_the_policy():
@@ -361,12 +381,80 @@ def test_an_episode_trainer_step_updates_the_policy():
     assert 0.0 <= float(metrics["episodes/return"]) <= 1.0
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params["policy"], params)
     assert max(jax.tree.leaves(moved)) > 0  # the entropy bonus moves it, rewards or not
-    with pytest.raises(ConfigError, match="beta at kl_coef"):
-        make_episode_trainer(config.replace(adaptive_kl=True), lm.policy_apply, env, 8, 2)
-    with pytest.raises(ConfigError, match="GRPO and RLOO only"):
-        make_episode_trainer(
-            config.replace(algorithm="ppo", group_size=1), lm.policy_apply, env, 8, 2
-        )
+
+
+def test_a_ppo_episode_trainer_step_trains_the_critic():
+    """PPO on the guessing game: a step runs with the critic's own params, which move (its
+    value head starts nonzero, so V differs from the GAE returns even with no reward yet);
+    what episodes cannot train yet is still refused."""
+    env = g.NumberGuessing(num_values=4, max_turns=2)
+    config = RLHFConfig(
+        pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="ppo", group_size=1,
+        update_epochs=1, num_minibatches=2, learning_rate=1e-2, gamma=0.9, gae_lambda=0.8,
+    )  # fmt: skip
+    length = EpisodeLayout(1, 2, 1, 2).length
+    lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
+    trainer = make_episode_trainer(config, lm.policy_apply, env, 4, 2, critic_apply=lm.critic_apply)
+    params = lm.init(jax.random.key(0))
+    critic = lm.init(jax.random.key(1))
+    head = critic["params"]["value_head"]
+    head["kernel"] = jax.random.normal(jax.random.key(2), head["kernel"].shape)
+    state = trainer.init(params, jax.random.key(0), critic)
+    state, metrics = jax.jit(trainer.step)(state, jax.random.key(1))
+    assert int(state.step) == 1 and int(metrics["gradient_steps"]) == 2
+    assert all(np.isfinite(value) for value in metrics.values()), metrics
+    assert float(metrics["loss/value_avg"]) > 0
+    for name, before in (("policy", params), ("critic", critic)):
+        moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params[name], before)
+        assert max(jax.tree.leaves(moved)) > 0, name
+    refused = {
+        "critic_apply": (config, {}),
+        "lora_rank": (
+            config.replace(lora_rank=2, lora_targets=("qkv",)),
+            {"critic_apply": lm.critic_apply},
+        ),
+        "adaptive_kl": (config.replace(adaptive_kl=True), {"critic_apply": lm.critic_apply}),
+        "critic_warmup_steps": (
+            config.replace(critic_warmup_steps=1),
+            {"critic_apply": lm.critic_apply},
+        ),
+        "algorithm": (config, {"critic_apply": lm.critic_apply, "turn_weight": 0.5}),
+    }
+    for field, (bad, kwargs) in refused.items():
+        with pytest.raises(ConfigError) as info:
+            make_episode_trainer(bad, lm.policy_apply, env, 4, 2, **kwargs)
+        assert info.value.field == field
+
+
+def test_episode_gae_by_hand():
+    """GAE over each episode's model tokens in order, env tokens skipped: layout prompt 1,
+    turns of 2 tokens, replies of 1, 2 turns (turn index [-1, 0, 0, 0, 1, 1, 1]). Row 0 writes
+    columns 1, 2 (turn 0), the env replies at 3, then column 4 (turn 1; 5 unwritten), reply
+    at 6; rewards [0.5, 1.0]. Row 1 writes column 1 only and ends. beta 0.5, gamma 0.9,
+    lambda 0.8 (gamma * lambda = 0.72); junk (9) in KL and values off the model's tokens.
+
+    Row 0: r = -0.5 KL + the turn's reward on its last token: r1 = -0.05, r2 = -0.1 + 0.5 =
+    0.4, r4 = -0.15 + 1.0 = 0.85; V1, V2, V4 = 0.2, 0.4, -0.1.
+    d4 = 0.85 - (-0.1) = 0.95 (terminal);  A4 = 0.95
+    d2 = 0.4 + 0.9 * (-0.1) - 0.4 = -0.09 (V4 bootstraps across the reply);  A2 = -0.09 +
+    0.72 * 0.95 = 0.594
+    d1 = -0.05 + 0.9 * 0.4 - 0.2 = 0.11;  A1 = 0.11 + 0.72 * 0.594 = 0.53768
+    Row 1: r1 = -0.1 + 0.3 = 0.2, V1 = 0.6: A1 = -0.4. Returns A + V."""
+    model_mask = jnp.array([[0, 1, 1, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0, 0]], bool)
+    junk = 9.0
+    kl = jnp.array([[junk, 0.1, 0.2, junk, 0.3, junk, junk], [junk, 0.2] + [junk] * 5])
+    values = jnp.array([[junk, 0.2, 0.4, junk, -0.1, junk, junk], [junk, 0.6] + [junk] * 5])
+    rewards = jnp.array([[0.5, 1.0], [0.3, 0.0]])
+    turn_index = EpisodeLayout(1, 2, 1, 2).turn_index
+    advantages, returns = jax.jit(episode_gae, static_argnums=4)(
+        rewards, kl, values, model_mask, tuple(turn_index), 0.5, 0.9, 0.8
+    )
+    expected = np.zeros((2, 7))
+    expected[0, [1, 2, 4]] = [0.53768, 0.594, 0.95]
+    expected[1, 1] = -0.4
+    np.testing.assert_allclose(advantages, expected, atol=1e-6)
+    expected_returns = np.where(model_mask, expected + np.asarray(values), 0.0)
+    np.testing.assert_allclose(returns, expected_returns, atol=1e-6)
 
 
 def test_episode_advantages_by_hand():

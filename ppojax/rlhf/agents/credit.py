@@ -15,6 +15,16 @@ episodes of i's group that reached turn k (wrote a token in it): those whose his
 them to turn k, compared on what followed. G_i0 = R_i and every episode writes in turn 0, so
 T_i0 = A_i (to float32 rounding): turn 0 gets the episode advantage at every w. w = 0 gives
 episode-level credit exactly.
+
+PPO (``episode_gae``): token-level GAE over the sequence of an episode's model tokens in
+order, the env's tokens skipped. With t = 1..n the model tokens of episode i,
+
+    r_t = -beta * KL_t + (reward_ik if t is the last model token of turn k, else 0)
+    delta_t = r_t + gamma * V_{t+1} - V_t   (V_{n+1} = 0: the episode's last token is terminal)
+    A_t = delta_t + gamma * lambda * A_{t+1},   returns_t = A_t + V_t
+
+so the value of turn k+1's first token bootstraps turn k's last across the env's reply, and
+the env's tokens get no reward, value target or advantage.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ppojax.rlhf.core import advantages as adv
 
 
 def masked_group_advantages(
@@ -88,3 +100,49 @@ def turn_advantages(
 def mixed_advantages(episode: jax.Array, turn: jax.Array, turn_weight: Any) -> jax.Array:
     """(1 - w) * episode + w * turn, both [N, L]; w = ``turn_weight`` (may be traced)."""
     return (1.0 - turn_weight) * episode + turn_weight * turn
+
+
+def turn_ends(model_mask: jax.Array, turn_index: np.ndarray) -> jax.Array:
+    """[N, L] bool: the last model token of each turn (no later model token in its turn)."""
+    turn_index = np.asarray(turn_index)
+    same_turn = np.append(turn_index[1:] == turn_index[:-1], False)
+    following = jnp.pad(model_mask[:, 1:], ((0, 0), (0, 1))) & same_turn
+    return model_mask & ~following
+
+
+def episode_gae(
+    rewards: jax.Array,
+    penalty_kl: jax.Array,
+    values: jax.Array,
+    model_mask: jax.Array,
+    turn_index: np.ndarray,
+    beta: Any,
+    gamma: Any,
+    gae_lambda: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's advantages and returns [N, L] (see the module), 0 off ``model_mask``: ``rewards``
+    [N, T] per turn, ``penalty_kl`` [N, L] the KL that ``beta`` weighs, ``values`` [N, L] the
+    critic's V before each column's token. Each row's model tokens are moved to the front
+    in order (a scatter to slot cumsum - 1), run through the one-turn trainer's
+    ``token_advantages`` (``compute_gae``) and moved back."""
+    rows, width = model_mask.shape
+    columns = jnp.asarray(np.maximum(np.asarray(turn_index), 0))
+    token_rewards = jnp.where(model_mask, -beta * penalty_kl, 0.0) + jnp.where(
+        turn_ends(model_mask, turn_index), rewards[:, columns], 0.0
+    )
+    slot = jnp.where(model_mask, jnp.cumsum(model_mask, axis=1) - 1, width)
+    row = jnp.arange(rows)[:, None]
+
+    def compact(x: jax.Array) -> jax.Array:
+        return jnp.zeros((rows, width), x.dtype).at[row, slot].set(x, mode="drop")
+
+    def expand(x: jax.Array) -> jax.Array:
+        picked = jnp.take_along_axis(x, jnp.minimum(slot, width - 1), axis=1)
+        return jnp.where(model_mask, picked, 0.0)
+
+    count = model_mask.sum(axis=1)
+    compact_mask = jnp.arange(width)[None, :] < count[:, None]
+    advantages, returns = adv.token_advantages(
+        compact(token_rewards), compact(values), compact_mask, gamma, gae_lambda
+    )
+    return expand(advantages), expand(returns)

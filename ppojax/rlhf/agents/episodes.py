@@ -207,3 +207,16 @@ def episode_stats(
     log_probs = jnp.take_along_axis(predicting, tokens[:, :, None], axis=2)[:, :, 0]
     entropy = -(jnp.exp(predicting) * predicting).sum(axis=-1)
     return TokenStats(log_probs, entropy)
+
+
+def episode_values(
+    critic_apply: Callable[[Any, jax.Array, jax.Array], jax.Array],
+    params: Any,
+    tokens: jax.Array,
+    mask: jax.Array,
+) -> jax.Array:
+    """[B, L]: V of the state before each column's token, the critic's value at the previous
+    real column (the position whose logits predict the token), as ``episode_stats`` reads
+    log-probs; meaningful on ``model_mask``."""
+    values = critic_apply(params, tokens, mask)
+    return jnp.take_along_axis(values, previous_real(mask), axis=1)
