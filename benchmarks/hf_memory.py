@@ -37,24 +37,10 @@ from ppojax.rlhf.core.sharding import MIN_SHARD_SIZE, bytes_per_device, make_mes
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.pretrained import PretrainedLM, contract
+from ppojax.rlhf.models.shapes import PUBLISHED
 
-# Qwen/Qwen2.5-0.5B's config.json, the fields the decoder reads.
-QWEN2_0_5B = {
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "bos_token_id": 151643,
-    "eos_token_id": 151643,
-}
+# Qwen/Qwen2.5-0.5B's config.json (the fields the decoder reads), kept once for the planner too
+QWEN2_0_5B = PUBLISHED["qwen2.5-0.5b"]
 DEVICES = (1, 4, 8)
 DTYPES = ("float32", "bfloat16")
 LAYOUTS = ("full, separate critic", "full, value head", "LoRA r16 q/k/v/o")

@@ -51,7 +51,7 @@ from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import aggregate
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
-from ppojax.rlhf.core.trainer import CriticApply, RLHFState
+from ppojax.rlhf.core.trainer import CriticApply, RLHFState, initial_state
 
 
 class EpisodeBatch(NamedTuple):
@@ -312,16 +312,7 @@ def make_episode_trainer(
         """The state at step 0, with the critic's own params when given; ``key`` is unused
         (no adapters to draw), kept for the trainer's signature."""
         del key
-        params = {"policy": policy_params}
-        if critic_params is not None:
-            params["critic"] = critic_params
-        return RLHFState(
-            params=params,
-            opt_state=optimizer.init(params),
-            reference=policy_params,
-            kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
-            step=jnp.int32(0),
-        )
+        return initial_state(config, optimizer, policy_params, policy_params, critic_params)
 
     def learn(
         state: RLHFState, episodes: Episodes, key: jax.Array

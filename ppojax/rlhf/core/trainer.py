@@ -101,6 +101,28 @@ def policy_params_fn(config: RLHFConfig, reference: Any) -> Callable[[dict], Any
     return lambda params: lora.merge(reference, params["policy"], scale)
 
 
+def initial_state(
+    config: RLHFConfig,
+    optimizer: optax.GradientTransformation,
+    policy: Any,
+    reference: Any,
+    critic_params: Any = None,
+) -> RLHFState:
+    """A trainer's state at step 0: ``policy`` (the params trained: the model, or its
+    adapters) and a critic's own params when given, their optimizer state, the frozen
+    ``reference`` and beta = config.kl_coef."""
+    params = {"policy": policy}
+    if critic_params is not None:
+        params["critic"] = critic_params
+    return RLHFState(
+        params=params,
+        opt_state=optimizer.init(params),
+        reference=reference,
+        kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
+        step=jnp.int32(0),
+    )
+
+
 def make_trainer(
     config: RLHFConfig,
     policy_apply: PolicyApply,
@@ -126,16 +148,7 @@ def make_trainer(
             )
         else:
             policy = policy_params
-        params = {"policy": policy}
-        if critic_params is not None:
-            params["critic"] = critic_params
-        return RLHFState(
-            params=params,
-            opt_state=optimizer.init(params),
-            reference=policy_params,
-            kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
-            step=jnp.int32(0),
-        )
+        return initial_state(config, optimizer, policy, policy_params, critic_params)
 
     roles = Roles(policy_apply, critic_apply if config.needs_critic else None, kv_cache)
 
