@@ -49,7 +49,7 @@ from ppojax.rlhf.agents.episodes import (
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
-from ppojax.rlhf.core.objective import aggregate
+from ppojax.rlhf.core.objective import clipped_policy_loss
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 from ppojax.rlhf.core.trainer import CriticApply, RLHFState, initial_state
 
@@ -114,21 +114,16 @@ def episode_loss(
     stats = episode_stats(
         policy_apply, params["policy"], batch.tokens, batch.mask, config.temperature
     )
-    log_ratio = jnp.where(mask, stats.log_probs - batch.log_probs, 0.0)
-    per_token = -losses.clipped_objective(
-        log_ratio, batch.advantages, config.clip_eps, config.upper_clip_eps
+    total, metrics = clipped_policy_loss(
+        config,
+        kl_coef,
+        stats.log_probs,
+        stats.entropy,
+        batch.log_probs,
+        batch.ref_log_probs,
+        batch.advantages,
+        mask,
     )
-    if config.kl_in == "loss":
-        kl = adv.kl_estimate(stats.log_probs, batch.ref_log_probs, config.kl_estimator)
-        per_token = per_token + kl_coef * kl
-    policy_loss = aggregate(per_token, mask, config.loss_aggregation)
-    entropy = losses.entropy_bonus(stats.entropy, mask)
-    metrics = {
-        "loss/policy_avg": policy_loss,
-        "policy/entropy_avg": entropy,
-        "policy/approxkl_avg": jax.lax.stop_gradient(losses.approx_kl(log_ratio, mask)),
-    }
-    total = policy_loss - config.ent_coef * entropy
     if critic_apply is None:
         return total, metrics
     critic_params = params.get("critic", params["policy"])

@@ -55,34 +55,60 @@ class LossParts(NamedTuple):
     policy_on: jax.Array  # 0.0 during critic warm-up, else 1.0
 
 
-def policy_terms(
-    config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
+def clipped_policy_loss(
+    config: RLHFConfig,
+    kl_coef: jax.Array,
+    log_probs: jax.Array,
+    entropy: jax.Array,
+    batch_log_probs: jax.Array,
+    ref_log_probs: jax.Array,
+    advantages: jax.Array,
+    mask: jax.Array,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The policy's part of the loss, -clipped surrogate (+ beta KL with kl_in="loss")
-    - ent_coef H, and its metrics."""
-    mask = batch.mask
-    stats = response_stats(
-        parts.policy_apply, parts.policy_params(params), batch.sequences, config.temperature
-    )
-    log_ratio = jnp.where(mask, stats.log_probs - batch.log_probs, 0.0)
+    """-clipped surrogate (+ beta KL with kl_in="loss") - ent_coef H over the tokens of
+    ``mask`` (all arrays [B, L]: the new log-probs and entropy, the sampled log-probs, the
+    reference's, the advantages), aggregated by ``config.loss_aggregation``; and its metrics.
+    One-turn responses and multi-turn episodes share it."""
+    log_ratio = jnp.where(mask, log_probs - batch_log_probs, 0.0)
     per_token = -losses.clipped_objective(
-        log_ratio, batch.advantages, config.clip_eps, config.upper_clip_eps
+        log_ratio, advantages, config.clip_eps, config.upper_clip_eps
     )
     if config.kl_in == "loss":
-        kl = kl_estimate(stats.log_probs, batch.ref_log_probs, config.kl_estimator)
-        per_token = per_token + parts.kl_coef * kl
+        kl = kl_estimate(log_probs, ref_log_probs, config.kl_estimator)
+        per_token = per_token + kl_coef * kl
     policy_loss = aggregate(per_token, mask, config.loss_aggregation)
-    entropy = losses.entropy_bonus(stats.entropy, mask)
+    mean_entropy = losses.entropy_bonus(entropy, mask)
     ratio = jnp.exp(log_ratio)
     clipped = (ratio < 1.0 - config.clip_eps) | (ratio > 1.0 + config.upper_clip_eps)
     metrics = {
         "loss/policy_avg": policy_loss,
-        "policy/entropy_avg": entropy,
+        "policy/entropy_avg": mean_entropy,
         "policy/approxkl_avg": jax.lax.stop_gradient(losses.approx_kl(log_ratio, mask)),
         "policy/clipfrac_avg": losses.masked_mean(clipped.astype(jnp.float32), mask),
         "val/ratio": jax.lax.stop_gradient(losses.masked_mean(ratio, mask)),
     }
-    return parts.policy_on * (policy_loss - config.ent_coef * entropy), metrics
+    return policy_loss - config.ent_coef * mean_entropy, metrics
+
+
+def policy_terms(
+    config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The policy's part of the loss (``clipped_policy_loss`` over the response tokens), and
+    its metrics."""
+    stats = response_stats(
+        parts.policy_apply, parts.policy_params(params), batch.sequences, config.temperature
+    )
+    loss, metrics = clipped_policy_loss(
+        config,
+        parts.kl_coef,
+        stats.log_probs,
+        stats.entropy,
+        batch.log_probs,
+        batch.ref_log_probs,
+        batch.advantages,
+        batch.mask,
+    )
+    return parts.policy_on * loss, metrics
 
 
 def rlhf_loss(
