@@ -171,3 +171,16 @@ def test_ppo_and_grpo_train_the_verifiable_task_from_sft(reversal_start, algorit
     scores = np.asarray(jax.jit(train)(jax.random.key(2)))
     # 32 responses per step: the per-step mean has a std of about 0.05; compare 10-step means.
     assert scores[-10:].mean() > scores[:10].mean() + 0.08, scores
+
+
+def test_a_task_run_that_never_recovers_exits_3_without_a_summary(tmp_path, capsys):
+    """The task form ends a run whose last step skipped all its updates as the model form
+    does: one line, exit status 3, the curves and checkpoints kept, no summary.json."""
+    argv = [arg for arg in TINY_RUN if arg != "0.01"]
+    argv[argv.index("--learning-rate") + 1 : argv.index("--learning-rate") + 1] = ["1e30"]
+    assert main([*argv, "--out", str(tmp_path / "runs")]) == 3
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    error = capsys.readouterr().err
+    assert "ppojax rlhf: error: the run diverged and never recovered: from step 1 on" in error
+    assert (run_dir / "curves.png").exists() and not (run_dir / "summary.json").exists()
+    assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]

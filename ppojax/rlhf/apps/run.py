@@ -33,7 +33,14 @@ import numpy as np
 from ppojax.rlhf.core.config import RLHFConfig, stored_names
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.runs import checkpoints, folder
-from ppojax.runs.loop import LoopOptions, LoopResult, StepFn, train_loop
+from ppojax.runs.loop import (
+    LoopOptions,
+    LoopResult,
+    RunDiverged,
+    StepFn,
+    never_recovered,
+    train_loop,
+)
 from ppojax.runs.plots import plot_metrics
 
 PLOT_FILE = "curves.png"
@@ -133,7 +140,8 @@ def train_run(
     """Train to ``num_steps`` through ``ppojax.runs.loop.train_loop`` (chunks of ``chunk``
     steps, metrics.csv, a checkpoint after each chunk; with ``resume``, from the newest
     checkpoint). Writes the plot and summary.json at the end; returns the state and every
-    metric [num_steps]."""
+    metric [num_steps]. ``RunDiverged`` (after the plot, before the summary) when its last
+    step skipped all its updates for a NaN or inf."""
     run_dir = Path(run_dir)
     options = LoopOptions(
         num_steps,
@@ -147,6 +155,9 @@ def train_run(
     step = trainer_step(trainer, prompt_fn)
     result = train_loop(run_dir, step, state, None, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
+    diverged = never_recovered(result.metrics)
+    if diverged is not None:  # no summary: the folder says it did not train
+        raise RunDiverged(diverged)
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
     summary = summarize(result, response_tokens_per_s=response_tokens_per_s(result, rows))
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)

@@ -42,6 +42,7 @@ from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
 from ppojax.runs import folder
 from ppojax.runs.lock import run_lock
+from ppojax.runs.loop import RunDiverged
 from ppojax.runtime import cache
 
 # Fields the task fixes: the vocabulary and the answer's length are the task's.
@@ -179,7 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_dir = folder.new_run_dir(args.out, name)
             stack.enter_context(run_lock(run_dir))
             folder.write_json(run_dir / folder.CONFIG_FILE, settings)
-        return train(settings, run_dir, args)
+        try:
+            return train(settings, run_dir, args)
+        except RunDiverged as error:  # ppojax train's code for a run that never recovered
+            sys.stderr.write(f"ppojax rlhf: error: {error}\n")
+            return 3
 
 
 def train(settings: dict[str, Any], run_dir: Path, args: argparse.Namespace) -> int:
