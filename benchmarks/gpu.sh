@@ -16,12 +16,16 @@
 #                                     "inside" (~6-8 min; rows saved as they come)
 #   bash benchmarks/gpu.sh rlhf       (d) gpu.py --parts rlhf: ppojax.rlhf's PPO and GRPO steps
 #                                     at GPT-2-small shape -> gpu.json's "rlhf" (~3 min)
+#   bash benchmarks/gpu.sh plan       (e) plan_check.py: Qwen2.5-0.5B's GRPO step (8 x 8, 512 +
+#                                     1024, bf16) from zero weights, the planner's bytes and
+#                                     time estimate against memory_stats and the measured step
+#                                     -> benchmarks/results/plan_check.json (~5 min)
 #
 # Each part runs under its own timeout (LEARNING_TIMEOUT, SPEED_TIMEOUT seconds; LEARNING_TASKS
 # and LEARNING_JOBS change (a)'s tasks, space-separated, and its processes) and writes its
 # JSON as it goes, so a part cut off keeps what it finished. With $OUT set (the device tool's
 # folder of files to bring back) the results and this script's log are copied there as they
-# are written (flat names, 5 files). PPOJAX_COMMIT=<hash> records the commit where the
+# are written (flat names, 6 files). PPOJAX_COMMIT=<hash> records the commit where the
 # checkout has no .git. From the repository root or anywhere in it.
 # To try the script on a CPU: SMOKE=1 (tiny sizes, results in /tmp/ppojax-smoke, no GPU
 # needed), PYTHON=<an interpreter with gymnax and rejax>, NO_WHEELS=1 (use its packages).
@@ -32,6 +36,7 @@ LEARNING_TIMEOUT="${LEARNING_TIMEOUT:-540}"
 SPEED_TIMEOUT="${SPEED_TIMEOUT:-330}"
 INSIDE_TIMEOUT="${INSIDE_TIMEOUT:-520}"
 RLHF_TIMEOUT="${RLHF_TIMEOUT:-300}"
+PLAN_TIMEOUT="${PLAN_TIMEOUT:-480}"
 LEARNING_JOBS="${LEARNING_JOBS:-6}"
 ALL_TASKS="CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 MountainCar-v0
     Asterix-MinAtar Breakout-MinAtar Freeway-MinAtar SpaceInvaders-MinAtar
@@ -43,8 +48,8 @@ SMOKE_FLAG=()
 RESULTS=benchmarks/results
 [[ -n "${SMOKE:-}" ]] && RESULTS=/tmp/ppojax-smoke
 case "$PART" in
-    all | learning | speed | inside | rlhf) ;;
-    *) echo "usage: bash benchmarks/gpu.sh [all|learning|speed|inside|rlhf]" >&2; exit 2 ;;
+    all | learning | speed | inside | rlhf | plan) ;;
+    *) echo "usage: bash benchmarks/gpu.sh [all|learning|speed|inside|rlhf|plan]" >&2; exit 2 ;;
 esac
 MIRROR=()
 if [[ -n "${OUT:-}" ]]; then
@@ -132,8 +137,17 @@ for part in inside rlhf; do
     }
     echo "$part done at $(($(date +%s) - began)) s"
 done
+if [[ "$PART" == plan ]]; then
+    echo "== plan: timeout ${PLAN_TIMEOUT} s"
+    timeout -k 15 "$PLAN_TIMEOUT" "$PYTHON" benchmarks/plan_check.py "${SMOKE_FLAG[@]}" \
+        "${MIRROR[@]}" || {
+        status=$?
+        echo "plan_check.py stopped (exit $status: 124 is the timeout)" >&2
+    }
+    echo "plan done at $(($(date +%s) - began)) s"
+fi
 if [[ -n "${OUT:-}" ]]; then
-    for file in learning.json learning.png gpu.json gpu.png; do
+    for file in learning.json learning.png gpu.json gpu.png plan_check.json; do
         [[ -f "$RESULTS/$file" ]] && cp -f "$RESULTS/$file" "$OUT/"
     done
     ls -la "$OUT"

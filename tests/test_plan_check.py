@@ -1,0 +1,35 @@
+"""benchmarks/plan_check.py (the planner against a GPU's own figures) at its smoke size on the
+CPU: it compiles the program the planner sizes, and runs it on its zero-filled inputs."""
+
+import json
+
+import pytest
+from benchmark_script import run_benchmark
+
+from ppojax.rlhf import StepShape, plan
+from ppojax.rlhf.models.config import parse_config
+
+
+@pytest.mark.slow
+def test_the_smoke_check_runs_the_program_the_planner_sizes(tmp_path):
+    out = tmp_path / "plan_check.json"
+    run_benchmark("plan_check", "--smoke", "--steps", "2", "--out", str(out))
+    row = json.loads(out.read_text())["row"]
+    planned, ran = row["planned"], row["step"]
+    assert planned["peak"] == (
+        planned["arguments"] + planned["outputs"] - planned["aliased"] + planned["temporaries"]
+    )
+    step = StepShape(
+        ran["algorithm"],
+        ran["prompts"],
+        ran["group_size"],
+        ran["prompt_len"],
+        ran["response_len"],
+        dtype=ran["dtype"],
+        num_minibatches=2,
+    )
+    found = plan(parse_config(row["model"]), step, "cpu", 1)  # the planner's own compile
+    assert planned["peak"] == found.memory.peak
+    assert planned["temporaries"] == found.memory.temporaries
+    assert len(row["measured"]["step_s"]) == 2 and row["finite_metrics"]
+    assert row["device"] == "cpu" and row["estimate_s"] is None  # no peak known for a CPU
