@@ -140,9 +140,11 @@ def boom(expression):
 @pytest.mark.parametrize(
     ("tool", "message"),
     [
-        (boom, "turn 0, episode 0 raised ToolError: tool 'add' raised ZeroDivisionError: the "
-         "tool broke \\(input '1\\+1'\\)"),
-        (lambda expression: 2, "tool 'add' returned int, not str \\(input '1\\+1'\\)"),
+        (boom, "turn 0, episode 0 raised ToolError: tool 'add' \\(defined at .*"
+         "test_agents_host.py:\\d+\\) raised ZeroDivisionError at .*test_agents_host.py:"
+         "\\d+: the tool broke \\(input '1\\+1'\\)"),
+        (lambda expression: 2, "tool 'add' \\(defined at .*\\) returned int, not str "
+         "\\(input '1\\+1'\\)"),
         (lambda expression: "12345", "tool 'add' returned 5 characters, more than"),
     ],
 )  # fmt: skip

@@ -1,10 +1,12 @@
 """Language-model agents: text environments (``TextEnv``, ``register_text_env``,
 ``make_text_env``), the number-guessing game, multi-turn episodes rolled out in one compiled
 program (``rollout_episodes``), Python envs and tools stepped on the host between compiled
-turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), and GRPO / RLOO on them with
-episode- or turn-level credit (``make_episode_trainer``)."""
+turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), Python envs over text through a
+model's chat template (``ChatFormat``, ``ChatEnv``), and GRPO / RLOO on them with episode- or
+turn-level credit (``make_episode_trainer``)."""
 
 from ppojax.rlhf.agents.calculator import Calculator
+from ppojax.rlhf.agents.chat import ChatFormat
 from ppojax.rlhf.agents.env import (
     TextEnv,
     Tokens,
@@ -21,6 +23,7 @@ from ppojax.rlhf.agents.episodes import (
 )
 from ppojax.rlhf.agents.guessing import NumberGuessing
 from ppojax.rlhf.agents.host import (
+    ChatEnv,
     HostEnvError,
     HostRollout,
     PythonTextEnv,
@@ -32,6 +35,8 @@ from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 
 __all__ = [
     "Calculator",
+    "ChatEnv",
+    "ChatFormat",
     "HostEnvError",
     "HostRollout",
     "PythonTextEnv",

@@ -2,8 +2,8 @@
 (id "calculator"), stepped on the host (``host``).
 
 The env draws two numbers of ``num_digits`` digits each (no leading zero, any size: Python
-ints). The prompt is BOS then the text "a+b". Each turn the model writes text and ends it
-with EOS; the env reads the text before the first EOS:
+ints). The prompt is the text "a+b". Each turn the model writes text and ends it; the env
+reads the turn's text, surrounding whitespace ignored:
 
     "x+y="  a tool call (x, y of 1 to num_digits digits): the reply is the tool's text,
             tool("x+y"); the calculator's tool ``add`` returns the sum's digits
@@ -12,8 +12,16 @@ with EOS; the env reads the text before the first EOS:
 
 So the model that calls the tool with the prompt's sum and copies the reply wins in two turns.
 A tool is any function of text that returns text; one that raises or returns another type
-stops the rollout with an error naming the tool, the env, the turn and the episode. Tokens are
-characters: PAD, BOS, EOS, then "0123456789+=?".
+stops the rollout with an error naming the tool (and where it is defined), the env, the turn
+and the episode.
+
+The rules are on text (``reset_text``, ``step_text``), in two sets of tokens:
+
+- its own characters (``Calculator``'s ``reset`` and ``step``): PAD, BOS, EOS, then
+  "0123456789+=?"; the prompt is BOS then "a+b", a turn ends at EOS;
+- a model's tokenizer and chat template (``calculator(num_digits, chat=ChatFormat(...))``, a
+  ``host.ChatEnv``): "a+b" is the user's message, a turn ends at the template's end-of-turn
+  token, and the replies are written as the template writes a tool's (``chat``).
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from ppojax.rlhf.agents.host import PythonTextEnv, ToolError, call_tool
+from ppojax.rlhf.agents.chat import ChatFormat
+from ppojax.rlhf.agents.host import ChatEnv, PythonTextEnv, ToolError, call_tool
 
 PAD = 0
 BOS = 1
@@ -85,36 +94,55 @@ class Calculator(PythonTextEnv):
         self.reply_len = num_digits + 1  # a sum of two calls' operands
         self.call = re.compile(rf"(\d{{1,{num_digits}}})\+(\d{{1,{num_digits}}})=")
 
-    def reset(self, key: jax.Array) -> tuple[Sum, list[int]]:
-        """Two numbers drawn from ``key``; the prompt BOS "a+b"."""
+    def reset_text(self, key: jax.Array) -> tuple[Sum, str]:
+        """Two numbers drawn from ``key``; the prompt's text "a+b"."""
         rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
         a, b = (self.draw(rng) for _ in range(2))
-        return Sum(a, b), [BOS, *encode(f"{a}+{b}")]
+        return Sum(a, b), f"{a}+{b}"
+
+    def reset(self, key: jax.Array) -> tuple[Sum, list[int]]:
+        """``reset_text`` in the calculator's characters: BOS "a+b"."""
+        state, text = self.reset_text(key)
+        return state, [BOS, *encode(text)]
 
     def draw(self, rng: np.random.Generator) -> int:
         digits = [int(rng.integers(1, 10)), *rng.integers(0, 10, self.num_digits - 1)]
         return int("".join(str(d) for d in digits))
 
-    def step(self, state: Sum, response: list[int]) -> tuple[Sum, list[int], float, bool]:
-        """The reply to one turn (see the module), its reward and whether the episode is over."""
-        text = decode(response)
+    def step_text(self, state: Sum, text: str) -> tuple[Sum, str, float, bool]:
+        """The reply to a turn's text (see the module), its reward and whether the episode is
+        over."""
+        text = text.strip()
         if self.call.fullmatch(text):
             result = call_tool(self.tool_name, self.tool, text[:-1])
-            try:
-                reply = encode(result)
-            except ValueError as error:
-                raise ToolError(f"tool {self.tool_name!r} returned {result!r}: {error}") from None
-            if len(reply) > self.reply_len:
+            if len(result) > self.num_digits + 1:
                 raise ToolError(
-                    f"tool {self.tool_name!r} returned {len(reply)} characters, more than the "
-                    f"env's reply_len {self.reply_len} (input {text[:-1]!r})"
+                    f"tool {self.tool_name!r} returned {len(result)} characters, more than the "
+                    f"sum of two {self.num_digits}-digit numbers has, {self.num_digits + 1} "
+                    f"(input {text[:-1]!r})"
                 )
-            return state, reply, 0.0, False
+            return state, result, 0.0, False
         if text.isdecimal():
-            return state, [], float(int(text) == state.a + state.b), True
-        return state, encode("?"), 0.0, False
+            return state, "", float(int(text) == state.a + state.b), True
+        return state, "?", 0.0, False
+
+    def step(self, state: Sum, response: list[int]) -> tuple[Sum, list[int], float, bool]:
+        """``step_text`` in the calculator's characters."""
+        state, reply, reward, done = self.step_text(state, decode(response))
+        try:
+            ids = encode(reply)
+        except ValueError as error:  # only a tool's result can hold other characters
+            raise ToolError(f"tool {self.tool_name!r} returned {reply!r}: {error}") from None
+        return state, ids, reward, done
+
+    def through_chat(self, chat: ChatFormat) -> ChatEnv:
+        """This env in a model's tokens, through ``chat`` (see the module); its widths hold
+        the longest prompt and reply at a token per byte."""
+        prompt_len, reply_len = chat.widths(2 * self.num_digits + 1, self.num_digits + 1)
+        return ChatEnv(self, chat, prompt_len, reply_len)
 
 
-def calculator(num_digits: int = 6) -> Calculator:
-    """The "calculator" id's factory."""
-    return Calculator(num_digits)
+def calculator(num_digits: int = 6, chat: ChatFormat | None = None) -> Calculator | ChatEnv:
+    """The "calculator" id's factory: in the calculator's characters, or through ``chat``."""
+    env = Calculator(num_digits)
+    return env if chat is None else env.through_chat(chat)
