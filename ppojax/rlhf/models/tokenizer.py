@@ -10,6 +10,7 @@ transformers sets it up: trim_blocks, lstrip_blocks, loop controls, ``raise_exce
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import warnings
@@ -49,8 +50,10 @@ def token_text(value: Any) -> str | None:
     return value
 
 
+@functools.lru_cache(maxsize=16)
 def compile_template(source: str) -> jinja2.Template:
-    """The chat template in transformers' sandboxed environment."""
+    """The chat template in transformers' sandboxed environment (compiled once a source: an
+    agent's env renders the conversation again after every turn)."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
     )
