@@ -55,7 +55,7 @@ class Sizes:
     """The data, the model and each stage's steps (both envs share them unless named)."""
 
     guessing_demos: int = 64
-    calculator_demos: int = 128
+    calculator_demos: int = 192
     sft_steps: int = 300
     sft_batch: int = 32
     sft_lr: float = 1e-3
