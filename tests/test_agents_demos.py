@@ -11,7 +11,7 @@ import pytest
 from ppojax.rlhf.agents import calculator as calc
 from ppojax.rlhf.agents import demos as d
 from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings
+from ppojax.rlhf.agents.turns import EpisodeLayout, Episodes, EpisodeSettings
 from ppojax.rlhf.post.sft import make_sft_step
 
 
@@ -129,3 +129,23 @@ def test_the_sft_step_takes_the_demo_loss():
     assert float(metrics["loss"]) == pytest.approx(
         float(d.demo_loss(logits_as_params, logits, batch))
     )
+
+
+def test_train_on_demos_descends_the_demo_loss():
+    batch = tiny_batch()
+    demos = Episodes(
+        *batch,
+        jnp.zeros((1, 9)),
+        jnp.zeros((1, 2)),
+        jnp.asarray([2]),
+        jnp.asarray([True]),
+    )
+    logits = jax.random.normal(jax.random.key(4), (1, 9, g.VOCAB_SIZE))
+    params, curve = d.train_on_demos(
+        logits_as_params, logits, demos, jax.random.key(5), steps=20, batch_size=1,
+        learning_rate=0.1,
+    )  # fmt: skip
+    # the curve is the demo loss before each step: it starts at the initial params' loss
+    start = float(d.demo_loss(logits_as_params, logits, batch))
+    assert float(curve[0]) == pytest.approx(start, rel=1e-6)
+    assert float(d.demo_loss(logits_as_params, params, batch)) < 0.5 * start
