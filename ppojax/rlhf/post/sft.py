@@ -59,18 +59,28 @@ def sft_loss(policy_apply: PolicyApply, params: Any, targets: Sequences) -> jax.
     return -losses.masked_mean(stats.log_probs, targets.response_mask)
 
 
+def completion_loss(policy_apply: PolicyApply, params: Any, batch: Any) -> jax.Array:
+    """``sft_loss`` on a ``CompletionData``, a ``Sequences`` or their four arrays."""
+    return sft_loss(policy_apply, params, Sequences(*batch))
+
+
+SFTLoss = Callable[[PolicyApply, Any, Any], jax.Array]
+
+
 def make_sft_step(
-    policy_apply: PolicyApply, optimizer: optax.GradientTransformation
+    policy_apply: PolicyApply,
+    optimizer: optax.GradientTransformation,
+    loss: SFTLoss = completion_loss,
 ) -> Callable[..., tuple[Any, optax.OptState, dict[str, jax.Array]]]:
     """``step(params, opt_state, batch) -> (params, opt_state, {"loss"})``: one optimizer step
-    on the mean cross-entropy of the completion tokens; ``batch`` is a ``CompletionData``, a
-    ``Sequences`` or their four arrays. Pure; jit it."""
+    on ``loss(policy_apply, params, batch)``, by default the mean cross-entropy of the
+    completion tokens (``batch`` a ``CompletionData``, a ``Sequences`` or their four arrays;
+    ``agents.demos.demo_loss`` reads episodes instead). Pure; jit it."""
 
     def step(params: Any, opt_state: optax.OptState, batch: Any):
-        targets = Sequences(*batch)
-        loss, grads = jax.value_and_grad(sft_loss, argnums=1)(policy_apply, params, targets)
+        value, grads = jax.value_and_grad(loss, argnums=1)(policy_apply, params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, {"loss": loss}
+        return optax.apply_updates(params, updates), opt_state, {"loss": value}
 
     return step
 
@@ -78,18 +88,19 @@ def make_sft_step(
 def train_sft(
     policy_apply: PolicyApply,
     params: Any,
-    data: Callable[[jax.Array], Sequences],
+    data: Callable[[jax.Array], Any],
     key: jax.Array,
     *,
     steps: int,
     learning_rate: Any = 1e-3,
     max_grad_norm: Any = 1.0,
+    loss: SFTLoss = completion_loss,
 ) -> tuple[Any, jax.Array]:
-    """``steps`` Adam steps of ``sft_loss`` on ``data(key) -> Sequences`` (or the same four
-    arrays as a tuple) of prompts and their targets, one fresh batch per step (``lax.scan``);
-    the params and the loss [steps]."""
+    """``steps`` Adam steps of ``loss`` (default ``sft_loss``) on ``data(key)`` (for the
+    default, a ``Sequences`` or the same four arrays of prompts and their targets), one fresh
+    batch per step (``lax.scan``); the params and the loss [steps]."""
     optimizer = clipped_adam(learning_rate, max_grad_norm)
-    update = make_sft_step(policy_apply, optimizer)
+    update = make_sft_step(policy_apply, optimizer, loss)
 
     def step(carry: tuple[Any, optax.OptState], step_key: jax.Array):
         params, opt_state, metrics = update(*carry, data(step_key))
