@@ -5,9 +5,11 @@ code 2 and no run folder."""
 
 import csv
 import dataclasses
+import functools
 import json
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from ppojax.cli.commands import main
 from ppojax.rlhf.agents import guessing as g
 from ppojax.rlhf.agents.env import Tokens, register_text_env
 from ppojax.rlhf.agents.host import PythonTextEnv
+from ppojax.runs import loop
 
 TINY = ["--batch-size", "2", "--group-size", "2", "--eval-episodes", "8", "--no-progress"]
 GUESSING = ["--env", "guessing", "--env-arg", "num_values=4", *TINY]
@@ -64,6 +67,7 @@ def test_the_episode_form_is_picked_by_its_flags_and_refuses_a_mix(tmp_path, cap
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_grpo_on_the_guessing_game_writes_the_run_folder_and_resumes_exactly(tmp_path, capsys):
     """A 2-step run writes the RLHF layout; a copy killed after step 1 (its checkpoint 2
     gone) resumed to step 3 writes step 2's metrics row as the uninterrupted run did, then
@@ -95,6 +99,45 @@ def test_grpo_on_the_guessing_game_writes_the_run_folder_and_resumes_exactly(tmp
         held = summary[part]
         assert held["episodes"] == 8 and 0 <= held["success"] <= 1
         assert 1 <= held["turns"] <= 2 and held["truncated"] == 0  # the game ends itself
+
+
+def noisy_step(frozen, state, key):
+    noise = jax.random.uniform(key)
+    return state + noise, {"noise": noise}
+
+
+def test_the_host_loop_steps_as_the_compiled_loop_and_keeps_the_chunk_before_a_failure():
+    """``host_chunk`` (a Python env's step, called step by step) draws the keys the compiled
+    ``scan_chunk`` draws; a runner that raises still has the chunk before it delivered."""
+    numbered = loop.keyed_step(noisy_step)
+    inputs = (jax.random.key(0), None)
+    compiled = jax.jit(functools.partial(loop.scan_chunk, numbered, length=3))
+    state, metrics = compiled(inputs, jnp.float32(0), 2, 3)
+    host_state, host_metrics = loop.host_chunk(numbered, inputs, jnp.float32(0), 2, 3)
+    assert host_metrics["noise"].shape == (1, 3)
+    np.testing.assert_array_equal(host_metrics["noise"], metrics["noise"])
+    # three uniforms in [0, 1) summed in the same order: float32 rounding of a sum below 3
+    np.testing.assert_allclose(host_state, state, rtol=0, atol=3e-7)
+    delivered = []
+
+    def runner(inputs, state, first, count):
+        if first == 2:
+            raise RuntimeError("the env failed")
+        return loop.host_chunk(numbered, inputs, state, first, count)
+
+    with pytest.raises(RuntimeError, match="the env failed"):
+        loop.train_chunks(
+            runner,
+            inputs,
+            jnp.float32(0),
+            [(0, 2), (2, 2)],
+            [lambda *chunk: delivered.append(chunk)],
+        )
+    ((first, _, kept),) = delivered
+    expected = [jax.random.uniform(jax.random.fold_in(inputs[0], n)) for n in range(5)]
+    assert first == 0
+    np.testing.assert_array_equal(kept["noise"], [expected[:2]])  # step n on fold_in(key, n)
+    np.testing.assert_array_equal(host_metrics["noise"], [expected[2:]])
 
 
 def test_ppo_on_the_calculator_steps_the_python_env_on_the_host(tmp_path):

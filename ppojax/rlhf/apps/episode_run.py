@@ -59,6 +59,8 @@ DEFAULTS = dict(
     kl_coef=0.0,
 )
 BAR_METRICS = ("episodes/return", "episodes/turns")
+# What config.json holds.
+SECTIONS = ("rlhf", "env", "episodes", "model", "run")
 # Flags a --resume may give: the rest are the folder's (config.json).
 RESUME_FLAGS = ("--resume", "--steps", "--no-progress", "--no-compile-cache")
 
@@ -156,7 +158,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "d_model": args.d_model,
             "num_heads": args.num_heads,
             "num_layers": args.num_layers,
-        },  # fmt: skip
+        },
         "run": {
             "steps": 200 if args.steps is None else args.steps,
             "batch_size": args.batch_size,
@@ -250,7 +252,7 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
     seed_key = jax.random.key(run["seed"])
     options = LoopOptions(
         run["steps"],
-        min(run["checkpoint_every"], run["steps"]),
+        run["checkpoint_every"],
         keep_checkpoints=None,
         progress=not args.no_progress,
         bar_metrics=BAR_METRICS,
@@ -299,6 +301,12 @@ def resumed_settings(run_dir: Path, steps: int | None) -> dict[str, Any]:
     settings = folder.read_json(run_dir / folder.CONFIG_FILE)
     if not isinstance(settings, dict) or "env" not in settings:
         raise ValueError(f"--resume {run_dir}: not a run folder of ppojax rlhf --env")
+    missing = [part for part in SECTIONS if not isinstance(settings.get(part), dict)]
+    if missing:
+        raise ValueError(
+            f"{run_dir / folder.CONFIG_FILE} lacks {', '.join(missing)} (objects the episode "
+            "form writes): restore it, or start a new run"
+        )
     if steps is not None:
         settings["run"]["steps"] = steps
     return settings
