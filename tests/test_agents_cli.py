@@ -141,11 +141,13 @@ def test_the_host_loop_steps_as_the_compiled_loop_and_keeps_the_chunk_before_a_f
 
 
 def test_ppo_on_the_calculator_steps_the_python_env_on_the_host(tmp_path):
-    """PPO with a critic on the Python env; a turn of 4 tokens cannot end with EOS after a
-    tool call, so every metric row counts its truncated and terminated episodes."""
+    """PPO with a critic on the Python env, one turn an episode (one compiled sampling call):
+    an answer ends the episode, anything else is cut at the turn limit, and every metrics row
+    counts both."""
     out = tmp_path / "runs"
-    argv = ["rlhf", "--env", "calculator", "--env-arg", "num_digits=1", "--turn-len", "4",
-            "--algorithm", "ppo", "--steps", "2", "--out", str(out), *TINY]  # fmt: skip
+    calculator = ["--env", "calculator", "--env-arg", "num_digits=1", "--turns", "1"]
+    argv = ["rlhf", *calculator, "--turn-len", "4", "--algorithm", "ppo", "--steps", "2"]
+    argv += ["--out", str(out), *TINY]
     assert main(argv) == 0
     run_dir = only_run(out)
     assert run_dir.name.startswith("rlhf-calculator-ppo-")
