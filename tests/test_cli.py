@@ -455,7 +455,7 @@ def test_rlhf_subcommand_forwards_to_the_rlhf_command(capsys):
     assert "RLHFConfig.kl_coef" in capsys.readouterr().err
 
 
-def test_rlhf_help_names_both_forms_and_each_forms_help_its_own(capsys):
+def test_rlhf_help_names_every_form_and_each_forms_help_its_own(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["rlhf", "--help"])
     assert exit_info.value.code == 0
@@ -465,16 +465,20 @@ def test_rlhf_help_names_both_forms_and_each_forms_help_its_own(capsys):
     assert "--small" in sections["task form only"]
     assert "--model FOLDER" in sections["model form only"]
     assert "--reward MODULE:FUNCTION" in sections["model form only"]
-    assert "--steps" in sections["both forms"]
-    fields = sections["both forms: RLHFConfig fields (unset: the field's default)"]
+    assert "--env ID" in sections["episode form only"]
+    assert "guessing" in sections["episode form only"] and "--turns" in shown
+    assert "--steps" in sections["every form"]
+    fields = sections["every form: RLHFConfig fields (unset: the field's default, or the form's)"]
     assert "--update-epochs" in fields and "--kl-target" in fields
     assert "--ppo-epochs" not in shown and "--target-kl" not in shown  # old names: hidden
     for form, own, other in (
         ("--task", "--sft-steps", "--samples"),
         ("--model", "--prompts", "--small"),
+        ("--env", "--turn-len", "--prompts"),
     ):
         with pytest.raises(SystemExit):
-            main(["rlhf", form, "reversal" if form == "--task" else "m", "--help"])
+            value = {"--task": "reversal", "--env": "guessing"}.get(form, "m")
+            main(["rlhf", form, value, "--help"])
         shown = capsys.readouterr().out
         assert own in shown and other not in shown and "task form only" not in shown
 
@@ -494,7 +498,7 @@ def test_rlhf_picks_its_form_by_the_flags_and_refuses_a_mix(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error == (
         "ppojax rlhf: error: --task, --small are flags of the task form and --model of the "
-        "model form; give the flags of one form (ppojax rlhf --help shows both)\n"
+        "model form; give the flags of one form (ppojax rlhf --help shows every form's)\n"
     )
     assert main(["rlhf", "--prompts", "p.jsonl", "--reward", "m:f"]) == 2
     assert "--prompts, --reward are flags of the model form" in capsys.readouterr().err

@@ -108,7 +108,14 @@ def train_chunks(
     hooks handle the last one, so the device never waits for the files."""
     pending = None
     for first, count in plan:
-        state, metrics = runner(inputs, state, first, count)
+        try:
+            state, metrics = runner(inputs, state, first, count)
+        except BaseException:
+            # A runner that fails at once (a host step raising) still leaves the chunk before
+            # it kept: its rows and checkpoint are what --resume goes on from.
+            if pending is not None:
+                _deliver(hooks, order, *pending)
+            raise
         if pending is not None:
             _deliver(hooks, order, *pending)
         pending = (first, count, state, metrics)
@@ -312,6 +319,20 @@ def never_recovered(metrics: dict[str, np.ndarray]) -> str | None:
     )
 
 
+def host_chunk(
+    step: NumberedStep, inputs: Any, state: Any, first: int, count: int
+) -> tuple[Any, dict[str, jax.Array]]:
+    """Steps ``first .. first + count - 1`` of ``step(inputs, state, number)`` called one by
+    one from Python, for a step that cannot be compiled whole (a Python env played on the
+    host inside it): the same numbers, so the same keys, as ``scan_chunk``; metrics [runs,
+    count]."""
+    rows = []
+    for number in range(first, first + count):
+        state, metrics = step(inputs, state, jnp.int32(number))
+        rows.append(metrics)
+    return state, jax.tree.map(lambda *steps: jnp.stack(steps, axis=1), *rows)
+
+
 def keyed_step(step: StepFn) -> NumberedStep:
     """``step(frozen, state, key)`` as a numbered step of one run: step n on
     ``fold_in(key, n)`` with ``inputs = (key, frozen)``, each metric [1]."""
@@ -329,7 +350,9 @@ class LoopOptions:
     """``num_steps`` in chunks of ``checkpoint_every`` steps, a checkpoint after each (the
     newest ``keep_checkpoints`` kept; None: all); a progress bar with the latest value of
     each of ``bar_metrics``; with ``resume``, from the run folder's newest checkpoint;
-    ``seed`` for the metrics rows' column; ``hooks`` called after each chunk; ``checks``
+    ``seed`` for the metrics rows' column; ``host_steps``: the step runs on the host (a
+    Python env inside it) and is called step by step (``host_chunk``) instead of compiled into
+    a chunk's scan; ``hooks`` called after each chunk; ``checks``
     called before it is kept: one that raises stops the run there, the chunk's rows and
     checkpoint unwritten (the folder as the chunk before left it, ``--resume`` going on from
     its checkpoint)."""
@@ -341,6 +364,7 @@ class LoopOptions:
     bar_metrics: tuple[str, ...] = ()
     resume: bool = False
     seed: int = 0
+    host_steps: bool = False
     hooks: Sequence[Hook] = ()
     checks: Sequence[Hook] = ()
 
@@ -351,6 +375,7 @@ class LoopOptions:
             check_positive_int("LoopOptions", "keep_checkpoints", self.keep_checkpoints)
         check_bool("LoopOptions", "progress", self.progress)
         check_bool("LoopOptions", "resume", self.resume)
+        check_bool("LoopOptions", "host_steps", self.host_steps)
 
 
 class LoopResult(NamedTuple):
@@ -402,10 +427,13 @@ def train_loop(
     try:
         # jit, compiled on the first chunk: a program compiled ahead refuses inputs laid out
         # otherwise than it was compiled for, and a sharded LM state may leave a chunk so.
-        runner = jax.jit(
-            functools.partial(scan_chunk, keyed_step(step), length=length),
-            compiler_options=compiler_options(),
-        )
+        if options.host_steps:
+            runner = functools.partial(host_chunk, keyed_step(step))
+        else:
+            runner = jax.jit(
+                functools.partial(scan_chunk, keyed_step(step), length=length),
+                compiler_options=compiler_options(),
+            )
         if bar is not None:
             bar.open()
         report = SkipReport(say if bar is None else bar.write)

@@ -81,6 +81,11 @@ class Calculator(PythonTextEnv):
     """The env of the module: sums of two ``num_digits``-digit numbers, ``tool`` (named
     ``tool_name`` in errors) answering calls."""
 
+    # The vocabulary a model for this env needs: the character tokens above.
+    vocab_size = VOCAB_SIZE
+    pad_id = PAD
+    eos_id = EOS
+
     def __init__(
         self,
         num_digits: int = 6,

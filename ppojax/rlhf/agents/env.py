@@ -74,10 +74,9 @@ def text_env_ids() -> list[str]:
     return sorted(set(_FACTORIES) | set(BUILT_IN))
 
 
-def make_text_env(env_id: str, **kwargs: Any) -> TextEnv:
-    """The environment ``env_id`` names, built with ``kwargs``; a ``KeyError`` listing the
-    known ids (and the closest) for an unknown one, a ``TypeError`` naming the id for an
-    object without the interface."""
+def text_env_factory(env_id: str) -> TextEnvFactory:
+    """The factory ``env_id`` names (a built-in one imported on first use); a ``KeyError``
+    listing the known ids (and the closest) for an unknown one."""
     if env_id not in _FACTORIES and env_id in BUILT_IN:
         module, name = BUILT_IN[env_id]
         register_text_env(env_id, getattr(importlib.import_module(module), name))
@@ -85,7 +84,14 @@ def make_text_env(env_id: str, **kwargs: Any) -> TextEnv:
         close = difflib.get_close_matches(str(env_id), text_env_ids(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise KeyError(f"unknown text env {env_id!r}; known: {text_env_ids()}.{hint}")
-    env = _FACTORIES[env_id](**kwargs)
+    return _FACTORIES[env_id]
+
+
+def make_text_env(env_id: str, **kwargs: Any) -> TextEnv:
+    """The environment ``env_id`` names, built with ``kwargs``; a ``KeyError`` listing the
+    known ids (and the closest) for an unknown one, a ``TypeError`` naming the id for an
+    object without the interface."""
+    env = text_env_factory(env_id)(**kwargs)
     check_interface(env_id, env)
     return env
 

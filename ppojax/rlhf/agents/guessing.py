@@ -51,6 +51,10 @@ class NumberGuessing:
     max_turns: int = 8
     prompt_len: int = 1
     reply_len: int = 1
+    # The vocabulary a model for this env needs (not fields: the game fixes them).
+    vocab_size = VOCAB_SIZE
+    pad_id = PAD
+    eos_id = EOS
 
     def __post_init__(self) -> None:
         for name in ("num_values", "max_turns"):

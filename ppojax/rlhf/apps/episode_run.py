@@ -1,0 +1,357 @@
+"""``ppojax rlhf``'s episode form: the built-in transformer, from random weights, trained with
+GRPO, RLOO or PPO on multi-turn episodes of a text env (``ppojax.rlhf.agents``) into a run
+folder.
+
+    ppojax rlhf --env guessing --env-arg num_values=4 --turns 2 --steps 300
+    ppojax rlhf --env calculator --env-arg num_digits=1 --turns 2 --turn-len 4 --algorithm ppo
+    ppojax rlhf --resume runs/rlhf-guessing-grpo-<time> [--steps 600]
+
+A JAX env plays inside the compiled chunks of ``ppojax.runs.loop``; a Python env (the
+calculator) is stepped on the host (``HostRollout``), the loop calling the step once per step.
+Everything the command can check is checked before the run folder is made
+(``episode_checks``). An episode the env never ends stops at ``--turns`` turns or
+``--token-budget`` tokens, counted in ``episodes/truncated``. The run folder is the RLHF one
+(``ppojax.rlhf.apps.run``); summary.json adds the held-out success, return, turns and
+truncated share of ``--eval-episodes`` episodes at step 0 and after training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ppojax.checks import ConfigError
+from ppojax.rlhf.agents.env import text_env_ids
+from ppojax.rlhf.agents.episodes import rollout_episodes
+from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
+from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
+from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings
+from ppojax.rlhf.apps import episode_checks as checks
+from ppojax.rlhf.apps.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
+from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.trainer import RLHFState
+from ppojax.rlhf.models.transformer import LanguageModel, transformer, zero_value_head
+from ppojax.runs import folder
+from ppojax.runs.lock import run_lock
+from ppojax.runs.loop import LoopOptions, RunDiverged, never_recovered, train_loop
+from ppojax.runs.plots import plot_metrics
+from ppojax.runtime import cache
+
+# Fields the env and --turn-len fix: the env's vocabulary, the per-turn token limit.
+ENV_FIELDS = ("pad_id", "eos_id", "response_len")
+# The form's defaults where RLHFConfig's (made for fine-tuning a trained model) do not fit a
+# model trained from random weights; benchmarks/agents.py's settings.
+DEFAULTS = dict(
+    algorithm="grpo",
+    group_size=4,
+    update_epochs=1,
+    num_minibatches=1,
+    learning_rate=3e-3,
+    kl_coef=0.0,
+)
+BAR_METRICS = ("episodes/return", "episodes/turns")
+# What config.json holds.
+SECTIONS = ("rlhf", "env", "episodes", "model", "run")
+# Flags a --resume may give: the rest are the folder's (config.json).
+RESUME_FLAGS = ("--resume", "--steps", "--no-progress", "--no-compile-cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The episode form's options plus one per RLHFConfig field (unset: the form's default)."""
+    parser = argparse.ArgumentParser(
+        prog="ppojax rlhf",
+        description="GRPO, RLOO or PPO on multi-turn episodes of a text env, the built-in "
+        "model trained from random weights, into a run folder (the episode form).",
+        epilog="ppojax rlhf --help lists every form's options.",
+    )
+    ids = ", ".join(text_env_ids())
+    parser.add_argument("--env", metavar="ID", help=f"the text env: {ids}")
+    parser.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an argument of the env's factory, VALUE read as JSON (repeat it): guessing "
+        "takes num_values, calculator num_digits",
+    )
+    parser.add_argument("--turns", type=int, default=2, help="turns an episode at most (2)")
+    parser.add_argument("--turn-len", type=int, default=2, help="tokens a turn at most (2)")
+    parser.add_argument("--token-budget", type=int, help="model tokens an episode at most")
+    parser.add_argument("--eval-episodes", type=int, default=256, help="held-out episodes (256)")
+    parser.add_argument("--d-model", type=int, default=32, help="the model's width (32)")
+    parser.add_argument("--num-heads", type=int, default=2, help="attention heads (2)")
+    parser.add_argument("--num-layers", type=int, default=1, help="transformer layers (1)")
+    parser.add_argument("--steps", type=int, help="RL steps (200)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="resets per step, each played --group-size times (16)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="parent of run folders")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps per chunk (50)")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh instead of loading it from the compilation cache "
+        "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
+    )
+    helps = {name: f"default {value!r} (this form's)" for name, value in DEFAULTS.items()}
+    add_config_flags(parser, ENV_FIELDS, helps)
+    return parser
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """A ``ValueError`` naming the flag for a count below 1 or a width heads do not divide."""
+    counts = "steps batch_size checkpoint_every turns turn_len eval_episodes token_budget"
+    for name in (*counts.split(), "d_model", "num_heads", "num_layers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.d_model % args.num_heads:
+        raise ValueError(
+            f"--d-model {args.d_model} must be a multiple of --num-heads {args.num_heads}"
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything a run folder's config.json holds, from fresh command-line arguments (the
+    env built, to read its vocabulary)."""
+    if args.env is None:
+        raise ValueError(f"give --env ID, a text env: {', '.join(text_env_ids())}")
+    check_counts(args)
+    env_args = checks.parse_env_args(args.env_arg)
+    env = checks.build_env(args.env, env_args, args.turns)
+    vocab = checks.vocabulary(args.env, env)
+    chosen = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(RLHFConfig)
+        if f.name not in ENV_FIELDS and getattr(args, f.name) is not None
+    }
+    config = RLHFConfig(
+        **{**DEFAULTS, **chosen},
+        pad_id=vocab.pad_id,
+        eos_id=vocab.eos_id,
+        response_len=args.turn_len,
+    )
+    return {
+        "rlhf": config_dict(config),
+        "env": {"id": args.env, "args": env_args},
+        "episodes": {
+            "turns": args.turns,
+            "token_budget": args.token_budget,
+            "eval_episodes": args.eval_episodes,
+        },
+        "model": {
+            "d_model": args.d_model,
+            "num_heads": args.num_heads,
+            "num_layers": args.num_layers,
+        },
+        "run": {
+            "steps": 200 if args.steps is None else args.steps,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "checkpoint_every": args.checkpoint_every,
+        },
+    }
+
+
+class Prepared(NamedTuple):
+    """A run's env, model, trainer and state at step 0."""
+
+    env: Any
+    lm: LanguageModel
+    trainer: EpisodeTrainer
+    state: RLHFState
+
+
+def prepare(settings: dict[str, Any]) -> Prepared:
+    """The env (checked: ``episode_checks``), the model from random weights, the trainer and
+    its state at step 0 of a run's settings; a ``ValueError`` for anything that does not fit."""
+    env_id, episodes, run = settings["env"]["id"], settings["episodes"], settings["run"]
+    env = checks.build_env(env_id, settings["env"]["args"], episodes["turns"])
+    vocab = checks.vocabulary(env_id, env)
+    config = rlhf_config_from_dict(settings["rlhf"])
+    if config.missing_eos_penalty:
+        raise ConfigError(
+            "missing_eos_penalty",
+            "--missing-eos-penalty: episodes do not read it (a turn without EOS goes to the "
+            "env as it is); leave it 0",
+        )
+    turn = EpisodeSettings(episodes["turns"], config.response_len, config.temperature,
+                           config.pad_id, config.eos_id, episodes["token_budget"])  # fmt: skip
+    layout = EpisodeLayout(env.prompt_len, config.response_len, env.reply_len, turn.max_turns)
+    lm = transformer(vocab.vocab_size, layout.length, **settings["model"])
+    checks.check_env(env_id, env, lm.kv_cache, turn, vocab)
+    critic = lm.critic_apply if config.needs_critic else None
+    trainer = make_episode_trainer(
+        config, lm.policy_apply, env, run["batch_size"] * config.group_size, turn.max_turns,
+        turn.token_budget, kv_cache=lm.kv_cache, critic_apply=critic,
+    )  # fmt: skip
+    init_key = jax.random.fold_in(jax.random.key(run["seed"]), 1)
+    params = lm.init(init_key)
+    critic_params = zero_value_head(params) if config.needs_critic else None
+    return Prepared(env, lm, trainer, trainer.init(params, init_key, critic_params))
+
+
+def episode_step(trainer: EpisodeTrainer):
+    """``step(frozen, state, key)`` of ``train_loop``: one trainer step, with
+    ``episodes/truncated``, the share of episodes a turn or token budget ended."""
+
+    def step(frozen: Any, state: RLHFState, key: jax.Array):
+        state, metrics = trainer.step(state, key)
+        return state, {**metrics, "episodes/truncated": 1.0 - metrics["episodes/terminated"]}
+
+    return step
+
+
+def evaluator(prepared: Prepared, count: int) -> Callable[[Any, jax.Array], dict[str, float]]:
+    """``evaluate(params, key)``: ``count`` episodes of the policy ``params`` from ``key``
+    (compiled once for every call): the share with a positive return (``success``), the mean
+    return and turns, the share truncated."""
+    env, lm, settings = prepared.env, prepared.lm, prepared.trainer.settings
+    if runs_on_host(env):
+        play = HostRollout(lm.kv_cache, env, count, settings)
+    else:
+        rollout = functools.partial(
+            rollout_episodes, lm.kv_cache, env=env, batch_size=count, settings=settings
+        )
+        play = jax.jit(lambda params, key: rollout(params, key=key))
+
+    def evaluate(params: Any, key: jax.Array) -> dict[str, float]:
+        episodes = play(params, key)
+        returns = np.asarray(episodes.rewards).sum(axis=1)
+        return {
+            "episodes": count,
+            "success": round(float(np.mean(returns > 0)), 4),
+            "return": round(float(np.mean(returns)), 4),
+            "turns": round(float(np.mean(episodes.num_turns)), 4),
+            "truncated": round(float(np.mean(~np.asarray(episodes.terminated))), 4),
+        }
+
+    return evaluate
+
+
+def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any) -> int:
+    """Train the run folder ``run_dir`` to its steps through ``train_loop``, write curves.png
+    and, unless the run diverged (``RunDiverged``), summary.json with the held-out episodes
+    before and after."""
+    run = settings["run"]
+    seed_key = jax.random.key(run["seed"])
+    options = LoopOptions(
+        run["steps"],
+        run["checkpoint_every"],
+        keep_checkpoints=None,
+        progress=not args.no_progress,
+        bar_metrics=BAR_METRICS,
+        resume=args.resume is not None,
+        seed=run["seed"],
+        host_steps=runs_on_host(prepared.env),
+    )
+    step = episode_step(prepared.trainer)
+    result = train_loop(
+        run_dir, step, prepared.state, None, jax.random.fold_in(seed_key, 2), options
+    )
+    names = ("episodes/return", "episodes/turns", "episodes/truncated", "objective/kl")
+    plot_metrics(run_dir / PLOT_FILE, result.metrics, names)
+    diverged = never_recovered(result.metrics)
+    if diverged is not None:
+        raise RunDiverged(diverged.replace("No final/ is written: its", "Its"))
+    evaluate = evaluator(prepared, settings["episodes"]["eval_episodes"])
+    eval_key = jax.random.fold_in(seed_key, 3)  # apart from init (1) and training (2)
+    start = evaluate(prepared.state.params["policy"], eval_key)
+    end = evaluate(result.state.params["policy"], eval_key)
+    summary = summarize(result, held_out_start=start, held_out=end)
+    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    print(f"run folder: {run_dir}")
+    print(
+        f"step {run['steps']}: held-out success {end['success']:.3f} (step 0: "
+        f"{start['success']:.3f}), turns {end['turns']:.2f}"
+    )
+    return 0
+
+
+def check_resume_flags(run_dir: Path, argv: Sequence[str]) -> None:
+    """A ``ValueError`` for a flag besides ``RESUME_FLAGS`` given with ``--resume``: the run
+    folder's settings are its config.json's."""
+    given = [w.split("=", 1)[0] for w in argv if w.startswith("--")]
+    fixed = [flag for flag in given if flag not in RESUME_FLAGS]
+    if fixed:
+        raise ValueError(
+            f"--resume continues {run_dir} with its own settings (its config.json): "
+            f"{', '.join(fixed)} cannot change them; --steps can raise its step count"
+        )
+
+
+def resumed_settings(run_dir: Path, steps: int | None) -> dict[str, Any]:
+    """The settings of the run folder ``run_dir``, ``steps`` (if given) its new step count;
+    a ``ValueError`` for a folder of another form."""
+    settings = folder.read_json(run_dir / folder.CONFIG_FILE)
+    if not isinstance(settings, dict) or "env" not in settings:
+        raise ValueError(f"--resume {run_dir}: not a run folder of ppojax rlhf --env")
+    missing = [part for part in SECTIONS if not isinstance(settings.get(part), dict)]
+    if missing:
+        raise ValueError(
+            f"{run_dir / folder.CONFIG_FILE} lacks {', '.join(missing)} (objects the episode "
+            "form writes): restore it, or start a new run"
+        )
+    if steps is not None:
+        settings["run"]["steps"] = steps
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, check everything, make or reopen the run folder and train. Bad input
+    is a ``ValueError`` (the caller prints it, exit status 2) raised before the folder is
+    made; a Python env failing during training, one line and 2 (the folder kept at its last
+    checkpoint); a run that diverged and never recovered, one line and 3."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if not args.no_compile_cache and not cache.disabled_by_environment():
+        cache.enable_compile_cache()
+    with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
+        if args.resume is not None:
+            run_dir = args.resume
+            if not (run_dir / folder.CONFIG_FILE).exists():
+                raise ValueError(
+                    f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)"
+                )
+            check_resume_flags(run_dir, argv)
+            check_counts(args)
+            stack.enter_context(run_lock(run_dir))  # before a resume reads anything
+            settings = resumed_settings(run_dir, args.steps)
+            prepared = prepare(settings)
+        else:
+            settings = settings_from_args(args)
+            prepared = prepare(settings)
+            name = f"rlhf-{settings['env']['id']}-{settings['rlhf']['algorithm']}"
+            run_dir = folder.new_run_dir(args.out, name)
+            stack.enter_context(run_lock(run_dir))
+        folder.write_json(run_dir / folder.CONFIG_FILE, settings)
+        try:
+            return train(settings, prepared, run_dir, args)
+        except HostEnvError as error:
+            sys.stderr.write(
+                f"ppojax rlhf: error: {error}; the run stopped there, {run_dir} keeps its last "
+                f"checkpoint: fix the env, then continue with --resume {run_dir}\n"
+            )
+            return 2
+        except RunDiverged as error:
+            sys.stderr.write(f"ppojax rlhf: error: {error}\n")
+            return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
