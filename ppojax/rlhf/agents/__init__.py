@@ -1,8 +1,9 @@
 """Language-model agents: text environments (``TextEnv``, ``register_text_env``,
 ``make_text_env``), the number-guessing game, multi-turn episodes rolled out in one compiled
 program (``rollout_episodes``), Python envs and tools stepped on the host between compiled
-turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), and GRPO / RLOO on them with
-episode- or turn-level credit (``make_episode_trainer``)."""
+turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), and GRPO / RLOO / PPO on them
+with episode- or turn-level credit (``make_episode_trainer``; ``OneTurnEnv`` is
+``make_trainer``'s task as a one-turn env)."""
 
 from ppojax.rlhf.agents.calculator import Calculator
 from ppojax.rlhf.agents.env import (
@@ -28,6 +29,7 @@ from ppojax.rlhf.agents.host import (
     call_tool,
     rollout_host_episodes,
 )
+from ppojax.rlhf.agents.one_turn import OneTurnEnv
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "EpisodeTrainer",
     "Episodes",
     "NumberGuessing",
+    "OneTurnEnv",
     "TextEnv",
     "Tokens",
     "episode_stats",
