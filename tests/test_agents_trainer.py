@@ -90,7 +90,12 @@ def assert_same_step(first, first_metrics, second, second_metrics):
     assert differences(first, second) == []
     common = set(first_metrics) & set(second_metrics)
     assert {"objective/kl", "objective/entropy", "objective/kl_coef", "grad_norm"} <= common
-    assert {"loss/policy_avg", "policy/approxkl_avg", "val/ratio"} <= common
+    assert {
+        "loss/policy_avg",
+        "policy/approxkl_avg",
+        "val/ratio",
+        "objective/rlhf_reward",
+    } <= common
     for name in sorted(common):
         np.testing.assert_array_equal(first_metrics[name], second_metrics[name], err_msg=name)
     np.testing.assert_array_equal(

@@ -323,7 +323,10 @@ def collect_episodes(
         returns=returns,
     )
     kl = jnp.where(slots.mask, stats.log_probs - reference.log_probs, 0.0).sum(axis=1)
+    non_score = -state.kl_coef * penalty_kl.sum(axis=1)
     metrics = {
+        "objective/non_score_reward": non_score.mean(),
+        "objective/rlhf_reward": (scores + non_score).mean(),
         "episodes/return": scores.mean(),
         "episodes/turns": episodes.num_turns.mean(),
         "episodes/terminated": episodes.terminated.mean(),
