@@ -24,14 +24,13 @@ from ppojax.rlhf.agents.episodes import (
     previous_real,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.trainer import (
+from ppojax.rlhf.agents.trainer import check_turn_weight, make_episode_trainer
+from ppojax.rlhf.agents.update import (
     EpisodeBatch,
     at_positions,
-    check_turn_weight,
     credit,
     episode_advantages,
     episode_loss,
-    make_episode_trainer,
 )
 from ppojax.rlhf.core.objective import LossParts
 from ppojax.rlhf.models.transformer import transformer

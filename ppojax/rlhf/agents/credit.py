@@ -1,6 +1,6 @@
 """Turn-level credit for episodes: the advantage each model token gets, [N, L].
 
-Episode-level (``trainer.episode_advantages``, GRPO or RLOO over the group of ``group_size``
+Episode-level (``update.episode_advantages``, GRPO or RLOO over the group of ``group_size``
 episodes from one reset): every model token of episode i gets A_i, the group advantage of
 R_i = score_i - beta * sum of its model tokens' KL.
 
