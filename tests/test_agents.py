@@ -14,7 +14,7 @@ import pytest
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.credit import episode_gae, turn_advantages
+from ppojax.rlhf.agents.credit import episode_gae, model_slots, turn_advantages
 from ppojax.rlhf.agents.env import Tokens, make_text_env, register_text_env, text_env_ids
 from ppojax.rlhf.agents.episodes import (
     EpisodeLayout,
@@ -24,14 +24,15 @@ from ppojax.rlhf.agents.episodes import (
     previous_real,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.trainer import (
+from ppojax.rlhf.agents.trainer import check_turn_weight, make_episode_trainer
+from ppojax.rlhf.agents.update import (
     EpisodeBatch,
-    check_turn_weight,
+    at_positions,
     credit,
     episode_advantages,
     episode_loss,
-    make_episode_trainer,
 )
+from ppojax.rlhf.core.objective import LossParts
 from ppojax.rlhf.models.transformer import transformer
 
 D5 = g.FIRST_DIGIT + 5
@@ -334,15 +335,16 @@ def test_episode_loss_gives_gradient_to_model_tokens_only():
         old = episode_stats(probed, params, tokens, mask, 1.0).log_probs
         advantages = jnp.where(model_mask, jnp.array([1.0, -1.0, 2.0, -0.5])[:, None], 0.0)
         values = episode_values(probed_critic, params, tokens, mask)
+        slots = model_slots(model_mask, 12)
+        positions = at_positions(previous_real(mask), slots.columns)
         batch = EpisodeBatch(
-            tokens, mask, model_mask, old, old - 0.3, advantages, values, values + advantages
-        )
+            tokens, mask, positions, slots.gather(tokens), slots.mask,
+            *(slots.gather(x) for x in (old, old - 0.3, advantages, values, values + advantages)),
+        )  # fmt: skip
 
         def loss(params, config, critic):
-            policy = {"policy": params}
-            return episode_loss(
-                config, probed, jnp.float32(0.5), policy, batch, critic_apply=critic
-            )[0]
+            parts = LossParts(probed, critic, lambda p: p["policy"], jnp.float32(0.5), 1.0)
+            return episode_loss(config, parts, {"policy": params}, batch)[0]
 
         grpo_grad = jax.grad(loss)(params, config, None)
         ppo_grad = jax.grad(loss)(params, ppo, probed_critic)
@@ -409,15 +411,6 @@ def test_a_ppo_episode_trainer_step_trains_the_critic():
         assert max(jax.tree.leaves(moved)) > 0, name
     refused = {
         "critic_apply": (config, {}),
-        "lora_rank": (
-            config.replace(lora_rank=2, lora_targets=("qkv",)),
-            {"critic_apply": lm.critic_apply},
-        ),
-        "adaptive_kl": (config.replace(adaptive_kl=True), {"critic_apply": lm.critic_apply}),
-        "critic_warmup_steps": (
-            config.replace(critic_warmup_steps=1),
-            {"critic_apply": lm.critic_apply},
-        ),
         "algorithm": (config, {"critic_apply": lm.critic_apply, "turn_weight": 0.5}),
     }
     for field, (bad, kwargs) in refused.items():
@@ -497,7 +490,12 @@ def test_turn_advantages_by_hand():
 
     @jax.jit
     def mixed(weight):
-        return credit(config, episodes, kl, jnp.float32(0.2), weight, turn_index)
+        # the trainer's credit reads slots; scattered back to the columns here
+        slots = model_slots(model_mask, 4)
+        advantages = credit(
+            config, episodes, slots.gather(kl), slots, jnp.float32(0.2), weight, turn_index
+        )
+        return slots.scatter(advantages, 10)
 
     def unit(d):
         return d / (d + 1e-6)
@@ -515,8 +513,10 @@ def test_turn_advantages_by_hand():
     # same compiled sums)
     @jax.jit
     def both(weight):
-        today = episode_advantages(config, rewards.sum(axis=1), kl, model_mask, jnp.float32(0.2))
-        return mixed(weight), today
+        slots = model_slots(model_mask, 4)
+        scores, beta = rewards.sum(axis=1), jnp.float32(0.2)
+        today = episode_advantages(config, scores, slots.gather(kl), slots.mask, beta)
+        return mixed(weight), slots.scatter(today, 10)
 
     np.testing.assert_array_equal(*both(jnp.float32(0.0)))
     # RLOO among the members of each turn, without KL: G row 0 [1, 0, 0], row 1 [1, 1, 1]

@@ -2,8 +2,9 @@
 ``make_text_env``), the number-guessing game, multi-turn episodes rolled out in one compiled
 program (``rollout_episodes``), Python envs and tools stepped on the host between compiled
 turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), Python envs over text through a
-model's chat template (``ChatFormat``, ``ChatEnv``), and GRPO / RLOO on them with episode- or
-turn-level credit (``make_episode_trainer``)."""
+model's chat template (``ChatFormat``, ``ChatEnv``), and GRPO / RLOO / PPO on them with
+episode- or turn-level credit (``make_episode_trainer``; ``OneTurnEnv`` is ``make_trainer``'s
+task as a one-turn env)."""
 
 from ppojax.rlhf.agents.calculator import Calculator
 from ppojax.rlhf.agents.chat import ChatFormat
@@ -31,6 +32,7 @@ from ppojax.rlhf.agents.host import (
     call_tool,
     rollout_host_episodes,
 )
+from ppojax.rlhf.agents.one_turn import OneTurnEnv
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "EpisodeTrainer",
     "Episodes",
     "NumberGuessing",
+    "OneTurnEnv",
     "TextEnv",
     "Tokens",
     "episode_stats",

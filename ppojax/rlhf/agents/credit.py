@@ -1,6 +1,6 @@
 """Turn-level credit for episodes: the advantage each model token gets, [N, L].
 
-Episode-level (``trainer.episode_advantages``, GRPO or RLOO over the group of ``group_size``
+Episode-level (``update.episode_advantages``, GRPO or RLOO over the group of ``group_size``
 episodes from one reset): every model token of episode i gets A_i, the group advantage of
 R_i = score_i - beta * sum of its model tokens' KL.
 
@@ -29,7 +29,7 @@ the env's tokens get no reward, value target or advantage.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,6 +110,65 @@ def turn_ends(model_mask: jax.Array, turn_index: np.ndarray) -> jax.Array:
     return model_mask & ~following
 
 
+class Slots(NamedTuple):
+    """Each row's model tokens in order, moved to the front of M slots: ``columns`` [N, M] the
+    column of slot j (the row's j-th model token; 0 for an empty slot) and ``mask`` [N, M]
+    (slot j holds one). The trainer's update reads episodes in slots: a one-turn episode's
+    slots are ``make_trainer``'s response arrays [N, R], in the same order."""
+
+    columns: jax.Array
+    mask: jax.Array
+
+    def gather(self, x: jax.Array) -> jax.Array:
+        """[N, L] -> [N, M]: the value at each slot's column, 0 in empty slots."""
+        return jnp.where(self.mask, jnp.take_along_axis(x, self.columns, axis=1), 0)
+
+    def scatter(self, x: jax.Array, width: int) -> jax.Array:
+        """[N, M] -> [N, width]: each slot's value at its column, 0 on the other columns."""
+        rows = jnp.arange(x.shape[0])[:, None]
+        target = jnp.where(self.mask, self.columns, width)
+        return jnp.zeros((x.shape[0], width), x.dtype).at[rows, target].set(x, mode="drop")
+
+
+def model_slots(model_mask: jax.Array, num_slots: int) -> Slots:
+    """The ``Slots`` of ``model_mask`` [N, L] (at most ``num_slots`` model tokens a row):
+    model token j of a row goes to slot j (a scatter to slot cumsum - 1)."""
+    rows, width = model_mask.shape
+    slot = jnp.where(model_mask, jnp.cumsum(model_mask, axis=1) - 1, num_slots)
+    columns = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (rows, width))
+    row = jnp.arange(rows)[:, None]
+    placed = jnp.zeros((rows, num_slots), jnp.int32).at[row, slot].set(columns, mode="drop")
+    count = model_mask.sum(axis=1)
+    return Slots(placed, jnp.arange(num_slots)[None, :] < count[:, None])
+
+
+def episode_token_rewards(
+    rewards: jax.Array,
+    penalty_kl: jax.Array,
+    model_mask: jax.Array,
+    turn_index: np.ndarray,
+    beta: Any,
+) -> jax.Array:
+    """[N, L]: r_t = -beta * KL_t on each model token, plus turn k's reward ``rewards`` [N, T]
+    on its last model token; 0 off ``model_mask``."""
+    columns = jnp.asarray(np.maximum(np.asarray(turn_index), 0))
+    kl_part = jnp.where(model_mask, -beta * penalty_kl, 0.0)
+    return kl_part + jnp.where(turn_ends(model_mask, turn_index), rewards[:, columns], 0.0)
+
+
+def slot_gae(
+    token_rewards: jax.Array,
+    values: jax.Array,
+    slots: Slots,
+    gamma: Any,
+    gae_lambda: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's GAE advantages and returns over each row's model tokens in order (see the
+    module), all [N, M] in slots: the one-turn trainer's ``token_advantages`` (``compute_gae``),
+    whose terminal is each row's last filled slot."""
+    return adv.token_advantages(token_rewards, values, slots.mask, gamma, gae_lambda)
+
+
 def episode_gae(
     rewards: jax.Array,
     penalty_kl: jax.Array,
@@ -122,27 +181,12 @@ def episode_gae(
 ) -> tuple[jax.Array, jax.Array]:
     """PPO's advantages and returns [N, L] (see the module), 0 off ``model_mask``: ``rewards``
     [N, T] per turn, ``penalty_kl`` [N, L] the KL that ``beta`` weighs, ``values`` [N, L] the
-    critic's V before each column's token. Each row's model tokens are moved to the front
-    in order (a scatter to slot cumsum - 1), run through the one-turn trainer's
-    ``token_advantages`` (``compute_gae``) and moved back."""
-    rows, width = model_mask.shape
-    columns = jnp.asarray(np.maximum(np.asarray(turn_index), 0))
-    token_rewards = jnp.where(model_mask, -beta * penalty_kl, 0.0) + jnp.where(
-        turn_ends(model_mask, turn_index), rewards[:, columns], 0.0
+    critic's V before each column's token. Each row's model tokens go to slots
+    (``model_slots``), through ``slot_gae`` and back to their columns."""
+    width = model_mask.shape[1]
+    slots = model_slots(model_mask, width)
+    token_rewards = episode_token_rewards(rewards, penalty_kl, model_mask, turn_index, beta)
+    advantages, returns = slot_gae(
+        slots.gather(token_rewards), slots.gather(values), slots, gamma, gae_lambda
     )
-    slot = jnp.where(model_mask, jnp.cumsum(model_mask, axis=1) - 1, width)
-    row = jnp.arange(rows)[:, None]
-
-    def compact(x: jax.Array) -> jax.Array:
-        return jnp.zeros((rows, width), x.dtype).at[row, slot].set(x, mode="drop")
-
-    def expand(x: jax.Array) -> jax.Array:
-        picked = jnp.take_along_axis(x, jnp.minimum(slot, width - 1), axis=1)
-        return jnp.where(model_mask, picked, 0.0)
-
-    count = model_mask.sum(axis=1)
-    compact_mask = jnp.arange(width)[None, :] < count[:, None]
-    advantages, returns = adv.token_advantages(
-        compact(token_rewards), compact(values), compact_mask, gamma, gae_lambda
-    )
-    return expand(advantages), expand(returns)
+    return slots.scatter(advantages, width), slots.scatter(returns, width)

@@ -47,7 +47,8 @@ from ppojax.rlhf.agents.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
-    last_real_logits,
+    feed_reply,
+    rollout_keys,
     sample_turn,
 )
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
@@ -96,11 +97,11 @@ def env_turn(
     env_state, reply, reward, done = jax.vmap(env_step)(carry.env_state, response)
     reply_mask = reply.mask & stepped[:, None]
     reply = Tokens(jnp.where(reply_mask, reply.tokens, pad_id), reply_mask)
-    model_state, chunk_logits = context.feed(carry.model_state, *reply, column)
+    model_state, logits = feed_reply(context, carry.model_state, carry.logits, reply, column)
     carry = carry._replace(
         env_state=select_rows(stepped, env_state, carry.env_state),
         model_state=model_state,
-        logits=last_real_logits(carry.logits, chunk_logits, reply_mask),
+        logits=logits,
     )
     return carry, reply, jnp.where(stepped, reward, 0.0), stepped & done
 
@@ -158,8 +159,7 @@ def rollout_episodes(
     if batch_size % group_size:
         raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
     layout = EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)
-    reset_key, turns_key = jax.random.split(key)
-    resets = jax.random.split(reset_key, batch_size // group_size)
+    keys, resets = rollout_keys(key, layout.max_turns, layout.turn_len, batch_size // group_size)
     env_state, prompt = jax.vmap(env.reset)(resets)
     prompt = jax.vmap(lambda p: check_observation(name, "reset", p, env.prompt_len))(prompt)
     env_state, prompt = jax.tree.map(
@@ -180,7 +180,6 @@ def rollout_episodes(
         jnp.full((batch_size,), budget, jnp.int32),
     )
     turns = jnp.arange(layout.max_turns)
-    keys = jax.random.split(turns_key, layout.max_turns)
     play = functools.partial(play_turn, checked_step(env, name), context, layout, settings)
     _, out = jax.lax.scan(play, carry, (turns, keys))
     return assemble(prompt, out)

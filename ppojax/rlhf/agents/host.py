@@ -58,7 +58,8 @@ from ppojax.rlhf.agents.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
-    last_real_logits,
+    feed_reply,
+    rollout_keys,
     sample_turn,
 )
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
@@ -246,20 +247,18 @@ class HostRollout:
         """Compiled: extend the cache with turn - 1's replies [B, O], sample turn ``turn``."""
         context = self.context(params)
         column = self.layout.response_start(turn)
-        model_state, chunk_logits = context.feed(
-            carry.model_state, *reply, column - self.layout.reply_len
+        model_state, logits = feed_reply(
+            context, carry.model_state, carry.logits, reply, column - self.layout.reply_len
         )
-        logits = last_real_logits(carry.logits, chunk_logits, reply.mask)
         carry = carry._replace(model_state=model_state, logits=logits)
         return sample_turn(context, carry, key, column, self.settings)
 
-    def reset(self, key: jax.Array) -> tuple[list[Any], Tokens]:
-        """Every episode's state (deep copies within a group) and the left-padded prompts."""
+    def reset(self, keys: jax.Array) -> tuple[list[Any], Tokens]:
+        """Every episode's state (deep copies within a group, one reset key each) and the
+        left-padded prompts."""
         width, pad_id = self.layout.prompt_len, self.settings.pad_id
         states, rows, masks = [], [], []
-        for group, group_key in enumerate(
-            jax.random.split(key, self.batch_size // self.group_size)
-        ):
+        for group, group_key in enumerate(keys):
             where = f"text env {self.name}: reset() of group {group}"
             try:
                 state, prompt = self.env.reset(group_key)
@@ -316,9 +315,9 @@ class HostRollout:
                 f"text env {self.name} is a Python env, stepped on the host: call its rollout "
                 "(or the episode trainer's step) outside jax.jit, jax.vmap and jax.grad"
             )
-        reset_key, turns_key = jax.random.split(key)
-        states, prompt = self.reset(reset_key)
-        keys = jax.random.split(turns_key, self.layout.max_turns)
+        layout, groups = self.layout, self.batch_size // self.group_size
+        keys, resets = rollout_keys(key, layout.max_turns, layout.turn_len, groups)
+        states, prompt = self.reset(resets)
         over = np.zeros(self.batch_size, bool)
         outputs: list[TurnOutput] = []
         for turn in range(self.layout.max_turns):

@@ -11,16 +11,20 @@ model token of an episode that episode's group advantage (GRPO: normalized withi
 RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="loss"), or
 with ``turn_weight`` a mix of it and a turn-level advantage (``credit``, MT-GRPO style);
 PPO instead reads the critic's values before the model's tokens and runs token-level GAE over
-each episode's model tokens in order, the env's tokens skipped (``credit.episode_gae``), and
+each episode's model tokens in order, the env's tokens skipped (``credit.slot_gae``), and
 adds the clipped value loss on the model's tokens. It then runs ``update_epochs`` x
-``num_minibatches`` clipped updates through the shared engine. The env's tokens are context
-only: they are off ``model_mask``, so no loss term, KL, entropy or value target reads them.
-``config.response_len`` is the per-turn token limit. With a Python env (``host``) the step
-plays on the host, a compiled call per turn, then runs the compiled update: it is not
-jittable as a whole.
+``num_minibatches`` clipped updates through the shared engine, and the adaptive KL
+controller. The env's tokens are context only: they are off ``model_mask``, so no loss term,
+KL, entropy or value target reads them. ``config.response_len`` is the per-turn token limit.
+With a Python env (``host``) the step plays on the host, a compiled call per turn, then runs
+the compiled update: it is not jittable as a whole.
 
-Not yet: LoRA, the adaptive KL controller, PPO's critic warm-up and PPO with ``turn_weight``
-(each refused). ``missing_eos_penalty`` is not read.
+The update's batch, advantages and loss are in ``update`` (each episode's model tokens in
+slots, [N, M]); LoRA, the KL controller and the critic's warm-up are the one-turn trainer's
+(``core.trainer``), so the step of a one-turn env (``one_turn.OneTurnEnv``) is
+``make_trainer``'s, bit for bit.
+
+Not yet: PPO with ``turn_weight`` (refused). ``missing_eos_penalty`` is not read.
 """
 
 from __future__ import annotations
@@ -30,44 +34,31 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
 from ppojax.checks import ConfigError
-from ppojax.engine import losses
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.engine.optim import clipped_adam
-from ppojax.rlhf.agents.credit import episode_gae, mixed_advantages, turn_advantages
 from ppojax.rlhf.agents.env import TextEnv
 from ppojax.rlhf.agents.episodes import (
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
-    episode_stats,
-    episode_values,
     rollout_episodes,
 )
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
-from ppojax.rlhf.core import advantages as adv
+from ppojax.rlhf.agents.update import collect_episodes, episode_loss
 from ppojax.rlhf.core.config import RLHFConfig
-from ppojax.rlhf.core.objective import clipped_policy_loss
+from ppojax.rlhf.core.objective import LossParts
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
-from ppojax.rlhf.core.trainer import CriticApply, RLHFState, initial_state
-
-
-class EpisodeBatch(NamedTuple):
-    """The update's rows, all [N, L]: the episodes' tokens, real-token mask and model-token
-    mask, the sampling policy's and the reference's log-probs, the advantages (0 off
-    ``model_mask``); PPO's critic values at sampling time and GAE returns (zeros without a
-    critic)."""
-
-    tokens: jax.Array
-    mask: jax.Array
-    model_mask: jax.Array
-    log_probs: jax.Array
-    ref_log_probs: jax.Array
-    advantages: jax.Array
-    values: jax.Array
-    returns: jax.Array
+from ppojax.rlhf.core.trainer import (
+    CriticApply,
+    RLHFState,
+    initial_policy,
+    initial_state,
+    policy_params_fn,
+    policy_weight,
+    update_kl,
+)
 
 
 class EpisodeTrainer(NamedTuple):
@@ -78,58 +69,6 @@ class EpisodeTrainer(NamedTuple):
     step: Callable[..., tuple[RLHFState, dict[str, jax.Array]]]
     config: RLHFConfig
     settings: EpisodeSettings
-
-
-def episode_advantages(
-    config: RLHFConfig,
-    scores: jax.Array,
-    penalty_kl: jax.Array,
-    model_mask: jax.Array,
-    kl_coef: jax.Array,
-) -> jax.Array:
-    """[N, L]: the group advantage [N] of score - beta * sum of the KL [N, L] over the model's
-    tokens (beta = 0 with kl_in="loss"), on every model token, 0 elsewhere."""
-    beta = kl_coef if config.kl_in == "reward" else 0.0
-    rewards = scores - beta * jnp.where(model_mask, penalty_kl, 0.0).sum(axis=1)
-    per_row = adv.sequence_advantages(
-        config.algorithm, rewards, config.group_size, config.group_std
-    )
-    return jnp.where(model_mask, per_row[:, None], 0.0)
-
-
-def episode_loss(
-    config: RLHFConfig,
-    policy_apply: PolicyApply,
-    kl_coef: jax.Array,
-    params: dict,
-    batch: EpisodeBatch,
-    *,
-    critic_apply: CriticApply | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """-clipped surrogate (+ beta KL with kl_in="loss") - ent_coef H over the model's tokens
-    of a minibatch, aggregated by ``config.loss_aggregation``, plus for PPO (``critic_apply``)
-    vf_coef * the clipped value loss over the same tokens (the critic's own params, or the
-    policy's when the critic is a value head on it); and its metrics."""
-    mask = batch.model_mask
-    stats = episode_stats(
-        policy_apply, params["policy"], batch.tokens, batch.mask, config.temperature
-    )
-    total, metrics = clipped_policy_loss(
-        config,
-        kl_coef,
-        stats.log_probs,
-        stats.entropy,
-        batch.log_probs,
-        batch.ref_log_probs,
-        batch.advantages,
-        mask,
-    )
-    if critic_apply is None:
-        return total, metrics
-    critic_params = params.get("critic", params["policy"])
-    values = episode_values(critic_apply, critic_params, batch.tokens, batch.mask)
-    value_loss = losses.value_loss(values, batch.values, batch.returns, config.vf_clip_eps, mask)
-    return total + config.vf_coef * value_loss, {**metrics, "loss/value_avg": value_loss}
 
 
 def check_config(
@@ -145,20 +84,12 @@ def check_config(
             "algorithm='ppo' needs critic_apply(params, tokens, mask) -> values [B, L]; pass "
             "one, or choose algorithm='grpo' or 'rloo', which need no critic.",
         )
-    if config.needs_critic and config.critic_warmup_steps:
-        raise ConfigError(
-            "critic_warmup_steps", "episode training has no critic warm-up yet: set it to 0."
-        )
     if config.needs_critic and turn_weight is not None:
         raise ConfigError(
             "algorithm",
             "turn_weight mixes critic-free group advantages; with algorithm='ppo' the critic's "
             "GAE assigns credit per token: leave turn_weight None.",
         )
-    if config.lora_rank:
-        raise ConfigError("lora_rank", "episode training does not take LoRA adapters yet.")
-    if config.adaptive_kl:
-        raise ConfigError("adaptive_kl", "episode training keeps beta at kl_coef so far.")
     if config.reward_weights is not None:
         raise ConfigError(
             "reward_weights", "episode rewards come from the env, with no reward functions."
@@ -169,85 +100,6 @@ def check_config(
             f"num_episodes {num_episodes} must be a multiple of group_size x num_minibatches "
             f"= {config.group_size} x {config.num_minibatches}.",
         )
-
-
-def credit(
-    config: RLHFConfig,
-    episodes: Episodes,
-    penalty_kl: jax.Array,
-    kl_coef: jax.Array,
-    turn_weight: Any,
-    turn_index: Any,
-) -> jax.Array:
-    """[N, L]: each model token's advantage, (1 - w) * episode + w * turn-level
-    (``credit``'s module), w = ``turn_weight``; the episode advantage alone when w is None."""
-    scores = episodes.rewards.sum(axis=1)
-    model_mask = episodes.model_mask
-    episode = episode_advantages(config, scores, penalty_kl, model_mask, kl_coef)
-    if turn_weight is None:
-        return episode
-    beta = kl_coef if config.kl_in == "reward" else 0.0
-    turn = turn_advantages(
-        config.algorithm,
-        config.group_size,
-        config.group_std,
-        episodes.rewards,
-        penalty_kl,
-        beta,
-        model_mask,
-        turn_index,
-    )
-    return mixed_advantages(episode, turn, turn_weight)
-
-
-def collect_episodes(
-    config: RLHFConfig,
-    policy_apply: PolicyApply,
-    episodes: Episodes,
-    state: RLHFState,
-    turn_weight: Any = None,
-    turn_index: Any = None,
-    critic_apply: CriticApply | None = None,
-) -> tuple[EpisodeBatch, dict[str, jax.Array]]:
-    """The update's batch and the rollout's metrics for episodes the current policy played;
-    with ``critic_apply`` (PPO) the advantages are ``episode_gae``'s (whitened over the
-    model's tokens when ``config.whiten_advantages``)."""
-    policy = state.params["policy"]
-    tokens, mask, model_mask = episodes.tokens, episodes.mask, episodes.model_mask
-    stats = episode_stats(policy_apply, policy, tokens, mask, config.temperature)
-    reference = episode_stats(policy_apply, state.reference, tokens, mask, config.temperature)
-    estimate = adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator)
-    penalty_kl = jnp.where(model_mask, estimate, 0.0)
-    scores = episodes.rewards.sum(axis=1)
-    if critic_apply is None:
-        advantages = credit(config, episodes, penalty_kl, state.kl_coef, turn_weight, turn_index)
-        values = returns = jnp.zeros(mask.shape, jnp.float32)
-    else:
-        critic = state.params.get("critic", policy)
-        values = jnp.where(model_mask, episode_values(critic_apply, critic, tokens, mask), 0.0)
-        beta = state.kl_coef if config.kl_in == "reward" else 0.0
-        advantages, returns = episode_gae(
-            episodes.rewards, penalty_kl, values, model_mask, turn_index, beta,
-            config.gamma, config.gae_lambda,
-        )  # fmt: skip
-        if config.whiten_advantages:
-            advantages = adv.whiten(advantages, model_mask)
-    batch = EpisodeBatch(
-        tokens, mask, model_mask, stats.log_probs, reference.log_probs, advantages, values,
-        returns,
-    )  # fmt: skip
-    kl = jnp.where(model_mask, stats.log_probs - reference.log_probs, 0.0).sum(axis=1)
-    metrics = {
-        "episodes/return": scores.mean(),
-        "episodes/turns": episodes.num_turns.mean(),
-        "episodes/terminated": episodes.terminated.mean(),
-        "episodes/model_tokens": model_mask.sum(axis=1).mean(),
-        "objective/kl": kl.mean(),
-        "objective/entropy": losses.masked_mean(stats.entropy, model_mask),
-    }
-    if critic_apply is not None:
-        metrics["val/explained_variance"] = losses.explained_variance(values, returns, model_mask)
-    return batch, metrics
 
 
 def check_turn_weight(turn_weight: Any) -> None:
@@ -277,13 +129,18 @@ def make_episode_trainer(
     w in [0, 1] (may be traced): each model token of turn k gets (1 - w) * the episode
     advantage + w * turn k's (MT-GRPO style, ``agents.credit``); None: episode-level only.
     ``critic_apply`` (PPO, as ``make_trainer``'s): ``(params, tokens, mask) -> values [B,
-    L]``; without critic params at init it reads the policy's (a value head)."""
+    L]``; without critic params at init it reads the policy's (a value head). LoRA
+    (``lora_rank``), the adaptive KL controller and ``critic_warmup_steps`` work as in
+    ``make_trainer``."""
     check_config(config, num_episodes, critic_apply, turn_weight)
     critic_apply = critic_apply if config.needs_critic else None
     check_turn_weight(turn_weight)
-    turn_index = EpisodeLayout(
-        env.prompt_len, config.response_len, env.reply_len, max_turns
-    ).turn_index
+    layout = EpisodeLayout(env.prompt_len, config.response_len, env.reply_len, max_turns)
+    turn_index = layout.turn_index
+    start = layout.prompt_len if max_turns == 1 else None
+    num_slots = min(
+        max_turns * config.response_len, token_budget or max_turns * config.response_len
+    )
     settings = EpisodeSettings(
         max_turns,
         config.response_len,
@@ -304,23 +161,28 @@ def make_episode_trainer(
         )  # fmt: skip
 
     def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
-        """The state at step 0, with the critic's own params when given; ``key`` is unused
-        (no adapters to draw), kept for the trainer's signature."""
-        del key
-        return initial_state(config, optimizer, policy_params, policy_params, critic_params)
+        """The state at step 0 (``make_trainer``'s): the policy (or zero-effect adapters drawn
+        with ``key``), the critic's own params when given, the frozen reference, beta."""
+        policy = initial_policy(config, policy_params, key)
+        return initial_state(config, optimizer, policy, policy_params, critic_params)
 
     def learn(
         state: RLHFState, episodes: Episodes, key: jax.Array
     ) -> tuple[RLHFState, dict[str, jax.Array]]:
-        """Score the episodes and update the policy on them (see the module)."""
-        batch, metrics = collect_episodes(
-            config, policy_apply, episodes, state, turn_weight, turn_index, critic_apply
+        """Score the episodes, update the policy on them, then beta (see the module)."""
+        full_policy = policy_params_fn(config, state.reference)
+        parts = LossParts(
+            policy_apply,
+            critic_apply,
+            full_policy,
+            state.kl_coef,
+            policy_weight(config, state.step),
         )
-        loss = functools.partial(
-            episode_loss, config, policy_apply, state.kl_coef, critic_apply=critic_apply
+        batch, metrics = collect_episodes(
+            config, parts, episodes, state, num_slots, turn_weight, turn_index, start
         )
         carry, update_metrics = run_epochs(
-            loss,
+            functools.partial(episode_loss, config, parts, start=start),
             optimizer,
             OptimizerCarry(state.params, state.opt_state),
             batch,
@@ -330,8 +192,14 @@ def make_episode_trainer(
             stop_kl=None,
             divergence_guard=config.divergence_guard,
         )
-        state = state.replace(params=carry.params, opt_state=carry.opt_state, step=state.step + 1)
-        return state, {**metrics, **update_metrics}
+        metrics = {**metrics, **update_metrics}
+        kl_coef = state.kl_coef
+        if config.adaptive_kl:
+            kl_coef = update_kl(config, kl_coef, metrics["objective/kl"], batch)
+        state = state.replace(
+            params=carry.params, opt_state=carry.opt_state, kl_coef=kl_coef, step=state.step + 1
+        )
+        return state, metrics
 
     compiled_learn = jax.jit(learn)
 
@@ -339,7 +207,8 @@ def make_episode_trainer(
         """One iteration: play, score, update (see the module). With a Python env the
         rollout runs on the host and the update is compiled apart: call it without jit."""
         sample_key, update_key = jax.random.split(key)
-        episodes = rollout(state.params["policy"], key=sample_key)
+        policy = policy_params_fn(config, state.reference)(state.params)
+        episodes = rollout(policy, key=sample_key)
         if runs_on_host(env):
             return compiled_learn(state, episodes, update_key)
         return learn(state, episodes, update_key)

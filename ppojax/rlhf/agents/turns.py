@@ -131,6 +131,31 @@ def sample_turn(
     return carry, TurnTokens(*turn)
 
 
+def rollout_keys(
+    key: jax.Array, max_turns: int, turn_len: int, num_groups: int
+) -> tuple[jax.Array, jax.Array]:
+    """The keys of a rollout: turn keys [max_turns] (``sample_turn`` draws turn k's token keys
+    as split(turn key, R)) and reset keys [num_groups]. Turn 0's key is ``key`` itself, so a
+    one-turn episode draws its tokens from the keys ``make_trainer``'s sampler draws a
+    response from (``sample_responses``: split(key, R)); the other keys are split(key, R +
+    max_turns - 1 + num_groups)[R:], none of which is one of turn 0's token keys."""
+    rest = jax.random.split(key, turn_len + max_turns - 1 + num_groups)[turn_len:]
+    turn_keys = jnp.concatenate([key[None], rest[: max_turns - 1]])
+    return turn_keys, rest[max_turns - 1 :]
+
+
+def feed_reply(
+    context: Context, model_state: Any, logits: jax.Array, reply: Tokens, column: Any
+) -> tuple[Any, jax.Array]:
+    """The model's state and next-token logits [B, V] after the replies [B, O] fed at
+    ``column`` (``logits`` kept for a row whose reply has no real token); nothing to feed
+    for an env that never replies (O = 0: a one-turn env)."""
+    if reply.tokens.shape[1] == 0:
+        return model_state, logits
+    model_state, chunk_logits = context.feed(model_state, *reply, column)
+    return model_state, last_real_logits(logits, chunk_logits, reply.mask)
+
+
 def last_real_logits(logits: jax.Array, chunk_logits: jax.Array, mask: jax.Array) -> jax.Array:
     """The logits [B, V] after a chunk [B, S] (mask [B, S]): those at its last real token, or
     ``logits`` unchanged for a row without one."""

@@ -29,7 +29,7 @@ from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core import lora
 from ppojax.rlhf.core.advantages import update_kl_coef
 from ppojax.rlhf.core.config import RLHFConfig
-from ppojax.rlhf.core.objective import LossParts, RLHFBatch, rlhf_loss
+from ppojax.rlhf.core.objective import LossParts, rlhf_loss
 from ppojax.rlhf.core.rollout import Roles, collect, rollout_metrics
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 
@@ -101,6 +101,23 @@ def policy_params_fn(config: RLHFConfig, reference: Any) -> Callable[[dict], Any
     return lambda params: lora.merge(reference, params["policy"], scale)
 
 
+def initial_policy(config: RLHFConfig, policy_params: Any, key: jax.Array) -> Any:
+    """What a trainer trains from ``policy_params``: the params themselves, or with
+    ``config.lora_rank`` LoRA adapters drawn with ``key`` (B = 0: the policy starts at the
+    base, which stays the frozen reference)."""
+    if not config.lora_rank:
+        return policy_params
+    return lora.init_adapters(
+        policy_params, config.lora_targets, config.lora_rank, key, config.lora_full
+    )
+
+
+def policy_weight(config: RLHFConfig, step: jax.Array) -> jax.Array:
+    """``LossParts.policy_on``: 0.0 during the critic's warm-up (step < critic_warmup_steps,
+    only the value loss trains), 1.0 after."""
+    return (step >= config.critic_warmup_steps).astype(jnp.float32)
+
+
 def initial_state(
     config: RLHFConfig,
     optimizer: optax.GradientTransformation,
@@ -142,12 +159,7 @@ def make_trainer(
     def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
         """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen
         reference and beta = config.kl_coef."""
-        if config.lora_rank:
-            policy = lora.init_adapters(
-                policy_params, config.lora_targets, config.lora_rank, key, config.lora_full
-            )
-        else:
-            policy = policy_params
+        policy = initial_policy(config, policy_params, key)
         return initial_state(config, optimizer, policy, policy_params, critic_params)
 
     roles = Roles(policy_apply, critic_apply if config.needs_critic else None, kv_cache)
@@ -178,9 +190,8 @@ def train_step(
     rollout = collect(
         config, roles, reward_fns, full_policy, state, prompts, prompt_mask, sample_key
     )
-    warm = state.step >= config.critic_warmup_steps
     parts = LossParts(
-        policy_apply, critic_apply, full_policy, state.kl_coef, warm.astype(jnp.float32)
+        policy_apply, critic_apply, full_policy, state.kl_coef, policy_weight(config, state.step)
     )
     carry, update_metrics = run_epochs(
         functools.partial(rlhf_loss, config, parts),
@@ -204,9 +215,10 @@ def train_step(
     return state, metrics
 
 
-def update_kl(config: RLHFConfig, kl_coef: jax.Array, kl: jax.Array, batch: RLHFBatch) -> jax.Array:
-    """The adaptive controller on this step's sequence KL, n = the rows of the batch."""
-    rows = batch.responses.shape[0]
+def update_kl(config: RLHFConfig, kl_coef: jax.Array, kl: jax.Array, batch: Any) -> jax.Array:
+    """The adaptive controller on this step's sequence KL, n = the rows of the batch (an
+    ``RLHFBatch``, or any pytree of [n, ...] leaves: the episode trainer's)."""
+    rows = jax.tree.leaves(batch)[0].shape[0]
     return update_kl_coef(kl_coef, kl, config.kl_target, config.kl_horizon, rows)
 
 

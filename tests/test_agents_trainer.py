@@ -1,0 +1,226 @@
+"""The episode trainer against the one-turn trainer: a one-turn env (``OneTurnEnv``) run
+through ``make_episode_trainer`` gives ``make_trainer``'s new state and metrics bit for bit
+(GRPO; PPO with a critic and its warm-up); LoRA and the adaptive KL controller on multi-turn
+episodes; the slots the update reads, by hand; the KV cache across turns against
+recomputing the context, logit by logit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppojax.rlhf import RLHFConfig, make_trainer
+from ppojax.rlhf.agents import guessing as g
+from ppojax.rlhf.agents.context import cached_context
+from ppojax.rlhf.agents.credit import model_slots
+from ppojax.rlhf.agents.episodes import EpisodeLayout, EpisodeSettings, rollout_episodes
+from ppojax.rlhf.agents.one_turn import OneTurnEnv
+from ppojax.rlhf.agents.trainer import make_episode_trainer
+from ppojax.rlhf.agents.turns import rollout_keys
+from ppojax.rlhf.core.lora import merge
+from ppojax.rlhf.models.transformer import transformer
+
+VOCAB, PROMPT, RESPONSE = 12, 3, 4
+POOL = jnp.array([[0, 3, 4], [5, 6, 8], [0, 0, 9]])  # left-padded with pad_id 0
+
+
+def token_sum(prompts, prompt_mask, responses, response_mask):
+    """A reward that differs between responses: the mean response token id / 64."""
+    return (responses * response_mask).sum(axis=1) / 64.0
+
+
+def tiny_lm(length):
+    lm = transformer(VOCAB, length, d_model=16, num_heads=2, num_layers=1)
+
+    # plain functions: both trainers read the full logits (no chunked scoring)
+    def policy_apply(params, tokens, mask):
+        return lm.policy_apply(params, tokens, mask)
+
+    def critic_apply(params, tokens, mask):
+        return lm.critic_apply(params, tokens, mask)
+
+    return lm, policy_apply, critic_apply
+
+
+def differences(a, b):
+    """The paths of the leaves of two pytrees that are not bit-identical."""
+    return [
+        jax.tree_util.keystr(path)
+        for (path, x), y in zip(
+            jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True
+        )
+        if not np.array_equal(x, y)
+    ]
+
+
+def both_trainers(config, num_episodes, critic=False, steps=2):
+    """``steps`` steps of make_trainer and of the episode trainer on OneTurnEnv (max_turns 1),
+    with the same config, params, keys and the prompts the env draws; the states and metrics
+    of each step, side by side."""
+    lm, policy_apply, critic_apply = tiny_lm(PROMPT + RESPONSE)
+    env = OneTurnEnv(POOL, POOL != 0, token_sum)
+    kwargs = {"critic_apply": critic_apply} if critic else {}
+    one_turn = make_trainer(config, policy_apply, [token_sum], **kwargs)
+    episodes = make_episode_trainer(config, policy_apply, env, num_episodes, 1, **kwargs)
+    params = lm.init(jax.random.key(0))
+    critic_params = lm.init(jax.random.key(5)) if critic else None
+    states = [
+        trainer.init(params, jax.random.key(1), critic_params) for trainer in (one_turn, episodes)
+    ]
+    groups = num_episodes // config.group_size
+
+    @jax.jit
+    def drawn_prompts(key):
+        # the prompts the episode step's rollout draws: its sample key's reset keys
+        _, resets = rollout_keys(jax.random.split(key)[0], 1, RESPONSE, groups)
+        return jax.vmap(env.reset)(resets)[1]
+
+    step_one, step_episodes = jax.jit(one_turn.step), jax.jit(episodes.step)
+    history = []
+    for index in range(steps):
+        key = jax.random.key(10 + index)
+        prompts = drawn_prompts(key)
+        first, first_metrics = step_one(states[0], prompts.tokens, prompts.mask, key)
+        second, second_metrics = step_episodes(states[1], key)
+        states = [first, second]
+        history.append((first, first_metrics, second, second_metrics))
+    return params, critic_params, history
+
+
+def assert_same_step(first, first_metrics, second, second_metrics):
+    assert differences(first, second) == []
+    common = set(first_metrics) & set(second_metrics)
+    assert {"objective/kl", "objective/entropy", "objective/kl_coef", "grad_norm"} <= common
+    assert {
+        "loss/policy_avg",
+        "policy/approxkl_avg",
+        "val/ratio",
+        "objective/rlhf_reward",
+    } <= common
+    for name in sorted(common):
+        np.testing.assert_array_equal(first_metrics[name], second_metrics[name], err_msg=name)
+    np.testing.assert_array_equal(
+        first_metrics["objective/scores"], second_metrics["episodes/return"]
+    )
+    np.testing.assert_array_equal(
+        first_metrics["completions/mean_length"], second_metrics["episodes/model_tokens"]
+    )
+
+
+def test_one_turn_env_gives_make_trainers_grpo_step_bit_for_bit():
+    """GRPO (KL in the loss, adaptive beta), two steps: the params, optimizer state, beta and
+    every shared metric equal bit for bit, and the steps do move the policy."""
+    config = RLHFConfig(
+        algorithm="grpo", group_size=2, pad_id=0, eos_id=1, response_len=RESPONSE,
+        update_epochs=2, num_minibatches=2, learning_rate=1e-2, kl_in="loss",
+        kl_estimator="k3", adaptive_kl=True, kl_horizon=100.0,
+    )  # fmt: skip
+    params, _, history = both_trainers(config, 8)
+    for first, first_metrics, second, second_metrics in history:
+        assert_same_step(first, first_metrics, second, second_metrics)
+    assert differences(history[-1][0].params["policy"], params) != []
+    assert float(history[-1][0].kl_coef) != config.kl_coef
+    assert float(history[-1][1]["objective/kl"]) > 0
+
+
+def test_one_turn_env_gives_make_trainers_ppo_step_bit_for_bit_through_warm_up():
+    """PPO with its own critic and one warm-up step: both steps equal make_trainer's bit for
+    bit; during the warm-up the policy's params stay bit-identical while the critic's move,
+    after it the policy moves too."""
+    config = RLHFConfig(
+        algorithm="ppo", pad_id=0, eos_id=1, response_len=RESPONSE, update_epochs=2,
+        num_minibatches=2, learning_rate=1e-2, gamma=0.9, gae_lambda=0.8,
+        critic_warmup_steps=1,
+    )  # fmt: skip
+    params, critic_params, history = both_trainers(config, 8, critic=True)
+    for first, first_metrics, second, second_metrics in history:
+        assert_same_step(first, first_metrics, second, second_metrics)
+        assert "loss/value_avg" in second_metrics and "val/explained_variance" in first_metrics
+    warm, after = history[0][2], history[1][2]
+    assert differences(warm.params["policy"], params) == []
+    assert differences(warm.params["critic"], critic_params) != []
+    assert differences(after.params["policy"], params) != []
+
+
+def test_lora_and_the_adaptive_kl_controller_on_multi_turn_episodes():
+    """The guessing game, GRPO with LoRA adapters on the attention's qkv kernels and the
+    adaptive controller: only the adapters train (the base, which is the reference, stays
+    bit-identical, and the merged policy moves); beta follows beta * (1 + clip(KL / target -
+    1, -0.2, 0.2) * n / horizon) with n = 8 episodes, horizon 40: step 1 plays the base
+    itself (KL exactly 0: beta * (1 - 0.2 * 8 / 40) = 0.05 * 0.96 = 0.048), step 2 a moved
+    policy whose KL is above the tiny target (beta rises by 4%)."""
+    env = g.NumberGuessing(num_values=4, max_turns=2)
+    config = RLHFConfig(
+        pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="grpo", group_size=2,
+        update_epochs=1, num_minibatches=2, learning_rate=3e-2, ent_coef=0.05,
+        lora_rank=2, lora_targets=("qkv",), adaptive_kl=True, kl_target=1e-6,
+        kl_horizon=40.0,
+    )  # fmt: skip
+    length = EpisodeLayout(1, 2, 1, 2).length
+    lm = transformer(g.VOCAB_SIZE, length, d_model=16, num_heads=2, num_layers=1)
+    trainer = make_episode_trainer(config, lm.policy_apply, env, 8, 2, kv_cache=lm.kv_cache)
+    params = lm.init(jax.random.key(0))
+    state = trainer.init(params, jax.random.key(3))
+    step = jax.jit(trainer.step)
+    betas, kls = [float(state.kl_coef)], []
+    for index in range(2):
+        state, metrics = step(state, jax.random.key(20 + index))
+        betas.append(float(state.kl_coef))
+        kls.append(float(metrics["objective/kl"]))
+    adapters = state.params["policy"]
+    assert set(adapters) and all("qkv" in name for name in adapters)
+    assert differences(state.reference, params) == []  # the base: bit-identical
+    scale = config.lora_alpha / config.lora_rank
+    assert differences(merge(state.reference, adapters, scale), params) != []
+    assert kls[0] == 0.0 and kls[1] > 1e-6
+    np.testing.assert_allclose(betas[1], 0.05 * (1 - 0.2 * 8 / 40), rtol=1e-6)
+    np.testing.assert_allclose(betas[2], betas[1] * (1 + 0.2 * 8 / 40), rtol=1e-6)
+
+
+def test_model_slots_by_hand():
+    """Each row's model tokens, in order, at the front: columns and fill by hand, and the
+    scatter back to the columns."""
+    model_mask = jnp.array([[0, 1, 1, 0, 1, 0], [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 0]], bool)
+    slots = model_slots(model_mask, 4)
+    np.testing.assert_array_equal(slots.columns, [[1, 2, 4, 0], [4, 0, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(slots.mask, [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    values = jnp.arange(18.0).reshape(3, 6) + 1
+    np.testing.assert_array_equal(slots.gather(values), [[2, 3, 5, 0], [11, 0, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(
+        slots.scatter(slots.gather(values), 6), np.where(model_mask, values, 0.0)
+    )
+
+
+def test_kv_cache_across_turns_gives_the_logits_of_recomputing_the_context():
+    """Episodes of three turns are read again through the KV cache, a prefill and then each
+    turn's response slot and reply slot as chunks (masked gaps included): at every real
+    column the cached logits are those of one forward pass over the whole episode."""
+    env = g.NumberGuessing(num_values=10, max_turns=3)
+    settings = EpisodeSettings(3, 3, 1.0, g.PAD, g.EOS)
+    layout = EpisodeLayout(1, 3, 1, 3)
+    lm = transformer(g.VOCAB_SIZE, layout.length, d_model=16, num_heads=2, num_layers=1)
+    params = lm.init(jax.random.key(0))
+
+    @jax.jit
+    def read(key):
+        episodes = rollout_episodes(lm.policy_apply, params, env, key, 4, settings)
+        full = lm.policy_apply(params, episodes.tokens, episodes.mask)
+        context = cached_context(lm.kv_cache, params, layout.length)
+        prompt = (episodes.tokens[:, :1], episodes.mask[:, :1])
+        cache, first = context.start(type(env.reset(key)[1])(*prompt))
+        chunks = []
+        for start in range(1, layout.length, 3 + 1):
+            for begin, width in ((start, 3), (start + 3, 1)):
+                columns = slice(begin, begin + width)
+                cache, logits = context.feed(
+                    cache, episodes.tokens[:, columns], episodes.mask[:, columns], begin
+                )
+                chunks.append(logits)
+        return episodes, full, first, jnp.concatenate(chunks, axis=1)
+
+    episodes, full, first, cached = read(jax.random.key(2))
+    mask = np.asarray(episodes.mask)
+    assert mask[:, 1 + 3 + 1 :].any()  # a later turn was played
+    # float32 sums of O(1) logits in another order (as test_agents' cache tolerance)
+    np.testing.assert_allclose(first, full[:, 0], atol=2e-5)
+    real = mask[:, 1:]
+    np.testing.assert_allclose(np.asarray(cached)[real], np.asarray(full)[:, 1:][real], atol=2e-5)
