@@ -182,7 +182,7 @@ def check_python_env(
     (``HostRollout``: ids, reward, done), and the prompt's ids below ``vocab_size``."""
     probe = HostRollout(model, env, 1, settings, 1, env_name=repr(env_id))
     try:
-        states, prompt = probe.reset(jax.random.key(0))
+        states, prompt = probe.reset(jax.random.split(jax.random.key(0), 1))  # one group
         _, reply, _, _ = probe.step(states[0], [settings.eos_id], 0, 0)
     except HostEnvError as error:
         raise ValueError(f"{error} (in the check before training)") from None

@@ -38,7 +38,7 @@ from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings
 from ppojax.rlhf.apps import episode_checks as checks
 from ppojax.rlhf.apps.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
-from ppojax.rlhf.core.trainer import RLHFState
+from ppojax.rlhf.core.trainer import RLHFState, policy_params_fn
 from ppojax.rlhf.models.transformer import LanguageModel, transformer, zero_value_head
 from ppojax.runs import folder
 from ppojax.runs.lock import run_lock
@@ -271,8 +271,9 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
         raise RunDiverged(diverged.replace("No final/ is written: its", "Its"))
     evaluate = evaluator(prepared, settings["episodes"]["eval_episodes"])
     eval_key = jax.random.fold_in(seed_key, 3)  # apart from init (1) and training (2)
-    start = evaluate(prepared.state.params["policy"], eval_key)
-    end = evaluate(result.state.params["policy"], eval_key)
+    policy = policy_params_fn(prepared.trainer.config, prepared.state.reference)  # LoRA: merged
+    start = evaluate(policy(prepared.state.params), eval_key)
+    end = evaluate(policy(result.state.params), eval_key)
     summary = summarize(result, held_out_start=start, held_out=end)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
     print(f"run folder: {run_dir}")
