@@ -10,6 +10,7 @@ A tiny Qwen2-shaped decoder (2 layers, width 16) keeps every compile small.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from ppojax.checks import ConfigError
-from ppojax.rlhf import RLHFConfig, StepShape, make_trainer, plan
+from ppojax.rlhf import PlanError, RLHFConfig, StepShape, make_trainer, plan
 from ppojax.rlhf.core.sampling import SamplingSettings, sample_responses
 from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
 from ppojax.rlhf.models.config import parse_config
@@ -107,6 +108,12 @@ def test_the_plan_subtracts_what_the_step_writes_in_place():
     assert memory.aliased == held + 8
     arguments = held + memory.inputs
     assert memory.peak == arguments + memory.outputs - memory.aliased + memory.temporaries
+
+    # remat_layers reaches the planned step: each layer's forward runs again in the backward
+    remat = plan(TINY, replace(step, remat_layers=True), "cpu", 1)
+    assert remat.step.remat_layers and remat.launches > plan(TINY, step, "cpu", 1).launches
+    with pytest.raises(PlanError, match="--remat-layers is for ppo, grpo and rloo"):
+        StepShape("sft", remat_layers=True)
 
 
 # --- the KV cache -------------------------------------------------------------------------
