@@ -32,6 +32,7 @@ def table(results: dict) -> str:
     for row in results["tasks"]:
         step, memory = row["step"], row["memory"]
         lora = f" LoRA r{step['lora_rank']}" if step["lora_rank"] else ""
+        lora += " remat" if step.get("remat_layers") else ""
         what = (
             f"{step['algorithm']}{lora} {step['prompts']} x {step['group_size']}, "
             f"{step['prompt_len']} + {step['response_len']}, {step['dtype']}"
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--target", default="h100")
+    parser.add_argument("--remat-layers", action="store_true")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "plan.json")
@@ -76,13 +78,14 @@ def main() -> None:
         response_len=args.response_len,
         lora_rank=args.lora_rank,
         dtype=args.dtype,
+        remat_layers=args.remat_layers,
     )
     found = plan(args.model, step, args.target, args.devices, search=args.search)
     print(found.report())
     key = (
         f"{args.model} {step.algorithm} {step.prompts}x{step.group_size} "
         f"{step.prompt_len}+{step.response_len} {step.dtype} lora{step.lora_rank} "
-        f"{args.devices}x{args.target}"
+        f"{args.devices}x{args.target}" + (" remat" if step.remat_layers else "")
     )
     row = {"key": key, **found.to_dict(), **record(__file__, sys.argv[1:])}
     results = read_rows(args.out, "plan", "ppojax plan on published shapes, compiled on a CPU")

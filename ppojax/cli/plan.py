@@ -55,6 +55,11 @@ def build_parser() -> Parser:
         default=",".join(default.lora_targets),
         help=f"layers with adapters ({','.join(default.lora_targets)})",
     )
+    parser.add_argument(
+        "--remat-layers",
+        action="store_true",
+        help="rematerialize each decoder layer in the loss (RLHFConfig.remat_layers)",
+    )
     parser.add_argument("--target", default="h100", help="h100, h200 or cpu (h100)")
     parser.add_argument("--devices", type=parse_int, default=1, help="GPUs in one FSDP mesh (1)")
     parser.add_argument("--memory-gib", type=parse_float, help="memory per device (the spec's)")
@@ -90,6 +95,7 @@ def run(args) -> int:
     step = StepShape(
         **{name: getattr(args, name) for name in STEP_FLAGS},
         lora_targets=tuple(part for part in args.lora_targets.split(",") if part),
+        remat_layers=args.remat_layers,
     )
     memory = None if args.memory_gib is None else int(args.memory_gib * GIB)
     found = plan(

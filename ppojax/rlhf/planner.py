@@ -64,7 +64,8 @@ class StepShape:
     ``group_size``: responses per prompt (ppo, grpo, rloo); ``prompt_len`` and
     ``response_len``: tokens (sft, dpo, rm: the completion's); ``lora_rank`` 0: full
     fine-tuning, else adapters on ``lora_targets``; ``dtype``: params and compute;
-    ``update_epochs`` and ``num_minibatches``: RLHFConfig's, which the commands default to."""
+    ``update_epochs``, ``num_minibatches`` and ``remat_layers``: RLHFConfig's, which the
+    commands default to."""
 
     algorithm: str = "grpo"
     prompts: int = 8
@@ -76,6 +77,7 @@ class StepShape:
     dtype: str = "bfloat16"
     update_epochs: int = 4
     num_minibatches: int = 4
+    remat_layers: bool = False
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -89,6 +91,8 @@ class StepShape:
             raise PlanError(f"--lora-rank must be an int >= 0, got {self.lora_rank!r}")
         if self.lora_rank and self.algorithm not in RL_ALGORITHMS:
             raise PlanError(f"--lora-rank is for ppo, grpo and rloo, not {self.algorithm}")
+        if self.remat_layers and self.algorithm not in RL_ALGORITHMS:
+            raise PlanError(f"--remat-layers is for ppo, grpo and rloo, not {self.algorithm}")
         if self.algorithm in ("grpo", "rloo") and self.group_size < 2:
             raise PlanError(f"--group-size must be >= 2 for {self.algorithm}, got 1")
 
@@ -193,6 +197,7 @@ def rl_config(step: StepShape, config: DecoderConfig) -> RLHFConfig:
         group_size=step.group_size,
         update_epochs=step.update_epochs,
         num_minibatches=step.num_minibatches,
+        remat_layers=step.remat_layers,
         **lora,
     )
 

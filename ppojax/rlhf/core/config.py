@@ -53,9 +53,9 @@ class RLHFConfig:
 
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
     update_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
-    whiten_advantages, group_std, critic_warmup_steps, divergence_guard), the reward weights
-    and the LoRA layout (lora_rank, lora_targets, lora_full). Traced: temperature, learning
-    rate and every coefficient.
+    whiten_advantages, group_std, critic_warmup_steps, divergence_guard, remat_layers), the
+    reward weights and the LoRA layout (lora_rank, lora_targets, lora_full). Traced:
+    temperature, learning rate and every coefficient.
     """
 
     pad_id: int = static(0)  # the token after EOS and on the left of short prompts
@@ -79,6 +79,10 @@ class RLHFConfig:
     # Skip a step whose loss, gradients or update is not finite; on by default, where env
     # PPO's PPOConfig has it off: one bad batch would otherwise end an hours-long LM run.
     divergence_guard: bool = static(True)
+    # Memory levers: they change the program's peak, not its numbers (beyond float32 order).
+    # remat_layers: the loss's forward keeps only each decoder layer's input and its backward
+    # recomputes the rest a layer at a time (``ppojax.rlhf.core.remat``).
+    remat_layers: bool = static(False)
 
     temperature: float = 1.0
     learning_rate: float = 1e-4
@@ -225,7 +229,8 @@ def validate(config: RLHFConfig) -> None:
     check_choice("RLHFConfig", "loss_aggregation", config.loss_aggregation, LOSS_AGGREGATIONS)
     _check_ints(config)
     _check_weights(config)
-    for name in ("adaptive_kl", "whiten_advantages", "group_std", "divergence_guard"):
+    flags = ("adaptive_kl", "whiten_advantages", "group_std", "divergence_guard", "remat_layers")
+    for name in flags:
         check_bool("RLHFConfig", name, getattr(config, name))
     positive = ("temperature", "learning_rate", "max_grad_norm", "clip_eps", "vf_clip_eps")
     for name in positive + ("kl_target", "kl_horizon", "lora_alpha"):

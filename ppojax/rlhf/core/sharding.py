@@ -131,7 +131,11 @@ def shard_trainer(trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> A
     """``trainer`` (from ``make_trainer``) with jitted ``init`` and ``step`` whose state lives
     sharded over ``mesh``: init creates the reference, adapters and Adam's moments directly in
     their shards; step takes prompts [B, P] with B a multiple of the device count, splits
-    them over ("data", "fsdp") and returns the state in the same layout, metrics replicated."""
+    them over ("data", "fsdp") and returns the state in the same layout, metrics replicated.
+
+    ``step`` donates its state: the next state is written into the buffers of the one given,
+    not beside them (without it a step's outputs held a second copy of the params, reference
+    and Adam's moments), so the state passed in is deleted; keep only what ``step`` returns."""
     check_mesh(mesh)
     rows = batch_sharding(mesh)
 
@@ -148,7 +152,7 @@ def shard_trainer(trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> A
         state, metrics = trainer.step(state, prompts, prompt_mask, key)
         return constrain(state, mesh, min_size), metrics
 
-    return trainer._replace(init=jax.jit(init), step=jax.jit(step))
+    return trainer._replace(init=jax.jit(init), step=jax.jit(step, donate_argnums=0))
 
 
 def bytes_per_device(tree: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> int:

@@ -26,7 +26,7 @@ from flax import struct
 from ppojax.checks import ConfigError
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.engine.optim import clipped_adam
-from ppojax.rlhf.core import lora
+from ppojax.rlhf.core import lora, remat
 from ppojax.rlhf.core.advantages import update_kl_coef
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import LossParts, rlhf_loss
@@ -193,8 +193,11 @@ def train_step(
     parts = LossParts(
         policy_apply, critic_apply, full_policy, state.kl_coef, policy_weight(config, state.step)
     )
+    loss = functools.partial(rlhf_loss, config, parts)
+    if config.remat_layers:
+        loss = remat.with_rematerialized_layers(loss)
     carry, update_metrics = run_epochs(
-        functools.partial(rlhf_loss, config, parts),
+        loss,
         optimizer,
         OptimizerCarry(state.params, state.opt_state),
         rollout.batch,
