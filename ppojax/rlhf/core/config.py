@@ -53,9 +53,9 @@ class RLHFConfig:
 
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
     update_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
-    whiten_advantages, group_std, critic_warmup_steps, divergence_guard), the reward weights
-    and the LoRA layout (lora_rank, lora_targets, lora_full). Traced: temperature, learning
-    rate and every coefficient.
+    whiten_advantages, group_std, critic_warmup_steps, divergence_guard, logit_chunk), the
+    reward weights and the LoRA layout (lora_rank, lora_targets, lora_full). Traced:
+    temperature, learning rate and every coefficient.
     """
 
     pad_id: int = static(0)  # the token after EOS and on the left of short prompts
@@ -79,6 +79,10 @@ class RLHFConfig:
     # Skip a step whose loss, gradients or update is not finite; on by default, where env
     # PPO's PPOConfig has it off: one bad batch would otherwise end an hours-long LM run.
     divergence_guard: bool = static(True)
+    # How the step is computed, not what it computes (the same numbers within rounding):
+    # response tokens whose LM-head logits are computed at once, scoring and in the loss, for
+    # a policy that gives its head apart (ppojax.rlhf.core.logprobs); 0: all [B, R, V] at once.
+    logit_chunk: int = static(4096)
 
     temperature: float = 1.0
     learning_rate: float = 1e-4
@@ -171,7 +175,7 @@ def stored_names(values: Mapping[str, Any]) -> dict[str, Any]:
 def _check_ints(config: RLHFConfig) -> None:
     for name in ("response_len", "group_size", "update_epochs", "num_minibatches"):
         check_positive_int("RLHFConfig", name, getattr(config, name))
-    for name in ("pad_id", "eos_id", "critic_warmup_steps", "lora_rank"):
+    for name in ("pad_id", "eos_id", "critic_warmup_steps", "lora_rank", "logit_chunk"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(name, f"RLHFConfig.{name} must be an int >= 0, got {value!r}.")
