@@ -4,8 +4,8 @@ A policy that gives its final hidden states and its LM head apart (``SplitPolicy
 in chunks of response positions: each chunk's head matmul and log-softmax run under
 ``jax.checkpoint`` inside ``lax.map``, so one chunk's logits [B, c, V] live at a time and the
 backward pass recomputes a chunk's logits instead of keeping every chunk's. With a vocabulary
-of 151,936 and 64 responses of 1,024 tokens the full logits alone are tens of GB; a chunk of
-4,096 tokens is about 1 GB. Any other ``policy_apply`` is scored from its full logits
+of 151,936 and 64 responses of 1,024 tokens the full logits are 20 GB in bfloat16; a chunk
+of 4,096 tokens is 1.2 GB. Any other ``policy_apply`` is scored from its full logits
 (``sampling.response_stats``), as is every policy with ``logit_chunk`` 0.
 """
 
