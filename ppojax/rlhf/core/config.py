@@ -82,6 +82,8 @@ class RLHFConfig:
     # How the step is computed, not what it computes (the same numbers within rounding):
     # response tokens whose LM-head logits are computed at once, scoring and in the loss, for
     # a policy that gives its head apart (ppojax.rlhf.core.logprobs); 0: all [B, R, V] at once.
+    # 4096: in the planner, lower one-H100 peaks than 0 for three Qwen2.5 steps, than 16384
+    # for two of them and than 1024 for the third (docs/rlhf.md).
     logit_chunk: int = static(4096)
 
     temperature: float = 1.0
