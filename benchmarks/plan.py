@@ -2,7 +2,8 @@
 step-time estimate and the verdict of a post-training step, compiled for H100s on a CPU.
 
     PYTHONPATH=/path/to/aotsite JAX_PLATFORMS=cpu python benchmarks/plan.py \\
-        [--model qwen2.5-0.5b] [--algorithm grpo] [--devices 1] [--search] [--out FILE]
+        [--model qwen2.5-0.5b] [--algorithm grpo] [--devices 1] [--logit-chunk 4096] \\
+        [--search] [--out FILE]
 
 Needs the CUDA plugin of the ``gpu-aot`` extra. Each run adds (or replaces) one row, keyed by
 model, step and target, in benchmarks/results/plan.json, with the plan's numbers and the
@@ -33,9 +34,11 @@ def table(results: dict) -> str:
         step, memory = row["step"], row["memory"]
         lora = f" LoRA r{step['lora_rank']}" if step["lora_rank"] else ""
         lora += " remat" if step.get("remat_layers") else ""
+        # rows measured before logit_chunk existed computed every logit at once
+        chunk = f", logits by {step['logit_chunk']}" if step.get("logit_chunk") else ""
         what = (
             f"{step['algorithm']}{lora} {step['prompts']} x {step['group_size']}, "
-            f"{step['prompt_len']} + {step['response_len']}, {step['dtype']}"
+            f"{step['prompt_len']} + {step['response_len']}, {step['dtype']}{chunk}"
         )
         parts = ("parameters", "reference", "critic", "optimizer", "temporaries", "outputs")
         cells = [f"{memory[part] / gib:.2f}" for part in (*parts, "peak")]
@@ -57,6 +60,7 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=1024)
     parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--logit-chunk", type=int, default=StepShape.logit_chunk)
     parser.add_argument("--target", default="h100")
     parser.add_argument("--remat-layers", action="store_true")
     parser.add_argument("--devices", type=int, default=1)
@@ -79,6 +83,7 @@ def main() -> None:
         lora_rank=args.lora_rank,
         dtype=args.dtype,
         remat_layers=args.remat_layers,
+        logit_chunk=args.logit_chunk,
     )
     found = plan(args.model, step, args.target, args.devices, search=args.search)
     print(found.report())

@@ -100,13 +100,26 @@ def test_flops_by_hand():
     # (1536), the tied head 1024 x 16 (16384): 2 x 18688 = 37376, attention 4 x 16 x 8 = 512
     assert token_flops(config, 8) == 37376 + 512
     assert token_flops(config, 8, logits=False) == 2 * (768 + 1536) + 512
-    step = StepShape("grpo", prompts=2, group_size=3, prompt_len=5, response_len=3, update_epochs=2)
+    step = StepShape(
+        "grpo",
+        prompts=2,
+        group_size=3,
+        prompt_len=5,
+        response_len=3,
+        update_epochs=2,
+        logit_chunk=0,
+    )
     full = 6 * 8 * (37376 + 512)  # 6 rows of 8 tokens
     sampled = 6 * 5 * (37376 + 512) + 6 * 3 * (37376 + 512)
     # sampling, policy and reference log-probs, 2 epochs of forward + backward (3 forwards)
     assert step_flops(config, step) == sampled + 2 * full + 2 * 3 * full
     lora = replace(step, lora_rank=4)
     assert step_flops(config, lora) == sampled + 2 * full + 2 * 2 * full
+    # in chunks the head (2 x 16384 a token) runs at the 6 x 3 response tokens only, and in
+    # the update 4 times: forward, its recomputation, backward (2)
+    trunk, head = 6 * 8 * (2 * (768 + 1536) + 512), 6 * 3 * 2 * 16384
+    chunked = replace(step, logit_chunk=4096)
+    assert step_flops(config, chunked) == sampled + 2 * (trunk + head) + 2 * (3 * trunk + 4 * head)
 
 
 def test_largest_fitting_doubles_then_bisects():

@@ -29,6 +29,7 @@ STEP_FLAGS = (
     "dtype",
     "update_epochs",
     "num_minibatches",
+    "logit_chunk",
 )
 
 

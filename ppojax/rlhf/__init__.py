@@ -17,6 +17,7 @@ from ppojax.rlhf.core.advantages import (
     update_kl_coef,
 )
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.lora import tree_bytes
 from ppojax.rlhf.core.objective import RLHFBatch, aggregate
 from ppojax.rlhf.core.sampling import (
@@ -79,6 +80,7 @@ __all__ = [
     "Samples",
     "SamplingSettings",
     "Sequences",
+    "SplitPolicy",
     "StepShape",
     "Trainer",
     "TransformerLM",

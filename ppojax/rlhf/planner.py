@@ -64,8 +64,9 @@ class StepShape:
     ``group_size``: responses per prompt (ppo, grpo, rloo); ``prompt_len`` and
     ``response_len``: tokens (sft, dpo, rm: the completion's); ``lora_rank`` 0: full
     fine-tuning, else adapters on ``lora_targets``; ``dtype``: params and compute;
-    ``update_epochs``, ``num_minibatches`` and ``remat_layers``: RLHFConfig's, which the
-    commands default to."""
+    ``update_epochs``, ``num_minibatches``, ``remat_layers`` and ``logit_chunk`` (ppo, grpo,
+    rloo: response tokens whose LM-head logits are computed at once, 0 all): RLHFConfig's,
+    which the commands default to."""
 
     algorithm: str = "grpo"
     prompts: int = 8
@@ -78,6 +79,7 @@ class StepShape:
     update_epochs: int = 4
     num_minibatches: int = 4
     remat_layers: bool = False
+    logit_chunk: int = RLHFConfig.logit_chunk
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -87,8 +89,11 @@ class StepShape:
         for name in ("prompts", "group_size", "prompt_len", "response_len", "update_epochs"):
             check_count(name, getattr(self, name))
         check_count("num_minibatches", self.num_minibatches)
-        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise PlanError(f"--lora-rank must be an int >= 0, got {self.lora_rank!r}")
+        for name in ("lora_rank", "logit_chunk"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                flag = name.replace("_", "-")
+                raise PlanError(f"--{flag} must be an int >= 0, got {value!r}")
         if self.lora_rank and self.algorithm not in RL_ALGORITHMS:
             raise PlanError(f"--lora-rank is for ppo, grpo and rloo, not {self.algorithm}")
         if self.remat_layers and self.algorithm not in RL_ALGORITHMS:
@@ -198,6 +203,7 @@ def rl_config(step: StepShape, config: DecoderConfig) -> RLHFConfig:
         update_epochs=step.update_epochs,
         num_minibatches=step.num_minibatches,
         remat_layers=step.remat_layers,
+        logit_chunk=step.logit_chunk,
         **lora,
     )
 

@@ -131,7 +131,9 @@ def step_flops(config: DecoderConfig, step: StepShape) -> float:
     computes them: a forward pass costs 2 x its matmul weights per token plus attention's 4 x
     heads x head_dim per (token, key) on every layer; every pass attends over all
     prompt + response positions, decoding too (the KV cache holds them all); a backward pass
-    costs 2 forwards (1 with LoRA: no gradients of the frozen weights)."""
+    costs 2 forwards (1 with LoRA: no gradients of the frozen weights). With ``logit_chunk``
+    the scoring and the update compute the head at the response positions only, the update
+    twice."""
     length = step.prompt_len + step.response_len
     rows = step.rows
 
@@ -147,7 +149,14 @@ def step_flops(config: DecoderConfig, step: StepShape) -> float:
         return 3 * forward(length, logits=False)
     sample = forward(step.prompt_len) + forward(step.response_len)
     backward = 1 if step.lora_rank else 2
-    total = sample + 2 * full + step.update_epochs * (1 + backward) * full
+    score, update = full, (1 + backward) * full
+    if step.logit_chunk:
+        # the head at the response positions only, and once more in a backward pass (its
+        # chunks' logits are recomputed there, ppojax.rlhf.core.logprobs)
+        trunk = forward(length, logits=False)
+        head = rows * step.response_len * 2.0 * config.vocab_size * config.hidden_size
+        score, update = trunk + head, (1 + backward) * trunk + (2 + backward) * head
+    total = sample + 2 * score + step.update_epochs * update
     if step.algorithm == "ppo":  # the critic's forward, then its forward and backward per epoch
         total += forward(length, logits=False) * (1 + 3 * step.update_epochs)
     return total

@@ -53,7 +53,8 @@ class RLHFConfig:
 
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
     update_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
-    whiten_advantages, group_std, critic_warmup_steps, divergence_guard, remat_layers), the
+    whiten_advantages, group_std, critic_warmup_steps, divergence_guard, remat_layers,
+    logit_chunk), the
     reward weights and the LoRA layout (lora_rank, lora_targets, lora_full). Traced:
     temperature, learning rate and every coefficient.
     """
@@ -83,6 +84,11 @@ class RLHFConfig:
     # remat_layers: the loss's forward keeps only each decoder layer's input and its backward
     # recomputes the rest a layer at a time (``ppojax.rlhf.core.remat``).
     remat_layers: bool = static(False)
+    # logit_chunk: response tokens whose LM-head logits are computed at once, scoring and in
+    # the loss, for a policy that gives its head apart (ppojax.rlhf.core.logprobs); 0: all
+    # [B, R, V] at once. 4096: in the planner, lower one-H100 peaks than 0 for three Qwen2.5
+    # steps, than 16384 for two of them and than 1024 for the third (docs/rlhf.md).
+    logit_chunk: int = static(4096)
 
     temperature: float = 1.0
     learning_rate: float = 1e-4
@@ -175,7 +181,7 @@ def stored_names(values: Mapping[str, Any]) -> dict[str, Any]:
 def _check_ints(config: RLHFConfig) -> None:
     for name in ("response_len", "group_size", "update_epochs", "num_minibatches"):
         check_positive_int("RLHFConfig", name, getattr(config, name))
-    for name in ("pad_id", "eos_id", "critic_warmup_steps", "lora_rank"):
+    for name in ("pad_id", "eos_id", "critic_warmup_steps", "lora_rank", "logit_chunk"):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(name, f"RLHFConfig.{name} must be an int >= 0, got {value!r}.")

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 from ppojax.engine import losses
 from ppojax.rlhf.core.advantages import kl_estimate
 from ppojax.rlhf.core.config import RLHFConfig
-from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_stats, response_values
+from ppojax.rlhf.core.logprobs import policy_stats
+from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_values
 
 
 class RLHFBatch(NamedTuple):
@@ -95,8 +96,9 @@ def policy_terms(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The policy's part of the loss (``clipped_policy_loss`` over the response tokens), and
     its metrics."""
-    stats = response_stats(
-        parts.policy_apply, parts.policy_params(params), batch.sequences, config.temperature
+    policy = parts.policy_params(params)
+    stats = policy_stats(
+        parts.policy_apply, policy, batch.sequences, config.temperature, config.logit_chunk
     )
     loss, metrics = clipped_policy_loss(
         config,

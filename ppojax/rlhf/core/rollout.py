@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from ppojax.engine import losses
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.logprobs import policy_stats
 from ppojax.rlhf.core.objective import RLHFBatch
 from ppojax.rlhf.core.sampling import (
     KVCacheHook,
@@ -18,7 +19,6 @@ from ppojax.rlhf.core.sampling import (
     Samples,
     SamplingSettings,
     Sequences,
-    response_stats,
     response_values,
     sample_responses,
 )
@@ -138,8 +138,9 @@ def collect(
     samples = sample(config, policy_apply, kv_cache, policy, prompts, prompt_mask, key)
     sequences = Sequences(prompts, prompt_mask, samples.tokens, samples.mask)
     mask = samples.mask
-    stats = response_stats(policy_apply, policy, sequences, config.temperature)
-    reference = response_stats(policy_apply, state.reference, sequences, config.temperature)
+    temperature, chunk = config.temperature, config.logit_chunk
+    stats = policy_stats(policy_apply, policy, sequences, temperature, chunk)
+    reference = policy_stats(policy_apply, state.reference, sequences, temperature, chunk)
     if critic_apply is not None:
         critic = state.params.get("critic", policy)
         values = response_values(critic_apply, critic, sequences)

@@ -178,8 +178,14 @@ def response_stats(
     """One forward pass over [prompt, response]: log softmax(logits / temperature) of each
     response token and its entropy, both [B, R] (the logits at P - 1 + t predict token t)."""
     logits = sequences.response_positions(policy_apply(params, *sequences.model_input()))
+    return token_stats(logits, sequences.responses, temperature)
+
+
+def token_stats(logits: jax.Array, tokens: jax.Array, temperature: Any) -> TokenStats:
+    """log softmax(logits [..., V] / temperature) at ``tokens`` [...] and the entropy of
+    that softmax, each [...]."""
     log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
-    log_probs = jnp.take_along_axis(log_softmax, sequences.responses[..., None], axis=-1)[..., 0]
+    log_probs = jnp.take_along_axis(log_softmax, tokens[..., None], axis=-1)[..., 0]
     entropy = -(jnp.exp(log_softmax) * log_softmax).sum(axis=-1)
     return TokenStats(log_probs, entropy)
 

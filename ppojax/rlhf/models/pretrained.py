@@ -24,10 +24,11 @@ from jax.sharding import Mesh
 from safetensors.numpy import load_file, save_file
 
 from ppojax.rlhf.core import lora
+from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.sampling import KVCacheHook
 from ppojax.rlhf.core.sharding import shard_state
 from ppojax.rlhf.models.config import DecoderConfig, read_config
-from ppojax.rlhf.models.decoder import Decoder, KVCache, empty_cache
+from ppojax.rlhf.models.decoder import Decoder, KVCache, empty_cache, softcap
 from ppojax.rlhf.models.tokenizer import Tokenizer
 from ppojax.rlhf.models.weights import SINGLE, load_params, save_params
 
@@ -71,14 +72,34 @@ def decoder_params(params: dict) -> dict:
     return {"params": inner}
 
 
-def contract(module: Decoder) -> tuple[Any, Any, KVCacheHook]:
-    """``policy_apply``, ``critic_apply`` and the ``KVCacheHook`` of ``module``."""
+def lm_head(module: Decoder, params: dict, hidden: jax.Array) -> jax.Array:
+    """Logits [..., V] of the decoder's final hidden states [..., D] (after its final norm):
+    the ops of ``Decoder``'s head, the tied embedding table's or lm_head's kernel, then the
+    family's final softcap."""
+    config, inner, dtype = module.config, params["params"], module.dtype
+    if config.tie_embeddings:
+        table = inner["wte" if config.model_type == "gpt2" else "embed"]["embedding"]
+        out = jnp.dot(hidden.astype(dtype), table.astype(dtype).T)
+    else:
+        out = jnp.dot(hidden.astype(dtype), inner["lm_head"]["kernel"].astype(dtype))
+    return softcap(out, config.final_softcap)
 
-    def policy_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+
+def contract(module: Decoder) -> tuple[SplitPolicy, Any, KVCacheHook]:
+    """``policy_apply`` (a ``SplitPolicy``: the logits, and the final hidden states and the
+    head apart), ``critic_apply`` and the ``KVCacheHook`` of ``module``."""
+
+    def logits(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return module.apply(decoder_params(params), tokens, mask)[0]
 
+    def hidden_states(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        return module.apply(decoder_params(params), tokens, mask, logits=False)[0]
+
+    def head(params: dict, hidden: jax.Array) -> jax.Array:
+        return lm_head(module, params, hidden)
+
     def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-        hidden, _ = module.apply(decoder_params(params), tokens, mask, logits=False)
+        hidden = hidden_states(params, tokens, mask)
         head = params["params"][VALUE_HEAD]
         return (hidden @ head["kernel"] + head["bias"])[..., 0].astype(jnp.float32)
 
@@ -101,6 +122,7 @@ def contract(module: Decoder) -> tuple[Any, Any, KVCacheHook]:
     ) -> tuple[jax.Array, KVCache]:
         return module.apply(decoder_params(params), tokens, mask, cache, start)
 
+    policy_apply = SplitPolicy(logits, hidden_states, head)
     return policy_apply, critic_apply, KVCacheHook(prefill, decode, extend)
 
 

@@ -1,10 +1,11 @@
 """A small causal transformer LM with a value head and a KV cache, in the library's contract.
 
 ``transformer(...)`` returns the pieces ``make_trainer`` takes: ``policy_apply(params, tokens,
-mask) -> logits``, ``critic_apply(params, tokens, mask) -> values`` (the value head, on the
-policy's own params or on a copy) and the ``KVCacheHook`` for fast sampling. It respects the
-mask: positions count real tokens only and padded keys are never attended to, so a prompt
-left-padded to any width gives the same logits at its real tokens.
+mask) -> logits`` (a ``SplitPolicy``: its hidden states and head apart too),
+``critic_apply(params, tokens, mask) -> values`` (the value head, on the policy's own params
+or on a copy) and the ``KVCacheHook`` for fast sampling. It respects the mask: positions
+count real tokens only and padded keys are never attended to, so a prompt left-padded to any
+width gives the same logits at its real tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.sampling import KVCacheHook
 from ppojax.rlhf.models.decoder import MASKED_SCORE, KVCache, Slot
 
@@ -75,7 +77,8 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """tokens [B, S], mask [B, S] -> logits [B, S, V], values [B, S], the updated cache.
+    """tokens [B, S], mask [B, S] -> logits [B, S, V] (the final hidden states [B, S, D] with
+    ``logits=False``), values [B, S], the updated cache.
 
     Without a cache the call is a full forward pass; with one, the chunk is written at
     ``start`` and attends over every real cached position up to its own."""
@@ -88,7 +91,12 @@ class TransformerLM(nn.Module):
 
     @nn.compact
     def __call__(
-        self, tokens: jax.Array, mask: jax.Array, cache: KVCache | None = None, start: Any = 0
+        self,
+        tokens: jax.Array,
+        mask: jax.Array,
+        cache: KVCache | None = None,
+        start: Any = 0,
+        logits: bool = True,
     ) -> tuple[jax.Array, jax.Array, KVCache]:
         batch_size, chunk = tokens.shape
         mask = mask.astype(bool)
@@ -108,11 +116,11 @@ class TransformerLM(nn.Module):
             x, kv = Block(self.num_heads)(x, kv, slot)
             layers.append(kv)
         x = nn.LayerNorm()(x)
-        logits = nn.Dense(self.vocab_size, name="lm_head")(x)
         value = nn.Dense(1, kernel_init=nn.initializers.zeros, name="value_head")(x)[..., 0]
         count = cache.count + mask.sum(axis=1)
         keys, values = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *layers)
-        return logits, value, KVCache(keys, values, key_mask, count)
+        out = nn.Dense(self.vocab_size, name="lm_head")(x) if logits else x
+        return out, value, KVCache(keys, values, key_mask, count)
 
 
 class LanguageModel(NamedTuple):
@@ -135,8 +143,15 @@ def transformer(
     """The built-in LM: ``policy_apply``, ``critic_apply`` (value head), ``kv_cache``."""
     module = TransformerLM(vocab_size, max_len, d_model, num_heads, num_layers)
 
-    def policy_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    def logits(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return module.apply(params, tokens, mask)[0]
+
+    def hidden(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        return module.apply(params, tokens, mask, logits=False)[0]
+
+    def head(params: dict, hidden: jax.Array) -> jax.Array:
+        dense = params["params"]["lm_head"]
+        return jnp.dot(hidden, dense["kernel"]) + dense["bias"]
 
     def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return module.apply(params, tokens, mask)[1]
@@ -162,7 +177,7 @@ def transformer(
         return logits, cache
 
     hook = KVCacheHook(prefill, decode, extend)
-    return LanguageModel(module, policy_apply, critic_apply, hook)
+    return LanguageModel(module, SplitPolicy(logits, hidden, head), critic_apply, hook)
 
 
 def zero_value_head(params: dict) -> dict:
