@@ -27,7 +27,7 @@ from ppojax.rlhf.agents.episodes import Episodes, previous_real
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import LossParts, clipped_policy_loss
-from ppojax.rlhf.core.sampling import PolicyApply, TokenStats
+from ppojax.rlhf.core.sampling import PolicyApply, TokenStats, token_stats
 from ppojax.rlhf.core.trainer import RLHFState
 
 
@@ -79,10 +79,7 @@ def slot_stats(
     entropy, both [N, M]; the arithmetic of the one-turn trainer's ``response_stats``."""
     outputs = policy_apply(params, batch.tokens, batch.mask)
     logits = slot_outputs(outputs, batch, start)
-    log_softmax = jax.nn.log_softmax(logits / temperature, axis=-1)
-    log_probs = jnp.take_along_axis(log_softmax, batch.targets[..., None], axis=-1)[..., 0]
-    entropy = -(jnp.exp(log_softmax) * log_softmax).sum(axis=-1)
-    return TokenStats(log_probs, entropy)
+    return token_stats(logits, batch.targets, temperature)
 
 
 def episode_advantages(
