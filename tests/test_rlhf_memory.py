@@ -23,6 +23,7 @@ from ppojax.rlhf.core.sampling import SamplingSettings, sample_responses
 from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.planner import abstract_lm
+from ppojax.rlhf.sizing import size_text
 from ppojax.runtime import deviceless, launches
 
 SHAPE = {
@@ -102,12 +103,17 @@ def test_the_sharded_step_donates_its_state_and_computes_the_same_numbers():
 
 def test_the_plan_subtracts_what_the_step_writes_in_place():
     step = StepShape("grpo", 2, 2, 4, 3, dtype="float32", update_epochs=1, num_minibatches=2)
-    memory = plan(TINY, step, "cpu", 1).memory
+    planned = plan(TINY, step, "cpu", 1)
+    memory = planned.memory
     held = memory.parameters + memory.reference + memory.critic + memory.optimizer
     # the state's every leaf (params, reference, Adam, beta and the step's int32 each 4 B)
     assert memory.aliased == held + 8
     arguments = held + memory.inputs
     assert memory.peak == arguments + memory.outputs - memory.aliased + memory.temporaries
+    # the commands' loop donates nothing: there the outputs are a copy of their own
+    assert planned.loop_peak == arguments + memory.outputs + memory.temporaries
+    assert planned.to_dict()["loop_peak"] == planned.loop_peak
+    assert f"peak {size_text(planned.loop_peak).strip()}, fits" in planned.report()
 
     # remat_layers reaches the planned step: each layer's forward runs again in the backward
     remat = plan(TINY, replace(step, remat_layers=True), "cpu", 1)

@@ -117,10 +117,23 @@ class Plan:
     def fits(self) -> bool:
         return self.memory.peak <= self.usable
 
+    @property
+    def loop_peak(self) -> int:
+        """The peak of the step inside ``ppojax.runs.loop``, which the ``ppojax rlhf``
+        commands train through: the loop keeps a chunk's state (for its checkpoint) while the
+        next chunk runs, so nothing is donated and the outputs are a copy of their own."""
+        return self.memory.peak + self.memory.aliased
+
     def to_dict(self) -> dict[str, Any]:
         found = dataclasses.asdict(self)
         found["step"]["lora_targets"] = list(self.step.lora_targets)
-        return {**found, "fits": self.fits, "usable": self.usable}
+        return {
+            **found,
+            "fits": self.fits,
+            "usable": self.usable,
+            "loop_peak": self.loop_peak,
+            "loop_fits": self.loop_peak <= self.usable,
+        }
 
     def report(self) -> str:
         return report(self)
@@ -349,6 +362,12 @@ def report(p: Plan) -> str:
         f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
         f"usable ({size_text(p.device_memory).strip()} less {p.headroom:.0%} headroom)"
     )
+    if m.aliased:
+        verdict = "fits" if p.loop_peak <= p.usable else "does NOT fit"
+        lines.append(
+            f"in ppojax rlhf's loop (a chunk's state kept while the next runs, nothing "
+            f"donated): peak {size_text(p.loop_peak).strip()}, {verdict}"
+        )
     if p.largest_prompts is not None:
         lines.append(f"largest prompts per step that fit: {p.largest_prompts}")
     return "\n".join(lines)
