@@ -205,11 +205,12 @@ def test_remat_layers_rematerializes_the_loss_and_keeps_the_step_numbers():
     args = (start, prompts, mask, jax.random.key(3))
 
     # the option changes the program: each layer checkpointed (jax names the primitive
-    # remat2 or checkpoint by version) in the loss, nowhere without it
+    # remat2 or checkpoint by version) in the loss; without it only the LM head's chunks
+    # (logit_chunk) are
     def checkpoints(step) -> int:
         return len(re.findall(r"= (?:remat2|checkpoint)\[", str(jax.make_jaxpr(step)(*args))))
 
-    assert checkpoints(plain_step) == 0 and checkpoints(remat_step) >= TINY.num_layers
+    assert checkpoints(remat_step) - checkpoints(plain_step) >= TINY.num_layers
     plain, plain_metrics = jax.jit(plain_step)(*args)
     remat, remat_metrics = jax.jit(remat_step)(*args)
     # The rollout is the same program: its metrics are the same bits.
