@@ -4,6 +4,7 @@ step-time estimate and the verdict of a post-training step, compiled for H100s o
     PYTHONPATH=/path/to/aotsite JAX_PLATFORMS=cpu python benchmarks/plan.py \\
         [--model qwen2.5-0.5b] [--algorithm grpo] [--devices 1] [--logit-chunk 4096] \\
         [--search] [--out FILE]
+    ... python benchmarks/plan.py --matrix     every row of MATRIX, one after the other
 
 Needs the CUDA plugin of the ``gpu-aot`` extra. Each run adds (or replaces) one row, keyed by
 model, step and target, in benchmarks/results/plan.json, with the plan's numbers and the
@@ -71,6 +72,11 @@ def main() -> None:
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "plan.json")
     parser.add_argument("--table", action="store_true", help="print --out's rows as markdown")
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="every row of MATRIX in turn (hours on a 2-core CPU), each saved as it finishes",
+    )
     args = parser.parse_args()
     if args.table:
         print(table(read_rows(args.out, "plan", "")))
@@ -78,27 +84,60 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
+    if not args.matrix:
+        plan_row(vars(args), args.out, sys.argv[1:])
+        return
+    for flags in MATRIX:
+        argv = [*flags, *(["--out", str(args.out)] if args.out != RESULTS / "plan.json" else [])]
+        plan_row({**vars(args), **parse_flags(parser, flags)}, args.out, argv)
+
+
+# The published shapes by the steps people post-train them with, 512 + 1024 tokens, 8 x 8 (PPO:
+# 64 x 1): full fine-tuning and LoRA r16 GRPO, PPO with a critic, on 1 and 8 H100s. One H100's
+# full fine-tuning rows rematerialize the layers (the lever that makes them fit).
+MATRIX = [
+    [*model, *step, *(["--remat-layers"] if devices == "1" and "--lora-rank" not in step else [])]
+    + ["--devices", devices]
+    for model in (
+        ["--model", name] for name in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "llama-3.1-8b")
+    )  # fmt: skip
+    for step in (
+        ["--algorithm", "grpo"],
+        ["--algorithm", "grpo", "--lora-rank", "16"],
+        ["--algorithm", "ppo", "--prompts", "64", "--group-size", "1"],
+    )
+    for devices in ("1", "8")
+]
+
+
+def parse_flags(parser: argparse.ArgumentParser, flags: list[str]) -> dict:
+    """``flags`` over the parser's defaults (not over the command line's own flags)."""
+    return vars(parser.parse_args(flags))
+
+
+def plan_row(args: dict, out: Path, argv: list[str]) -> None:
+    """One plan of ``args`` printed and merged into ``out`` (keyed by model, step, target)."""
     step = StepShape(
-        args.algorithm,
-        prompts=args.prompts,
-        group_size=args.group_size,
-        prompt_len=args.prompt_len,
-        response_len=args.response_len,
-        lora_rank=args.lora_rank,
-        dtype=args.dtype,
-        remat_layers=args.remat_layers,
-        logit_chunk=args.logit_chunk,
+        args["algorithm"],
+        prompts=args["prompts"],
+        group_size=args["group_size"],
+        prompt_len=args["prompt_len"],
+        response_len=args["response_len"],
+        lora_rank=args["lora_rank"],
+        dtype=args["dtype"],
+        remat_layers=args["remat_layers"],
+        logit_chunk=args["logit_chunk"],
     )
-    found = plan(args.model, step, args.target, args.devices, search=args.search)
-    print(found.report())
+    found = plan(args["model"], step, args["target"], args["devices"], search=args["search"])
+    print(found.report(), flush=True)
     key = (
-        f"{args.model} {step.algorithm} {step.prompts}x{step.group_size} "
+        f"{args['model']} {step.algorithm} {step.prompts}x{step.group_size} "
         f"{step.prompt_len}+{step.response_len} {step.dtype} lora{step.lora_rank} "
-        f"{args.devices}x{args.target}" + (" remat" if step.remat_layers else "")
+        f"{args['devices']}x{args['target']}" + (" remat" if step.remat_layers else "")
     )
-    row = {"key": key, **found.to_dict(), **record(__file__, sys.argv[1:])}
-    results = read_rows(args.out, "plan", "ppojax plan on published shapes, compiled on a CPU")
-    write_json(args.out, merge_row(results, row, "key"))
+    row = {"key": key, **found.to_dict(), **record(__file__, argv)}
+    results = read_rows(out, "plan", "ppojax plan on published shapes, compiled on a CPU")
+    write_json(out, merge_row(results, row, "key"))
 
 
 if __name__ == "__main__":
