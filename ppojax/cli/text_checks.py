@@ -140,9 +140,7 @@ def read_settings(run_dir: Path, command: str) -> dict[str, Any]:
     """config.json of a run folder ``ppojax <command>`` made; ``ValueError`` naming it."""
     from ppojax.runs import folder
 
-    path = Path(run_dir) / folder.CONFIG_FILE
-    if not path.exists():
-        raise ValueError(f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)")
+    path = folder.require_run_folder(run_dir) / folder.CONFIG_FILE
     settings = folder.read_json_object(path, "run settings")
     if "model_type" in settings:  # a Hugging Face config.json
         raise ValueError(

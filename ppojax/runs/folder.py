@@ -73,6 +73,13 @@ def read_text(path: Path) -> str:
     return text
 
 
+def require_run_folder(run_dir: str | Path) -> Path:
+    """``run_dir`` for ``--resume``: a ``ValueError`` naming it when it has no config.json."""
+    if not (Path(run_dir) / CONFIG_FILE).exists():
+        raise ValueError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run folder)")
+    return Path(run_dir)
+
+
 def read_json(path: Path) -> Any:
     """The JSON in ``path``; a ``ValueError`` naming the file when it is missing, empty or not
     valid JSON."""

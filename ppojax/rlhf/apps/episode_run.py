@@ -325,10 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
         if args.resume is not None:
             run_dir = args.resume
-            if not (run_dir / folder.CONFIG_FILE).exists():
-                raise ValueError(
-                    f"--resume {run_dir}: no {folder.CONFIG_FILE} there (not a run folder)"
-                )
+            folder.require_run_folder(run_dir)
             check_resume_flags(run_dir, argv)
             check_counts(args)
             stack.enter_context(run_lock(run_dir))  # before a resume reads anything
