@@ -77,6 +77,11 @@ def main() -> None:
         action="store_true",
         help="every row of MATRIX in turn (hours on a 2-core CPU), each saved as it finishes",
     )
+    parser.add_argument(
+        "--keep-since",
+        metavar="ISO_DATE",
+        help="with --matrix: skip the rows --out already holds from this date on (a resumed run)",
+    )
     args = parser.parse_args()
     if args.table:
         print(table(read_rows(args.out, "plan", "")))
@@ -87,7 +92,14 @@ def main() -> None:
     if not args.matrix:
         plan_row(vars(args), args.out, sys.argv[1:])
         return
+    kept = {
+        row["key"]
+        for row in read_rows(args.out, "plan", "")["tasks"]
+        if args.keep_since and row["date"] >= args.keep_since
+    }
     for flags in MATRIX:
+        if plan_key(parse_flags(parser, flags)) in kept:
+            continue
         argv = [*flags, *(["--out", str(args.out)] if args.out != RESULTS / "plan.json" else [])]
         plan_row({**vars(args), **parse_flags(parser, flags)}, args.out, argv)
 
@@ -115,6 +127,15 @@ def parse_flags(parser: argparse.ArgumentParser, flags: list[str]) -> dict:
     return vars(parser.parse_args(flags))
 
 
+def plan_key(args: dict) -> str:
+    """The row's key in the results file: model, step and target."""
+    return (
+        f"{args['model']} {args['algorithm']} {args['prompts']}x{args['group_size']} "
+        f"{args['prompt_len']}+{args['response_len']} {args['dtype']} lora{args['lora_rank']} "
+        f"{args['devices']}x{args['target']}" + (" remat" if args["remat_layers"] else "")
+    )
+
+
 def plan_row(args: dict, out: Path, argv: list[str]) -> None:
     """One plan of ``args`` printed and merged into ``out`` (keyed by model, step, target)."""
     step = StepShape(
@@ -130,12 +151,7 @@ def plan_row(args: dict, out: Path, argv: list[str]) -> None:
     )
     found = plan(args["model"], step, args["target"], args["devices"], search=args["search"])
     print(found.report(), flush=True)
-    key = (
-        f"{args['model']} {step.algorithm} {step.prompts}x{step.group_size} "
-        f"{step.prompt_len}+{step.response_len} {step.dtype} lora{step.lora_rank} "
-        f"{args['devices']}x{args['target']}" + (" remat" if step.remat_layers else "")
-    )
-    row = {"key": key, **found.to_dict(), **record(__file__, argv)}
+    row = {"key": plan_key(args), **found.to_dict(), **record(__file__, argv)}
     results = read_rows(out, "plan", "ppojax plan on published shapes, compiled on a CPU")
     write_json(out, merge_row(results, row, "key"))
 
