@@ -7,6 +7,7 @@ recomputing the context, logit by logit."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ppojax.rlhf import RLHFConfig, make_trainer
 from ppojax.rlhf.agents import guessing as g
@@ -106,20 +107,33 @@ def assert_same_step(first, first_metrics, second, second_metrics):
     )
 
 
-def test_one_turn_env_gives_make_trainers_grpo_step_bit_for_bit():
-    """GRPO (KL in the loss, adaptive beta), two steps: the params, optimizer state, beta and
-    every shared metric equal bit for bit, and the steps do move the policy."""
+@pytest.mark.parametrize(
+    "algorithm, kl",
+    [
+        ("grpo", {"kl_in": "loss", "kl_estimator": "k3", "adaptive_kl": True, "kl_horizon": 100.0}),
+        ("grpo", {}),  # the defaults: beta * the k1 KL taken from the reward
+        pytest.param(
+            "rloo",
+            {"kl_in": "reward", "kl_estimator": "k3", "adaptive_kl": True, "kl_horizon": 100.0},
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_one_turn_env_gives_make_trainers_critic_free_step_bit_for_bit(algorithm, kl):
+    """GRPO / RLOO with the KL in the loss or in the reward, fixed or adaptive beta, two
+    steps: the params, optimizer state, beta and every shared metric equal bit for bit, and
+    the steps do move the policy (the second step has a non-zero KL to weigh)."""
     config = RLHFConfig(
-        algorithm="grpo", group_size=2, pad_id=0, eos_id=1, response_len=RESPONSE,
-        update_epochs=2, num_minibatches=2, learning_rate=1e-2, kl_in="loss",
-        kl_estimator="k3", adaptive_kl=True, kl_horizon=100.0,
+        algorithm=algorithm, group_size=2, pad_id=0, eos_id=1, response_len=RESPONSE,
+        update_epochs=2, num_minibatches=2, learning_rate=1e-2, **kl,
     )  # fmt: skip
     params, _, history = both_trainers(config, 8)
     for first, first_metrics, second, second_metrics in history:
         assert_same_step(first, first_metrics, second, second_metrics)
     assert differences(history[-1][0].params["policy"], params) != []
-    assert float(history[-1][0].kl_coef) != config.kl_coef
     assert float(history[-1][1]["objective/kl"]) > 0
+    if config.adaptive_kl:
+        assert float(history[-1][0].kl_coef) != config.kl_coef
 
 
 def test_one_turn_env_gives_make_trainers_ppo_step_bit_for_bit_through_warm_up():

@@ -76,6 +76,29 @@ def test_rloo_advantages_match_numpy_on_a_hand_table():
     )
 
 
+def test_sequence_rewards_hand_values_and_the_rounded_product():
+    """score - beta * the KL summed over real tokens, by hand; and ``rounded`` keeps a product
+    rounded on its own inside a jitted c - a * b (numpy's two float32 roundings), where XLA's
+    CPU backend fuses the two into one multiply-add for some elements without it."""
+    from ppojax.rlhf.core.advantages import rounded, sequence_rewards
+
+    kl = jnp.array([[0.5, 1.5, 9.0], [2.0, -1.0, 4.0]])
+    mask = jnp.array([[True, True, False], [True, True, True]])
+    got = sequence_rewards(jnp.array([1.0, 0.0]), kl, mask, 0.5)
+    np.testing.assert_allclose(got, [1.0 - 0.5 * 2.0, 0.0 - 0.5 * 5.0])
+
+    rng = np.random.default_rng(0)
+    a, c = rng.random(4096).astype(np.float32), rng.random(4096).astype(np.float32)
+    b = np.float32(0.05)
+    two_roundings = c - (b * a).astype(np.float32)
+    one_rounding = (c.astype(np.float64) - np.float64(b) * a.astype(np.float64)).astype(
+        np.float32
+    )
+    assert (two_roundings != one_rounding).any()  # elements where the two differ
+    got = jax.jit(lambda a, b, c: c - rounded(b * a))(a, b, c)
+    np.testing.assert_array_equal(got, two_roundings)
+
+
 def test_loss_aggregations_hand_values():
     per_token = jnp.array([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
     mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool)

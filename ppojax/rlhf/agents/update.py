@@ -93,7 +93,7 @@ def episode_advantages(
     tokens (beta = 0 with kl_in="loss"), on every model token, 0 elsewhere; X is the columns
     or the slots."""
     beta = kl_coef if config.kl_in == "reward" else 0.0
-    rewards = scores - beta * jnp.where(model_mask, penalty_kl, 0.0).sum(axis=1)
+    rewards = adv.sequence_rewards(scores, penalty_kl, model_mask, beta)
     per_row = adv.sequence_advantages(
         config.algorithm, rewards, config.group_size, config.group_std
     )

@@ -81,6 +81,23 @@ def leave_one_out_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
     return (groups - others).reshape(-1)
 
 
+def sequence_rewards(
+    scores: jax.Array, kl: jax.Array, mask: jax.Array, kl_coef: jax.Array | float
+) -> jax.Array:
+    """score - beta * the sum of the KL [N, R] over the real tokens; [N]. The product is
+    rounded to float32 before the subtraction in every program, so the one-turn trainer and
+    the episode trainer give the same bits (see ``rounded``)."""
+    return scores - rounded(kl_coef * jnp.where(mask, kl, 0.0).sum(axis=1))
+
+
+def rounded(x: jax.Array) -> jax.Array:
+    """``x`` itself, kept a rounded value: XLA's CPU backend contracts a product and the sum
+    that reads it into one fused multiply-add (one rounding, not two) when both land in one
+    fused loop, which differs between programs; an optimization barrier does not stop it, a
+    select on the value does (NaN stays NaN)."""
+    return jnp.where(jnp.isnan(x), jnp.nan, x)
+
+
 def sequence_advantages(
     algorithm: str, rewards: jax.Array, group_size: int, divide_by_std: bool
 ) -> jax.Array:

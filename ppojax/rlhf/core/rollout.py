@@ -111,7 +111,7 @@ def advantages_and_returns(
         if config.whiten_advantages:
             advantages = adv.whiten(advantages, mask)
         return jnp.where(mask, advantages, 0.0), returns
-    sequence_rewards = scores - beta * jnp.where(mask, penalty_kl, 0.0).sum(axis=1)
+    sequence_rewards = adv.sequence_rewards(scores, penalty_kl, mask, beta)
     per_row = adv.sequence_advantages(
         config.algorithm, sequence_rewards, config.group_size, config.group_std
     )
