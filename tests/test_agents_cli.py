@@ -141,6 +141,7 @@ def test_the_host_loop_steps_as_the_compiled_loop_and_keeps_the_chunk_before_a_f
     np.testing.assert_array_equal(host_metrics["noise"], [expected[2:]])
 
 
+@pytest.mark.heavy
 def test_ppo_on_the_calculator_steps_the_python_env_on_the_host(tmp_path):
     """PPO with a critic on the Python env, one turn an episode (one compiled sampling call):
     an answer ends the episode, anything else is cut at the turn limit, and every metrics row

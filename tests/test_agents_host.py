@@ -176,6 +176,7 @@ def test_a_wrong_reply_type_names_the_env_and_the_turn_and_jit_is_refused():
         jax.jit(rollout)(None, jax.random.key(0))
 
 
+@pytest.mark.heavy
 def test_episode_trainer_steps_on_the_calculator():
     env = c.Calculator(num_digits=1)
     config = RLHFConfig(

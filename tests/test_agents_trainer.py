@@ -107,6 +107,7 @@ def assert_same_step(first, first_metrics, second, second_metrics):
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     "algorithm, kl",
     [
@@ -136,6 +137,7 @@ def test_one_turn_env_gives_make_trainers_critic_free_step_bit_for_bit(algorithm
         assert float(history[-1][0].kl_coef) != config.kl_coef
 
 
+@pytest.mark.heavy
 def test_one_turn_env_gives_make_trainers_ppo_step_bit_for_bit_through_warm_up():
     """PPO with its own critic and one warm-up step: both steps equal make_trainer's bit for
     bit; during the warm-up the policy's params stay bit-identical while the critic's move,

@@ -211,6 +211,7 @@ def complete_checkpoints(out):
     ]
 
 
+@pytest.mark.heavy
 def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters(tmp_path):
     """SIGKILL (no chance to clean up, possibly in the middle of writing checkpoint 6) once
     the second checkpoint is complete, then --resume: the final state, parameters included,

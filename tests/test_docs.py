@@ -151,7 +151,7 @@ def test_the_readme_keeps_the_test_command_ci_runs():
     assert lines[marker + 1] == "```bash"
     assert lines[marker + 2] == (
         'python3.12 -m venv .venv-3.12 && .venv-3.12/bin/pip install -e ".[dev]" && '
-        '.venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal -m "not slow" && '
+        '.venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal -m "not slow and not heavy" && '
         '.venv-3.12/bin/pip install -e ".[gpu-aot]" && '
         "JAX_PLATFORMS=cpu PPOJAX_REQUIRE_GPU_AOT=1 .venv-3.12/bin/python -m pytest -q "
         "tests/test_gpu_program.py"
@@ -229,6 +229,7 @@ def learning_with_preset(preset: dict, *args: str, check: bool = True):
     return run_benchmark("learning", *args, before=before, check=check)
 
 
+@pytest.mark.heavy
 def test_learning_rows_come_from_run_folders_of_presets_and_mark_an_earlier_preset(
     tmp_path, monkeypatch
 ):
@@ -318,6 +319,7 @@ def test_learning_py_s_table_takes_the_fresh_seed_column_from_seeds_json_beside_
     assert table_cells(without, 4) == table_cells(table, 5)  # the published column moved on
 
 
+@pytest.mark.heavy
 def test_seeds_py_counts_the_seeds_below_the_random_published_midpoint(tmp_path):
     """Two seeds of CartPole and MountainCar trained 1024 steps: the midpoint is halfway from
     the random policy's return to the published one, and every seed below it is counted.

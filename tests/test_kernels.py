@@ -89,6 +89,7 @@ def test_packed_scan_stores_what_scan_stores_bit_for_bit(unroll):
     assert len(scan.outvars) == 1 + 2  # the carry, the words, the bfloat16 leaf
 
 
+@pytest.mark.heavy
 def test_the_cuda_defaults_of_rollout_gae_and_optimizer_train_as_the_plain_forms(tiny_config):
     # The rollout's outputs are stored bit for bit, its actions are the same argmax, the
     # parameters step as one vector with the same arithmetic, and GAE adds the same terms in
@@ -170,6 +171,7 @@ def test_scan_epochs_gathers_every_epoch_at_once_or_in_each_epoch():
     )  # ...which the plain form gathers in
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("recurrent", [None, "gru"])
 def test_gather_once_trains_as_the_plain_shuffle(tiny_config, recurrent):
     # The same samples in the same minibatches and the same arithmetic on them: every bit
@@ -342,6 +344,7 @@ def test_pallas_ppo_loss_adds_up_blocks_and_programs(monkeypatch):
     assert_trees_close(grads, plain_grads, ulps=64)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_pallas_ppo_loss_trains_as_ppo_loss_over_seeds(tiny_config, env_id):
     # vmapped over two seeds (the kernel's grid gains the seed axis); TRAINING_ULPS: the two

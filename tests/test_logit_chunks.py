@@ -78,6 +78,7 @@ def stats_terms(policy, params, reference, batch, chunk):
 # the decoder's heads: tied with a softcap (gemma2), untied (llama), GPT-2's tied wte; and the
 # built-in transformer's. 1 position a chunk; 2 positions of 3 rows (the last chunk padded);
 # 5 (padded); every position in one chunk.
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("model", "chunk"), [("gemma2", 1), ("builtin", 8), ("llama", 15), ("gpt2", 4096)]
 )
@@ -116,6 +117,7 @@ def length_reward(prompts, prompt_mask, responses, response_mask):
     return response_mask.sum(axis=1).astype(jnp.float32) / responses.shape[1]
 
 
+@pytest.mark.heavy
 def test_a_trainer_step_with_chunks_gives_the_params_of_one_without_in_less_memory():
     """Two PPO steps (a critic beside the policy) of 2 epochs x 2 minibatches with
     logit_chunk 8 (1 to 2 positions a chunk) and 0, from the same state and keys; a

@@ -95,6 +95,7 @@ def test_vmapped_init_calls_no_lapack_kernel():
     assert not _calls_lapack(lambda key: init_params(key, network, observation))
 
 
+@pytest.mark.heavy
 def test_vmapping_eight_seeds_of_a_wide_network_does_not_hang():
     """jit(vmap(train)) over 8 seeds with 256x256 layers finishes (in a subprocess with a
     time limit, so a hang fails the test instead of stalling the suite)."""

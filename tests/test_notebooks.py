@@ -21,6 +21,7 @@ def load_execute():
     return module
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     monkeypatch.setenv("PPOJAX_SMALL", "1")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PRELUDE = """
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count={devices}"
@@ -141,6 +143,7 @@ print("process", process_id, "checked seeds", sorted(seeds))
 """
 
 
+@pytest.mark.heavy
 def test_a_recurrent_run_with_its_envs_split_across_devices_follows_one_device():
     out = run_python(
         """
@@ -232,6 +235,7 @@ print("split experiment ok", jax.device_count())
 """
 
 
+@pytest.mark.heavy
 def test_an_experiment_splits_its_runs_over_cpu_devices_and_resumes_exactly(tmp_path):
     """Two seeds on two CPU devices (``ppojax.use_cpu_devices``), a progress callback in the
     program: each device holds one run, a resume from update 1 reproduces every bit, and the
@@ -276,6 +280,7 @@ def test_runs_sharding_takes_the_most_devices_that_divide_the_runs():
     assert "runs sharding ok" in out
 
 
+@pytest.mark.heavy
 def test_a_pbt_population_split_across_devices_equals_one_device():
     """Four members on four CPU devices, an exploit after every update: each member's state
     lives on one device, and the run (lineage, hyperparameters, metrics) is the one-device run."""
@@ -336,6 +341,7 @@ print("split pbt ok", jax.device_count())
 """
 
 
+@pytest.mark.heavy
 def test_a_pbt_run_folder_splits_its_members_over_cpu_devices_and_resumes_exactly(tmp_path):
     """Four members over two CPU devices (``population_mesh``; ``pbt(mesh=...)`` is checked
     above), and a resume from the middle (the same programs on the same devices) writes the

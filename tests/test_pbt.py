@@ -150,6 +150,7 @@ def test_the_pbt_command_writes_the_run_folder_and_names_the_best_member(tmp_pat
     assert list(tmp_path.iterdir()) == [run_dir]  # the refused search left no folder
 
 
+@pytest.mark.heavy
 def test_a_stopped_pbt_run_resumes_to_the_same_files(tmp_path, capsys):
     import shutil
 
@@ -181,6 +182,7 @@ def test_a_stopped_pbt_run_resumes_to_the_same_files(tmp_path, capsys):
     assert "drop --interval" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_one_interval_is_the_vmapped_sweep_of_the_drawn_configs():
     """interval = num_updates: nobody is replaced, so PBT is ``vmap(train)`` over the drawn
     configurations and the member keys (benchmarks/pbt.py's random search relies on this).

@@ -166,6 +166,7 @@ def test_sequence_minibatches_shuffle_whole_envs():
             np.testing.assert_array_equal(mini.hidden[m, j], env)
 
 
+@pytest.mark.heavy
 def test_recurrent_runs_vmapped_over_seeds_equal_separate_runs():
     keys = jax.random.split(jax.random.key(0), 2)
     batched = jax.jit(jax.vmap(ppojax.train, in_axes=(None, 0)))(RECURRENT, keys)
@@ -182,6 +183,7 @@ def test_recurrent_runs_vmapped_over_seeds_equal_separate_runs():
         np.testing.assert_allclose(batched.state.hidden[i], one.state.hidden, rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_a_recurrent_run_resumes_bit_exactly(tmp_path, monkeypatch):
     """Interrupted in its second chunk (checkpoint at update 1) and resumed, a recurrent
     run ends exactly where the same run without the interruption ends: the hidden state is in

@@ -91,9 +91,7 @@ def test_sequence_rewards_hand_values_and_the_rounded_product():
     a, c = rng.random(4096).astype(np.float32), rng.random(4096).astype(np.float32)
     b = np.float32(0.05)
     two_roundings = c - (b * a).astype(np.float32)
-    one_rounding = (c.astype(np.float64) - np.float64(b) * a.astype(np.float64)).astype(
-        np.float32
-    )
+    one_rounding = (c.astype(np.float64) - np.float64(b) * a.astype(np.float64)).astype(np.float32)
     assert (two_roundings != one_rounding).any()  # elements where the two differ
     got = jax.jit(lambda a, b, c: c - rounded(b * a))(a, b, c)
     np.testing.assert_array_equal(got, two_roundings)

@@ -101,6 +101,7 @@ def test_the_sharded_step_donates_its_state_and_computes_the_same_numbers():
     )  # the second step moved the params: the comparison saw two different states
 
 
+@pytest.mark.heavy
 def test_the_plan_subtracts_what_the_step_writes_in_place():
     step = StepShape("grpo", 2, 2, 4, 3, dtype="float32", update_epochs=1, num_minibatches=2)
     planned = plan(TINY, step, "cpu", 1)

@@ -5,6 +5,7 @@ import json
 import math
 
 import jax
+import pytest
 from benchmark_script import run_benchmark
 
 from ppojax.rlhf import transformer
@@ -25,6 +26,7 @@ KEYS = {
 }
 
 
+@pytest.mark.heavy
 def test_the_smoke_rows_are_well_formed_and_their_rates_follow_from_step_s():
     printed = run_benchmark("rlhf_speed", "--smoke", "--steps", "1").stdout
     rows = json.loads(printed)["rows"]

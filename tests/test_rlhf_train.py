@@ -164,6 +164,7 @@ def test_left_padding_to_two_widths_changes_nothing():
     chex.assert_trees_all_close(narrow[2], wide[2], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_vmap_over_beta_and_seeds_compiles_once_and_warmup_trains_the_critic_only():
     config = config_for("ppo", critic_warmup_steps=1, adaptive_kl=True, kl_target=1.0)
     trainer = trainer_for(config)
@@ -230,6 +231,7 @@ def test_lora_reference_is_the_base_and_the_policy_starts_there():
     assert not np.allclose(new.params["policy"]["params-hidden-kernel"]["b"], 0.0)
 
 
+@pytest.mark.heavy
 def test_lora_full_lets_a_value_head_read_from_the_policy_learn():
     """PPO whose critic is the policy's own value head: under LoRA on the other layers that
     head stays at its initial values, and with lora_full=("value",) it is trained."""

@@ -209,6 +209,7 @@ def brax_api_with_time_limit(raw_env, limit):
     return raw_reset, raw_step
 
 
+@pytest.mark.heavy
 def test_brax_inverted_pendulum_matches_brax_with_its_time_limit_as_truncation():
     pytest.importorskip("brax")
     from brax import envs as brax_envs
@@ -229,6 +230,7 @@ def test_brax_inverted_pendulum_matches_brax_with_its_time_limit_as_truncation()
     check_training("brax/inverted_pendulum", {"backend": "spring", "max_steps_in_episode": 12})
 
 
+@pytest.mark.heavy
 def test_playground_cartpole_matches_playground_with_its_episode_length_as_truncation():
     pytest.importorskip("mujoco_playground")
     from mujoco_playground import registry
@@ -255,6 +257,7 @@ def test_playground_cartpole_matches_playground_with_its_episode_length_as_trunc
     check_training("playground/CartpoleBalance", {"max_steps_in_episode": 12})
 
 
+@pytest.mark.heavy
 def test_craftax_classic_matches_craftax_with_the_time_limit_as_truncation():
     """A random player rarely dies in the 120 steps, so only truncations are certain;
     terminations are checked where they occur."""

@@ -160,6 +160,7 @@ def test_reward_model_and_dpo_on_pairs(files, tmp_path):
     )
 
 
+@pytest.mark.heavy
 def test_rlhf_with_a_text_reward_and_a_reward_model(files, tmp_path, monkeypatch, capsys):
     """Also a reward that passes the check on the first prompts and fails at step 3 in
     training: one line naming it, the run stopped with its checkpoint of step 2, and

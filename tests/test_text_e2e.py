@@ -5,6 +5,7 @@ well-formed. That it learns is the benchmark's to show (benchmarks/results/text_
 
 import json
 
+import pytest
 from benchmark_script import run_benchmark
 
 from ppojax.rlhf import from_pretrained
@@ -16,6 +17,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.open()]
 
 
+@pytest.mark.heavy
 def test_the_pipeline_at_toy_size_writes_a_well_formed_result(tmp_path):
     out, work = tmp_path / "results" / "text_e2e.json", tmp_path / "work"
     run_benchmark("text_e2e", "--toy", "--seeds", "1", "--work", str(work), "--out", str(out))

@@ -255,6 +255,7 @@ def pbt_table(run_dir: Path) -> dict[tuple[int, int], dict[str, float]]:
     return {(int(row["member"]), int(row["interval"])): row for row in rows}
 
 
+@pytest.mark.heavy
 def test_pbt_logs_one_wandb_run_per_member_with_its_schedule(tmp_path, monkeypatch):
     """Each member's W&B run: its initial hyperparameters as config, every metric of every
     update, its hyperparameter of each update's interval, its score and source at each
