@@ -1,7 +1,9 @@
-"""SFT on a few scripted demonstrations, then GRPO, for both agent envs, from models made
-from nothing: does RL raise held-out success over SFT and shorten episodes?
+"""SFT on a few scripted demonstrations, then GRPO (or PPO with a critic), for both agent
+envs, from models made from nothing: does RL raise held-out success over SFT and shorten
+episodes?
 
     python benchmarks/agents_sft.py                    # results/agents_sft.json and .png
+    python benchmarks/agents_sft.py --algorithm ppo    # results/agents_sft_ppo.json and .png
     python benchmarks/agents_sft.py --seeds 1 --guessing-steps 20 --calculator-steps 5 \\
         --out /tmp/agents_sft.json                     # a quick look
     python benchmarks/agents_sft.py --plot-only        # redraw the plot from the JSON
@@ -10,7 +12,9 @@ For each env and each seed a transformer (d_model 64, 4 heads, 2 layers) starts 
 weights, is trained by ``agents.demos.train_on_demos`` on a few episodes a scripted policy
 played (``agents.demos.play_demos``; ``--guessing-demos``, ``--calculator-demos``; one set
 for every seed, the seed sets the initialisation, the SFT batches and the RL steps), then
-by ``make_episode_trainer`` (GRPO, the reference the SFT model). Held-out episodes, drawn
+by ``make_episode_trainer`` (GRPO in groups of 8, or PPO: one episode per start, token-level
+GAE with a critic that starts as a copy of the SFT model, value head included, and trains alone
+for the first ``--critic-warmup`` steps; the reference is the SFT model). Held-out episodes, drawn
 from a key that neither the demos nor training use, are sampled at temperature 1 after SFT
 and after RL: success rate and turns.
 
@@ -48,6 +52,7 @@ from ppojax.rlhf.agents.trainer import make_episode_trainer
 from ppojax.rlhf.models.transformer import transformer
 
 RESULT = RESULTS / "agents_sft.json"
+RESULT_PPO = RESULTS / "agents_sft_ppo.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +73,7 @@ class Sizes:
     d_model: int = 64
     heads: int = 4
     layers: int = 2
+    critic_warmup: int = 10  # PPO only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +102,16 @@ TASKS = {
 }  # fmt: skip
 
 
-def build(task: Task, sizes: Sizes) -> tuple[Any, Any]:
-    """The model and the GRPO trainer of ``task``."""
+def build(task: Task, sizes: Sizes, algorithm: str) -> tuple[Any, Any]:
+    """The model and the GRPO or PPO trainer of ``task``."""
+    ppo = algorithm == "ppo"
     config = RLHFConfig(
         pad_id=task.pad_id,
         eos_id=task.eos_id,
         response_len=task.turn_len,
-        algorithm="grpo",
-        group_size=sizes.group_size,
+        algorithm=algorithm,
+        group_size=1 if ppo else sizes.group_size,
+        critic_warmup_steps=sizes.critic_warmup if ppo else 0,
         update_epochs=1,
         num_minibatches=1,
         learning_rate=sizes.rl_lr,
@@ -113,9 +121,16 @@ def build(task: Task, sizes: Sizes) -> tuple[Any, Any]:
     length = EpisodeLayout(env.prompt_len, task.turn_len, env.reply_len, task.max_turns).length
     lm = transformer(task.vocab_size, length, sizes.d_model, sizes.heads, sizes.layers)
     trainer = make_episode_trainer(
-        config, lm.policy_apply, env, sizes.episodes, task.max_turns, kv_cache=lm.kv_cache
-    )
+        config, lm.policy_apply, env, sizes.episodes, task.max_turns, kv_cache=lm.kv_cache,
+        critic_apply=lm.critic_apply if ppo else None,
+    )  # fmt: skip
     return lm, trainer
+
+
+def init_state(trainer: Any, params: Any, key: jax.Array) -> Any:
+    """RL's first state from the SFT params; PPO's critic starts as a copy of them."""
+    critic = params if trainer.config.needs_critic else None
+    return trainer.init(params, key, critic)
 
 
 def scores(episodes: Any) -> dict[str, jax.Array]:
@@ -132,9 +147,11 @@ def keys(seeds: int) -> dict[str, jax.Array]:
     return {"demos": demo_key, "held_out": held_key, "seeds": jax.random.split(seeds_key, seeds)}
 
 
-def run_guessing(task: Task, sizes: Sizes, demos: Any, all_keys: dict) -> dict[str, Any]:
+def run_guessing(
+    task: Task, sizes: Sizes, algorithm: str, demos: Any, all_keys: dict
+) -> dict[str, Any]:
     """The seeds vmapped in one compiled call: SFT, held-out, RL, held-out."""
-    lm, trainer = build(task, sizes)
+    lm, trainer = build(task, sizes, algorithm)
 
     def evaluate(params):
         return scores(
@@ -151,7 +168,7 @@ def run_guessing(task: Task, sizes: Sizes, demos: Any, all_keys: dict) -> dict[s
             batch_size=sizes.sft_batch, learning_rate=sizes.sft_lr,
         )  # fmt: skip
         after_sft = evaluate(params)
-        state = trainer.init(params, init_key)
+        state = init_state(trainer, params, init_key)
         steps = jax.random.split(rl_key, sizes.guessing_steps)
         state, metrics = jax.lax.scan(trainer.step, state, steps)
         curves = {"success": metrics["episodes/return"], "turns": metrics["episodes/turns"]}
@@ -161,9 +178,11 @@ def run_guessing(task: Task, sizes: Sizes, demos: Any, all_keys: dict) -> dict[s
     return {"sft_loss": sft_loss, "sft": after_sft, "rl": after_rl, "curves": curves}
 
 
-def run_calculator(task: Task, sizes: Sizes, demos: Any, all_keys: dict) -> dict[str, Any]:
+def run_calculator(
+    task: Task, sizes: Sizes, algorithm: str, demos: Any, all_keys: dict
+) -> dict[str, Any]:
     """SFT vmapped over the seeds; then each seed's held-out scores and RL on the host."""
-    lm, trainer = build(task, sizes)
+    lm, trainer = build(task, sizes, algorithm)
     split = jax.vmap(lambda key: jax.random.split(key, 3))(all_keys["seeds"])
 
     def sft(init_key, sft_key):
@@ -178,7 +197,7 @@ def run_calculator(task: Task, sizes: Sizes, demos: Any, all_keys: dict) -> dict
     for seed in range(split.shape[0]):
         params = jax.tree.map(lambda leaf, s=seed: leaf[s], sft_params)
         rows["sft"].append(scores(held_out(params, all_keys["held_out"])))
-        state = trainer.init(params, split[seed, 0])
+        state = init_state(trainer, params, split[seed, 0])
         curve = []
         for step_key in jax.random.split(split[seed, 2], sizes.calculator_steps):
             state, metrics = trainer.step(state, step_key)
@@ -250,6 +269,7 @@ def summary(task: Task, sizes: Sizes, demos: Any, out: dict, seconds: float) -> 
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    algorithm = result.get("algorithm", "grpo").upper()
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,12 +287,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ends = [part["held_out"]["sft"][metric][seed], part["held_out"]["rl"][metric][seed]]
                 ax.plot([0, len(curve)], ends, "o", color=line.get_color())
             ax.set_title(f"{name}: {metric}", fontsize=10)
-            ax.set_xlabel("GRPO step")
+            ax.set_xlabel(f"{algorithm} step")
         row[0].set_ylabel("success rate")
         row[1].set_ylabel("turns per episode")
         row[0].legend(fontsize=8)
     fig.suptitle(
-        "SFT on scripted demos, then GRPO, from random weights on CPU\n"
+        f"SFT on scripted demos, then {algorithm}, from random weights on CPU\n"
         "lines: training episodes (moving mean); dots: held-out after SFT (step 0) and after RL",
         fontsize=10,
     )
@@ -281,11 +301,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run(seeds: int, sizes: Sizes, envs: list[str], out: Path, argv: list[str]) -> dict:
+def run(
+    seeds: int, sizes: Sizes, algorithm: str, envs: list[str], out: Path, argv: list[str]
+) -> dict:
     all_keys = keys(seeds)
     result: dict[str, Any] = {
         "benchmark": "agents_sft",
         **record(__file__, argv),
+        "algorithm": algorithm,
         "sizes": dataclasses.asdict(sizes),
         "evaluation": f"{sizes.held_out} held-out episodes per seed, sampled at temperature 1, "
         "from a key apart from the demos' and training's; the same episodes for every seed",
@@ -299,10 +322,10 @@ def run(seeds: int, sizes: Sizes, envs: list[str], out: Path, argv: list[str]) -
     for name in envs:
         task = TASKS[name]
         started = time.perf_counter()
-        _, trainer = build(task, sizes)
+        _, trainer = build(task, sizes, algorithm)
         count = getattr(sizes, f"{name}_demos")
         demos = d.play_demos(task.env, task.script, all_keys["demos"], count, trainer.settings)
-        outcome = jax.device_get(runners[name](task, sizes, demos, all_keys))
+        outcome = jax.device_get(runners[name](task, sizes, algorithm, demos, all_keys))
         result[name] = summary(task, sizes, demos, outcome, time.perf_counter() - started)
         print(name, result[name]["mean"], flush=True)
     write_json(out, result)
@@ -316,17 +339,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--envs", nargs="+", choices=list(TASKS), default=list(TASKS))
-    parser.add_argument("--out", type=Path, default=RESULT, help="the JSON file; .png beside it")
+    parser.add_argument("--algorithm", choices=("grpo", "ppo"), default="grpo")
+    parser.add_argument(
+        "--out", type=Path, help="the JSON file, .png beside it (default: results/agents_sft.json, "
+        "with --algorithm ppo agents_sft_ppo.json)",
+    )  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
     for field in dataclasses.fields(Sizes):
         parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default))
     args = parser.parse_args(argv)
+    args.out = args.out or (RESULT_PPO if args.algorithm == "ppo" else RESULT)
     if args.plot_only:
         plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
         return
     chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)}
     sizes = dataclasses.replace(Sizes(), **{k: v for k, v in chosen.items() if v is not None})
-    run(args.seeds, sizes, args.envs, args.out, argv)
+    run(args.seeds, sizes, args.algorithm, args.envs, args.out, argv)
 
 
 if __name__ == "__main__":
