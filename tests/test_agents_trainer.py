@@ -4,6 +4,8 @@ through ``make_episode_trainer`` gives ``make_trainer``'s new state and metrics 
 episodes; the slots the update reads, by hand; the KV cache across turns against
 recomputing the context, logit by logit."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,10 +15,16 @@ from ppojax.rlhf import RLHFConfig, make_trainer
 from ppojax.rlhf.agents import guessing as g
 from ppojax.rlhf.agents.context import cached_context
 from ppojax.rlhf.agents.credit import model_slots
-from ppojax.rlhf.agents.episodes import EpisodeLayout, EpisodeSettings, rollout_episodes
+from ppojax.rlhf.agents.episodes import (
+    EpisodeLayout,
+    EpisodeSettings,
+    previous_real,
+    rollout_episodes,
+)
 from ppojax.rlhf.agents.one_turn import OneTurnEnv
 from ppojax.rlhf.agents.trainer import make_episode_trainer
 from ppojax.rlhf.agents.turns import rollout_keys
+from ppojax.rlhf.agents.update import EpisodeBatch, slot_stats
 from ppojax.rlhf.core.lora import merge
 from ppojax.rlhf.models.transformer import transformer
 
@@ -29,12 +37,16 @@ def token_sum(prompts, prompt_mask, responses, response_mask):
     return (responses * response_mask).sum(axis=1) / 64.0
 
 
-def tiny_lm(length):
+def tiny_lm(length, split=False):
     lm = transformer(VOCAB, length, d_model=16, num_heads=2, num_layers=1)
 
-    # plain functions: both trainers read the full logits (no chunked scoring)
+    # plain functions: both trainers read the full logits (no chunked scoring); with
+    # ``split`` the model's SplitPolicy, scored in chunks of config.logit_chunk tokens
     def policy_apply(params, tokens, mask):
         return lm.policy_apply(params, tokens, mask)
+
+    if split:
+        policy_apply = lm.policy_apply
 
     def critic_apply(params, tokens, mask):
         return lm.critic_apply(params, tokens, mask)
@@ -53,11 +65,11 @@ def differences(a, b):
     ]
 
 
-def both_trainers(config, num_episodes, critic=False, steps=2):
+def both_trainers(config, num_episodes, critic=False, steps=2, split=False):
     """``steps`` steps of make_trainer and of the episode trainer on OneTurnEnv (max_turns 1),
     with the same config, params, keys and the prompts the env draws; the states and metrics
     of each step, side by side."""
-    lm, policy_apply, critic_apply = tiny_lm(PROMPT + RESPONSE)
+    lm, policy_apply, critic_apply = tiny_lm(PROMPT + RESPONSE, split)
     env = OneTurnEnv(POOL, POOL != 0, token_sum)
     kwargs = {"critic_apply": critic_apply} if critic else {}
     one_turn = make_trainer(config, policy_apply, [token_sum], **kwargs)
@@ -155,6 +167,63 @@ def test_one_turn_env_gives_make_trainers_ppo_step_bit_for_bit_through_warm_up()
     assert differences(warm.params["policy"], params) == []
     assert differences(warm.params["critic"], critic_params) != []
     assert differences(after.params["policy"], params) != []
+
+
+@pytest.mark.heavy
+def test_chunked_logits_and_remat_layers_keep_the_one_turn_step_bit_for_bit():
+    """The model's SplitPolicy scored in chunks of 4 tokens (1 position of 8 rows at a time)
+    with its layers rematerialized in the loss: the one-turn env's step is still
+    make_trainer's, bit for bit (both slice the same hidden states into the same chunks)."""
+    config = RLHFConfig(
+        algorithm="grpo", group_size=2, pad_id=0, eos_id=1, response_len=RESPONSE,
+        update_epochs=2, num_minibatches=2, learning_rate=1e-2, logit_chunk=4,
+        remat_layers=True,
+    )  # fmt: skip
+    params, _, history = both_trainers(config, 8, split=True)
+    for first, first_metrics, second, second_metrics in history:
+        assert_same_step(first, first_metrics, second, second_metrics)
+    assert differences(history[-1][0].params["policy"], params) != []
+
+
+def test_chunked_slot_stats_on_multi_turn_episodes_equal_the_full_logits():
+    """Three-turn guessing episodes: the slots' log-probs, entropy and the gradient of their
+    sum, scored through the LM head in chunks of 5 tokens, against the full [N, L, V] logits.
+    Both are the same float32 products and sums, in chunks or at once: a tolerance of 1e-5
+    on log-probs of a few nats is ~100 ulps, far above reordering and far below any real
+    difference (a wrong slot moves a log-prob by ~0.1)."""
+    env = g.NumberGuessing(num_values=10, max_turns=3)
+    settings = EpisodeSettings(3, 3, 1.0, g.PAD, g.EOS)
+    layout = EpisodeLayout(1, 3, 1, 3)
+    lm = transformer(g.VOCAB_SIZE, layout.length, d_model=16, num_heads=2, num_layers=1)
+    params = lm.init(jax.random.key(0))
+    episodes = jax.jit(
+        lambda key: rollout_episodes(lm.policy_apply, params, env, key, 8, settings)
+    )(jax.random.key(4))
+    slots = model_slots(episodes.model_mask, 3 * 3)
+    positions = jnp.take_along_axis(previous_real(episodes.mask), slots.columns, axis=1)
+    zeros = jnp.zeros(slots.mask.shape)
+    batch = EpisodeBatch(
+        episodes.tokens, episodes.mask, positions, slots.gather(episodes.tokens), slots.mask,
+        zeros, zeros, zeros, zeros, zeros,
+    )  # fmt: skip
+    assert int(slots.mask.sum()) > 8 * 3  # more than one turn's tokens
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def scored(params, logit_chunk):
+        def total(params):
+            stats = slot_stats(lm.policy_apply, params, batch, 1.0, None, logit_chunk)
+            return jnp.where(batch.slot_mask, stats.log_probs, 0.0).sum(), stats
+
+        return jax.grad(total, has_aux=True)(params)
+
+    full_grad, full = scored(params, 0)
+    chunk_grad, chunked = scored(params, 5)
+    real = np.asarray(slots.mask)
+    for name in ("log_probs", "entropy"):
+        got, want = getattr(chunked, name), getattr(full, name)
+        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
+    for got, want in zip(jax.tree.leaves(chunk_grad), jax.tree.leaves(full_grad), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)  # sums of ~50 such terms
 
 
 def test_lora_and_the_adaptive_kl_controller_on_multi_turn_episodes():

@@ -47,6 +47,7 @@ from ppojax.rlhf.agents.episodes import (
 )
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
 from ppojax.rlhf.agents.update import collect_episodes, episode_loss
+from ppojax.rlhf.core import remat
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import LossParts
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
@@ -181,8 +182,11 @@ def make_episode_trainer(
         batch, metrics = collect_episodes(
             config, parts, episodes, state, num_slots, turn_weight, turn_index, start
         )
+        loss = functools.partial(episode_loss, config, parts, start=start)
+        if config.remat_layers:
+            loss = remat.with_rematerialized_layers(loss)
         carry, update_metrics = run_epochs(
-            functools.partial(episode_loss, config, parts, start=start),
+            loss,
             optimizer,
             OptimizerCarry(state.params, state.opt_state),
             batch,

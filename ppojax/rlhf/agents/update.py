@@ -26,6 +26,7 @@ from ppojax.rlhf.agents.credit import (
 from ppojax.rlhf.agents.episodes import Episodes, previous_real
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.logprobs import SplitPolicy, chunked_token_stats
 from ppojax.rlhf.core.objective import LossParts, clipped_policy_loss
 from ppojax.rlhf.core.sampling import PolicyApply, TokenStats, token_stats
 from ppojax.rlhf.core.trainer import RLHFState
@@ -73,10 +74,18 @@ def slot_stats(
     batch: EpisodeBatch,
     temperature: Any,
     start: int | None = None,
+    logit_chunk: int = 0,
 ) -> TokenStats:
     """One forward pass over the episodes [N, L]: log softmax(logits / temperature) of each
     slot's token under the logits of its position (``slot_outputs``), and that softmax's
-    entropy, both [N, M]; the arithmetic of the one-turn trainer's ``response_stats``."""
+    entropy, both [N, M]; the arithmetic of the one-turn trainer's ``response_stats``. A
+    ``SplitPolicy`` with ``logit_chunk`` > 0 is scored as the one-turn trainer scores it: the
+    slots' hidden states through the LM head in chunks, never [N, L, V] logits at once."""
+    if logit_chunk and isinstance(policy_apply, SplitPolicy):
+        hidden = slot_outputs(policy_apply.hidden(params, batch.tokens, batch.mask), batch, start)
+        return chunked_token_stats(
+            policy_apply.head, params, hidden, batch.targets, temperature, logit_chunk
+        )
     outputs = policy_apply(params, batch.tokens, batch.mask)
     logits = slot_outputs(outputs, batch, start)
     return token_stats(logits, batch.targets, temperature)
@@ -113,7 +122,9 @@ def episode_loss(
     value loss (the critic's own params, or the policy's when the critic is a value head on
     it); and its metrics. ``start``: see ``slot_outputs``."""
     policy = parts.policy_params(params)
-    stats = slot_stats(parts.policy_apply, policy, batch, config.temperature, start)
+    stats = slot_stats(
+        parts.policy_apply, policy, batch, config.temperature, start, config.logit_chunk
+    )
     loss, metrics = clipped_policy_loss(
         config,
         parts.kl_coef,
@@ -213,8 +224,9 @@ def collect_episodes(
         zeros,
     )  # fmt: skip
     temperature = config.temperature
-    stats = slot_stats(parts.policy_apply, policy, batch, temperature, start)
-    reference = slot_stats(parts.policy_apply, state.reference, batch, temperature, start)
+    chunk = config.logit_chunk
+    stats = slot_stats(parts.policy_apply, policy, batch, temperature, start, chunk)
+    reference = slot_stats(parts.policy_apply, state.reference, batch, temperature, start, chunk)
     estimate = adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator)
     penalty_kl = jnp.where(slots.mask, estimate, 0.0)
     scores = episodes.rewards.sum(axis=1)

@@ -55,7 +55,23 @@ def chunked_stats(
     """``response_stats`` of ``policy`` ([B, R] log-probs and entropy), the head and softmax
     run over chunks of ``chunk_positions(B, R, logit_chunk)`` positions (the last padded)."""
     hidden = sequences.response_positions(policy.hidden(params, *sequences.model_input()))
-    targets = sequences.responses
+    return chunked_token_stats(
+        policy.head, params, hidden, sequences.responses, temperature, logit_chunk
+    )
+
+
+def chunked_token_stats(
+    head: Callable[[Any, jax.Array], jax.Array],
+    params: Any,
+    hidden: jax.Array,
+    targets: jax.Array,
+    temperature: Any,
+    logit_chunk: int,
+) -> TokenStats:
+    """``token_stats`` of ``head(params, hidden)`` [B, M, V] at ``targets`` [B, M], the head
+    and softmax run over chunks of ``chunk_positions(B, M, logit_chunk)`` positions (the last
+    padded): the hidden states [B, M, D] of whichever positions predict the targets (a
+    response's, an episode's model tokens)."""
     rows, length = targets.shape
     size = chunk_positions(rows, length, logit_chunk)
     count = -(-length // size)
@@ -68,7 +84,7 @@ def chunked_stats(
     @jax.checkpoint
     def chunk_stats(chunk: tuple[jax.Array, jax.Array]) -> TokenStats:
         chunk_hidden, chunk_targets = chunk
-        return token_stats(policy.head(params, chunk_hidden), chunk_targets, temperature)
+        return token_stats(head(params, chunk_hidden), chunk_targets, temperature)
 
     stats = jax.lax.map(chunk_stats, (hidden, targets))
     return TokenStats(
