@@ -7,6 +7,7 @@ episodes?
     python benchmarks/agents_sft.py --seeds 1 --guessing-steps 20 --calculator-steps 5 \\
         --out /tmp/agents_sft.json                     # a quick look
     python benchmarks/agents_sft.py --plot-only        # redraw the plot from the JSON
+    python benchmarks/agents_sft.py --table            # both result files as docs/rlhf.md's table
 
 For each env and each seed a transformer (d_model 64, 4 heads, 2 layers) starts from random
 weights, is trained by ``agents.demos.train_on_demos`` on a few episodes a scripted policy
@@ -40,7 +41,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from common import RESULTS, record, rounded, write_json
+from common import RESULTS, markdown_table, record, rounded, write_json
 
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import EpisodeLayout, rollout_episodes
@@ -334,6 +335,30 @@ def run(
     return result
 
 
+def table(grpo: dict[str, Any], ppo: dict[str, Any] | None) -> str:
+    """Held-out success and turns per env and seed: after SFT, after SFT + GRPO and, where the
+    PPO file is there, after SFT + PPO (the two runs share their SFT: same keys and demos)."""
+    algorithms = [("GRPO", grpo)] + ([("PPO", ppo)] if ppo else [])
+    header = ["env", "seed"]
+    for metric in ("success", "turns"):
+        header += [f"{metric} after SFT"] + [f"SFT + {name}" for name, _ in algorithms]
+    rows = []
+    for env in TASKS:
+        sft = grpo[env]["held_out"]["sft"]
+        for other_name, other in algorithms[1:]:
+            if other[env]["held_out"]["sft"] != sft:
+                raise ValueError(f"{env}: the {other_name} run's SFT differs from GRPO's")
+        for seed in range(len(sft["success"])):
+            row = [env, seed]
+            for metric, digits in (("success", 3), ("turns", 2)):
+                row.append(f"{sft[metric][seed]:.{digits}f}")
+                row += [
+                    f"{r[env]['held_out']['rl'][metric][seed]:.{digits}f}" for _, r in algorithms
+                ]
+            rows.append(row)
+    return markdown_table(header, rows)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -345,9 +370,14 @@ def main(argv: list[str] | None = None) -> None:
         "with --algorithm ppo agents_sft_ppo.json)",
     )  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
+    parser.add_argument("--table", action="store_true", help="print the results as markdown")
     for field in dataclasses.fields(Sizes):
         parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default))
     args = parser.parse_args(argv)
+    if args.table:
+        ppo = json.loads(RESULT_PPO.read_text()) if RESULT_PPO.exists() else None
+        print(table(json.loads(RESULT.read_text()), ppo))
+        return
     args.out = args.out or (RESULT_PPO if args.algorithm == "ppo" else RESULT)
     if args.plot_only:
         plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
