@@ -286,6 +286,13 @@ def test_the_plan_table_in_the_rlhf_guide_is_the_result_file_s():
     assert table in guide.read_text(), f"{guide}: rerun `python benchmarks/plan.py --table`"
 
 
+def test_the_agents_table_in_the_rlhf_guide_is_the_result_files():
+    table = run_benchmark("agents_sft", "--table").stdout.strip()
+    assert table.startswith("| env | seed | success after SFT | SFT + GRPO | SFT + PPO |")
+    guide = ROOT / "docs" / "rlhf.md"
+    assert table in guide.read_text(), f"{guide}: rerun `python benchmarks/agents_sft.py --table`"
+
+
 def table_cells(table: str, column: int) -> dict[str, str]:
     """A markdown table's ``column`` (0 = the task), by task (its * mark dropped)."""
     rows = [line.split(" | ") for line in table.splitlines()[2:] if line.startswith("| ")]
