@@ -24,6 +24,14 @@ from ppojax.rlhf.planner import StepShape
 from ppojax.rlhf.sizing import plan
 
 
+def verdict(row: dict) -> str:
+    """yes or no, and with ``--search`` the largest prompts per step that fit."""
+    said = "yes" if row["fits"] else "no"
+    if row.get("largest_prompts") is not None:
+        said += f" (up to {row['largest_prompts']} prompts)"
+    return said
+
+
 def table(results: dict) -> str:
     """GiB per device by part, the verdict, the estimate and the compile's seconds, a row per
     plan."""
@@ -49,7 +57,7 @@ def table(results: dict) -> str:
         fits_loop = "fits" if in_loop <= row["usable"] else "no"
         rows.append(
             [row["model"], what, f"{row['devices']} x {row['target']}", *cells]
-            + ["yes" if row["fits"] else "no", f"{in_loop / gib:.2f}, {fits_loop}"]
+            + [verdict(row), f"{in_loop / gib:.2f}, {fits_loop}"]
             + [f"{estimate:.3g}", f"{row['compile_seconds']:.0f}"]
         )
     return markdown_table(header, rows)
