@@ -28,6 +28,7 @@ from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.logprobs import SplitPolicy, chunked_token_stats
 from ppojax.rlhf.core.objective import LossParts, clipped_policy_loss
+from ppojax.rlhf.core.rollout import critic_free_advantages
 from ppojax.rlhf.core.sampling import PolicyApply, TokenStats, token_stats
 from ppojax.rlhf.core.trainer import RLHFState
 
@@ -91,22 +92,8 @@ def slot_stats(
     return token_stats(logits, batch.targets, temperature)
 
 
-def episode_advantages(
-    config: RLHFConfig,
-    scores: jax.Array,
-    penalty_kl: jax.Array,
-    model_mask: jax.Array,
-    kl_coef: jax.Array,
-) -> jax.Array:
-    """[N, X]: the group advantage [N] of score - beta * sum of the KL [N, X] over the model's
-    tokens (beta = 0 with kl_in="loss"), on every model token, 0 elsewhere; X is the columns
-    or the slots."""
-    beta = kl_coef if config.kl_in == "reward" else 0.0
-    rewards = adv.sequence_rewards(scores, penalty_kl, model_mask, beta)
-    per_row = adv.sequence_advantages(
-        config.algorithm, rewards, config.group_size, config.group_std
-    )
-    return jnp.where(model_mask, per_row[:, None], 0.0)
+# GRPO's / RLOO's advantage of an episode's score on its model tokens: the one-turn trainer's
+episode_advantages = critic_free_advantages
 
 
 def episode_loss(

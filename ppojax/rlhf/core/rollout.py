@@ -111,11 +111,27 @@ def advantages_and_returns(
         if config.whiten_advantages:
             advantages = adv.whiten(advantages, mask)
         return jnp.where(mask, advantages, 0.0), returns
-    sequence_rewards = adv.sequence_rewards(scores, penalty_kl, mask, beta)
+    advantages = critic_free_advantages(config, scores, penalty_kl, mask, kl_coef)
+    return advantages, jnp.zeros_like(values)
+
+
+def critic_free_advantages(
+    config: RLHFConfig,
+    scores: jax.Array,
+    penalty_kl: jax.Array,
+    mask: jax.Array,
+    kl_coef: jax.Array,
+) -> jax.Array:
+    """[N, X]: GRPO's or RLOO's group advantage [N] of score - beta * the sum of the KL
+    [N, X] over the real tokens (beta = 0 with kl_in="loss"), on every real token, 0
+    elsewhere; X is a response's positions, or an episode's columns or slots (the episode
+    trainer calls this too, so a one-turn episode gets the same bits)."""
+    beta = kl_coef if config.kl_in == "reward" else 0.0
+    rewards = adv.sequence_rewards(scores, penalty_kl, mask, beta)
     per_row = adv.sequence_advantages(
-        config.algorithm, sequence_rewards, config.group_size, config.group_std
+        config.algorithm, rewards, config.group_size, config.group_std
     )
-    return jnp.where(mask, per_row[:, None], 0.0), jnp.zeros_like(values)
+    return jnp.where(mask, per_row[:, None], 0.0)
 
 
 def collect(
