@@ -23,12 +23,13 @@ import pytest
 from gymnax.environments import spaces
 
 import ppojax
-from ppojax.cli.commands import check_writable, main
+from ppojax.cli.commands import main
 from ppojax.envs import PPOEnv, registry
 from ppojax.envs.env import StepAPIWarning
 from ppojax.ppo.config import PPOConfig
 from ppojax.rlhf import RLHFConfig, make_trainer
 from ppojax.runs import Experiment, RunOptions, run_experiment
+from ppojax.runs.folder import check_writable
 from ppojax.runtime import compiling
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"

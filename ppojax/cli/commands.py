@@ -13,9 +13,7 @@ import argparse
 import dataclasses
 import functools
 import importlib.util
-import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -193,6 +191,7 @@ def wandb_options(args: argparse.Namespace, saved: Any = None) -> Any:
 def resume(args: argparse.Namespace) -> RunResult | None:
     """Continue ``args.resume``; the run's own config and seeds, so no config flags. None for
     a run that is already finished (it is left as it is)."""
+    from ppojax.runs import folder
     from ppojax.runs.experiment import read_experiment, resume_experiment
 
     given = [f"--{name.replace('_', '-')}" for name in config_overrides(args)]
@@ -202,7 +201,7 @@ def resume(args: argparse.Namespace) -> RunResult | None:
             f"--resume continues a run with its saved config and seeds; drop {', '.join(given)}"
         )
     experiment, saved = read_experiment(args.resume)
-    check_writable(args.resume)
+    folder.check_writable(args.resume)
     if run_is_finished(args.resume, experiment):
         updates = experiment.config.num_updates
         print(f"{args.resume} is finished ({updates} of {updates} updates); nothing to do")
@@ -230,27 +229,6 @@ def run_is_finished(run_dir: Path, experiment: Experiment) -> bool:
     except (checkpoints.CheckpointError, ValueError, OSError):
         return False
     return True
-
-
-def check_writable(run_dir: Path) -> None:
-    """A ``ValueError`` naming the folder unless files can be made in ``run_dir`` and the
-    folders in it that a resume writes: a probe file is made and removed in each (the file
-    system's own answer, which read-only mounts and ACLs give too)."""
-    from ppojax.runs.folder import CHECKPOINT_DIR, TENSORBOARD_DIR
-
-    for folder in (run_dir, run_dir / CHECKPOINT_DIR, run_dir / TENSORBOARD_DIR):
-        if not folder.is_dir():
-            continue
-        try:
-            handle, probe = tempfile.mkstemp(prefix=".ppojax-write-probe-", dir=folder)
-        except OSError as error:
-            raise ValueError(
-                f"--resume {run_dir}: cannot write to the run folder ({folder}: "
-                f"{error.strerror}); make it writable (chmod -R u+w {run_dir}) or copy it to a "
-                "folder you can write to"
-            ) from None
-        os.close(handle)
-        os.unlink(probe)
 
 
 def use_cpu_settings(args: argparse.Namespace, grid: dict[str, tuple[float, ...]]) -> None:

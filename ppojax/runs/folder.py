@@ -80,6 +80,25 @@ def require_run_folder(run_dir: str | Path) -> Path:
     return Path(run_dir)
 
 
+def check_writable(run_dir: Path) -> None:
+    """A ``ValueError`` naming the folder unless files can be made in ``run_dir`` and the
+    folders in it that a resume writes: a probe file is made and removed in each (the file
+    system's own answer, which read-only mounts and ACLs give too)."""
+    for folder in (run_dir, run_dir / CHECKPOINT_DIR, run_dir / TENSORBOARD_DIR):
+        if not folder.is_dir():
+            continue
+        try:
+            handle, probe = tempfile.mkstemp(prefix=".ppojax-write-probe-", dir=folder)
+        except OSError as error:
+            raise ValueError(
+                f"--resume {run_dir}: cannot write to the run folder ({folder}: "
+                f"{error.strerror}); make it writable (chmod -R u+w {run_dir}) or copy it to a "
+                "folder you can write to"
+            ) from None
+        os.close(handle)
+        os.unlink(probe)
+
+
 def read_json(path: Path) -> Any:
     """The JSON in ``path``; a ``ValueError`` naming the file when it is missing, empty or not
     valid JSON."""
