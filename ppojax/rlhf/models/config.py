@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+from ppojax.checks import ConfigError, is_int, show
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 GEMMA = ("gemma2", "gemma3_text")
@@ -88,13 +91,57 @@ class DecoderConfig:
 
 
 def need(raw: dict[str, Any], field: str, source: str) -> Any:
-    """raw[field], or a ValueError naming the field and the file."""
+    """raw[field], or a ConfigError naming the field and the file."""
     if field not in raw or raw[field] is None:
-        raise ValueError(
+        raise ConfigError(
+            field,
             f"{source} has no {field!r}, which a {raw.get('model_type')} model needs; "
-            "add it (transformers writes it in every config.json it saves)."
+            "add it (transformers writes it in every config.json it saves).",
         )
     return raw[field]
+
+
+def count(raw: dict[str, Any], field: str, source: str, default: int | None = None) -> int:
+    """raw[field] as a positive int (``default`` where it is absent or null, required where
+    ``default`` is None): a ConfigError naming the field and the file otherwise, so that a
+    string, a float or a zero stops here instead of in a reshape or a plan of nothing."""
+    value = raw.get(field)
+    if value is None:
+        return need(raw, field, source) if default is None else default
+    if is_int(value) and value > 0:
+        return int(value)
+    hint = ""
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        hint = f"; write {int(value)}"
+    elif isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        hint = f"; write {value.strip()} without quotes"
+    raise ConfigError(
+        field, f"{source}: {field!r} must be a positive int, got {show(value, (int,))}{hint}."
+    )
+
+
+def positive_number(raw: dict[str, Any], field: str, source: str, default: float) -> float:
+    """raw[field] as a finite number > 0 (``default`` where absent or null)."""
+    value = raw.get(field)
+    if value is None:
+        return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
+        return value
+    raise ConfigError(field, f"{source}: {field!r} must be a number > 0, got {show(value)}.")
+
+
+def divides(raw: dict[str, Any], part: str, whole: str, source: str, why: str) -> None:
+    """ConfigError naming ``part`` unless raw[part] divides raw[whole] (both read by
+    ``count`` first; an absent ``part`` defaults to ``whole`` and divides it)."""
+    value, total = raw.get(part) or raw[whole], raw[whole]
+    if total % value:
+        raise ConfigError(
+            part, f"{source}: {part!r} {value} must divide {whole!r} {total} ({why})."
+        )
+
+
+HEAD_DIM = "without 'head_dim', each head is hidden_size / num_attention_heads wide"
+GROUPS = "each KV head serves a whole group of query heads"
 
 
 def rope_parameters(raw: dict[str, Any], source: str) -> dict[str, Any]:
@@ -113,7 +160,8 @@ def rope_parameters(raw: dict[str, Any], source: str) -> dict[str, Any]:
     if rope_type == "llama3":
         for field in ("factor", "low_freq_factor", "high_freq_factor"):
             need(params, field, f"{source} (rope type llama3)")
-        params.setdefault("original_max_position_embeddings", raw["max_position_embeddings"])
+        original = need(raw, "max_position_embeddings", source)
+        params.setdefault("original_max_position_embeddings", original)
     if rope_type == "linear":
         need(params, "factor", f"{source} (rope type linear)")
     return params
@@ -129,15 +177,20 @@ def token_ids(value: Any) -> tuple[int, ...]:
 def llama_like(raw: dict[str, Any], source: str) -> DecoderConfig:
     """Llama, Mistral, Qwen2 and Qwen3: RMSNorm, SwiGLU, RoPE, grouped-query attention."""
     model_type = raw["model_type"]
-    hidden = need(raw, "hidden_size", source)
-    heads = need(raw, "num_attention_heads", source)
+    hidden = count(raw, "hidden_size", source)
+    heads = count(raw, "num_attention_heads", source)
+    kv_heads = count(raw, "num_key_value_heads", source, heads)
+    given_head_dim = model_type == "qwen3" or raw.get("head_dim") is not None
+    if not given_head_dim:
+        divides(raw, "num_attention_heads", "hidden_size", source, HEAD_DIM)
+    divides(raw, "num_key_value_heads", "num_attention_heads", source, GROUPS)
     default_head_dim = 128 if model_type == "qwen3" else hidden // heads
     activation = raw.get("hidden_act", "silu")
     if activation != "silu":
         raise ValueError(f"{source}: hidden_act {activation!r} is not supported; use 'silu'.")
     # Mistral windows every layer; Qwen2/3 only when use_sliding_window (default false), and
     # then only the layers from max_window_layers on, which the decoder does not model.
-    window = raw.get("sliding_window") if model_type == "mistral" else None
+    window = (count(raw, "sliding_window", source, 0) or None) if model_type == "mistral" else None
     if model_type != "mistral" and raw.get("use_sliding_window", False):
         raise ValueError(
             f"{source}: use_sliding_window is true; ppojax's decoder applies {model_type}'s "
@@ -146,15 +199,15 @@ def llama_like(raw: dict[str, Any], source: str) -> DecoderConfig:
         )
     return DecoderConfig(
         model_type=model_type,
-        vocab_size=need(raw, "vocab_size", source),
+        vocab_size=count(raw, "vocab_size", source),
         hidden_size=hidden,
-        intermediate_size=need(raw, "intermediate_size", source),
-        num_layers=need(raw, "num_hidden_layers", source),
+        intermediate_size=count(raw, "intermediate_size", source),
+        num_layers=count(raw, "num_hidden_layers", source),
         num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or default_head_dim,
-        max_positions=raw.get("max_position_embeddings", 2048),
-        norm_eps=raw.get("rms_norm_eps", 1e-6),
+        num_kv_heads=kv_heads,
+        head_dim=count(raw, "head_dim", source, default_head_dim),
+        max_positions=count(raw, "max_position_embeddings", source, 2048),
+        norm_eps=positive_number(raw, "rms_norm_eps", source, 1e-6),
         activation="silu",
         tie_embeddings=raw.get("tie_word_embeddings", model_type == "qwen2"),
         qkv_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
@@ -171,8 +224,9 @@ def llama_like(raw: dict[str, Any], source: str) -> DecoderConfig:
 
 def gpt2(raw: dict[str, Any], source: str) -> DecoderConfig:
     """GPT-2: LayerNorm, GELU MLP, learned positions, tied embeddings."""
-    hidden = need(raw, "n_embd", source)
-    heads = need(raw, "n_head", source)
+    hidden = count(raw, "n_embd", source)
+    heads = count(raw, "n_head", source)
+    divides(raw, "n_head", "n_embd", source, "each head is n_embd / n_head wide")
     activation = raw.get("activation_function", "gelu_new")
     if activation not in ACTIVATIONS:
         raise ValueError(
@@ -184,15 +238,15 @@ def gpt2(raw: dict[str, Any], source: str) -> DecoderConfig:
             raise ValueError(f"{source}: {flag}=true is not supported; set it to false.")
     return DecoderConfig(
         model_type="gpt2",
-        vocab_size=need(raw, "vocab_size", source),
+        vocab_size=count(raw, "vocab_size", source),
         hidden_size=hidden,
-        intermediate_size=raw.get("n_inner") or 4 * hidden,
-        num_layers=need(raw, "n_layer", source),
+        intermediate_size=count(raw, "n_inner", source, 4 * hidden),
+        num_layers=count(raw, "n_layer", source),
         num_heads=heads,
         num_kv_heads=heads,
         head_dim=hidden // heads,
-        max_positions=need(raw, "n_positions", source),
-        norm_eps=raw.get("layer_norm_epsilon", 1e-5),
+        max_positions=count(raw, "n_positions", source),
+        norm_eps=positive_number(raw, "layer_norm_epsilon", source, 1e-5),
         activation=activation,
         tie_embeddings=True,
         qkv_bias=True,
@@ -225,9 +279,11 @@ def gemma(raw: dict[str, Any], source: str) -> DecoderConfig:
     sublayer, GeGLU, sliding and full layers; Gemma 3 adds q/k norms and a RoPE base per
     layer type, Gemma 2 caps attention scores and logits."""
     model_type = raw["model_type"]
-    layers = need(raw, "num_hidden_layers", source)
-    heads = need(raw, "num_attention_heads", source)
-    head_dim = raw.get("head_dim") or 256
+    layers = count(raw, "num_hidden_layers", source)
+    heads = count(raw, "num_attention_heads", source)
+    kv_heads = count(raw, "num_key_value_heads", source, heads)
+    divides(raw, "num_key_value_heads", "num_attention_heads", source, GROUPS)
+    head_dim = count(raw, "head_dim", source, 256)
     activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
     if activation not in ("gelu_pytorch_tanh", "gelu_new"):
         raise ValueError(f"{source}: hidden_activation {activation!r} is not supported for Gemma.")
@@ -252,15 +308,15 @@ def gemma(raw: dict[str, Any], source: str) -> DecoderConfig:
     bias = bool(raw.get("attention_bias", False))
     return DecoderConfig(
         model_type=model_type,
-        vocab_size=need(raw, "vocab_size", source),
-        hidden_size=need(raw, "hidden_size", source),
-        intermediate_size=need(raw, "intermediate_size", source),
+        vocab_size=count(raw, "vocab_size", source),
+        hidden_size=count(raw, "hidden_size", source),
+        intermediate_size=count(raw, "intermediate_size", source),
         num_layers=layers,
         num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        max_positions=raw.get("max_position_embeddings", 8192),
-        norm_eps=raw.get("rms_norm_eps", 1e-6),
+        max_positions=count(raw, "max_position_embeddings", source, 8192),
+        norm_eps=positive_number(raw, "rms_norm_eps", source, 1e-6),
         activation="gelu_pytorch_tanh",
         tie_embeddings=raw.get("tie_word_embeddings", True),
         qkv_bias=bias,
@@ -269,7 +325,7 @@ def gemma(raw: dict[str, Any], source: str) -> DecoderConfig:
         norm="gemma",
         rope=tuple(sorted(full.items())),
         local_rope=tuple(sorted(local.items())) if local != full else (),
-        sliding_window=raw.get("sliding_window"),
+        sliding_window=count(raw, "sliding_window", source, 0) or None,
         sliding_layers=tuple(kind == "sliding_attention" for kind in types),
         query_scale=float(raw.get("query_pre_attn_scalar") or head_dim) ** -0.5,
         attn_softcap=raw.get("attn_logit_softcapping"),
@@ -283,12 +339,25 @@ def gemma(raw: dict[str, Any], source: str) -> DecoderConfig:
 
 
 def parse_config(raw: dict[str, Any], source: str = "config.json") -> DecoderConfig:
-    """A config.json's dict as a ``DecoderConfig``; ValueError naming the unsupported
-    ``model_type`` or the missing field."""
+    """A config.json's dict as a ``DecoderConfig``; ConfigError (a ValueError) naming the
+    field and what it must be where a field is missing, unsupported or out of range (counts
+    positive ints, heads dividing evenly), so every value is checked before a model is built."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            None,
+            f"{source} must hold a JSON object of the model's fields, got a {type(raw).__name__}.",
+        )
     model_type = raw.get("model_type")
+    if model_type is None:
+        raise ConfigError(
+            "model_type",
+            f"{source} has no 'model_type'; add the model's family, one of {', '.join(SUPPORTED)} "
+            "(transformers writes it in every config.json it saves).",
+        )
     if model_type not in SUPPORTED:
-        raise ValueError(
-            f"{source}: model_type {model_type!r} is not supported; ppojax loads {SUPPORTED}."
+        raise ConfigError(
+            "model_type",
+            f"{source}: model_type {model_type!r} is not supported; ppojax loads {SUPPORTED}.",
         )
     if model_type == "gpt2":
         return gpt2(raw, source)

@@ -1,0 +1,111 @@
+"""What ``ppojax plan`` and the model loaders check before anything compiles: every config.json
+value (one line naming the field and the file, exit status 2), the memory flags, the memory
+share the training commands give a process and the plan judges against, and the levers a
+report names when a step does not fit. No test here compiles: the planner's ``measure`` (the
+compile) is replaced by one that fails the test if it is reached, or by fixed numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ppojax.checks import ConfigError
+from ppojax.cli.commands import main
+from ppojax.rlhf import sizing
+from ppojax.rlhf.models import from_pretrained, read_config
+from ppojax.rlhf.models.config import parse_config
+
+LLAMA = {  # Llama-2-7B's shape
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+}
+GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024}
+GPT2 = {**GPT2, "vocab_size": 50257}
+GEMMA2 = {
+    "model_type": "gemma2",
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "vocab_size": 256000,
+}
+
+# (the config.json, what the one line must say)
+BAD_CONFIGS = [
+    ({**LLAMA, "hidden_size": "4096"}, "'hidden_size' must be a positive int, got '4096' (str)"),
+    ({**LLAMA, "num_key_value_heads": 7}, "'num_key_value_heads' 7 must divide"),
+    ({**LLAMA, "num_attention_heads": 30}, "'num_attention_heads' 30 must divide 'hidden_size'"),
+    ({**LLAMA, "num_hidden_layers": 0}, "'num_hidden_layers' must be a positive int, got 0"),
+    ({**LLAMA, "vocab_size": 0}, "'vocab_size' must be a positive int, got 0"),
+    ({**LLAMA, "vocab_size": -32000}, "'vocab_size' must be a positive int, got -32000"),
+    ({**LLAMA, "num_hidden_layers": True}, "'num_hidden_layers' must be a positive int, got True"),
+    ({**LLAMA, "intermediate_size": 11008.0}, "got 11008.0 (float); write 11008"),
+    ({**LLAMA, "head_dim": "128"}, "'head_dim' must be a positive int, got '128' (str)"),
+    ({**LLAMA, "max_position_embeddings": 0}, "'max_position_embeddings' must be a positive"),
+    ({**LLAMA, "rms_norm_eps": "1e-5"}, "'rms_norm_eps' must be a number > 0, got '1e-5'"),
+    ({**LLAMA, "model_type": "mistral", "sliding_window": -1}, "'sliding_window' must be a"),
+    ({k: v for k, v in LLAMA.items() if k != "model_type"}, "has no 'model_type'; add"),
+    ({k: v for k, v in LLAMA.items() if k != "vocab_size"}, "has no 'vocab_size'"),
+    ({**LLAMA, "model_type": "phi3"}, "model_type 'phi3' is not supported"),
+    ({**GPT2, "n_head": 5}, "'n_head' 5 must divide 'n_embd' 768"),
+    ({**GPT2, "n_layer": "12"}, "'n_layer' must be a positive int, got '12' (str)"),
+    ({**GEMMA2, "num_key_value_heads": 3}, "'num_key_value_heads' 3 must divide"),
+    ({**GEMMA2, "num_hidden_layers": 0}, "'num_hidden_layers' must be a positive int, got 0"),
+    ([LLAMA], "must hold a JSON object"),
+]
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """The planner's compile, replaced by a failure: what is checked must stop before it."""
+
+    def measure(*args):
+        raise AssertionError("the plan compiled a step its inputs should have stopped")
+
+    monkeypatch.setattr(sizing, "measure", measure)
+
+
+def plan_command(capsys, *argv: str) -> tuple[int, str]:
+    """``ppojax plan`` with ``argv`` on the cpu target: its exit status and its stderr."""
+    status = main(["plan", "--target", "cpu", *argv])
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("raw", "says"), BAD_CONFIGS)
+def test_each_bad_config_json_gets_one_line_and_exit_2(raw, says, tmp_path, capsys, no_compile):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    status, err = plan_command(capsys, "--model", str(path))
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("ppojax plan: error: "), err
+    assert says in err and str(path) in err, err
+
+
+@pytest.mark.parametrize(("raw", "says"), BAD_CONFIGS[:4])
+def test_the_loaders_get_the_same_checks(raw, says, tmp_path):
+    """``from_pretrained`` reads config.json through the same parser, before any weights."""
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    for load in (read_config, from_pretrained):
+        with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            load(tmp_path)
+
+
+def test_the_config_error_names_the_field():
+    with pytest.raises(ConfigError) as info:
+        parse_config({**LLAMA, "num_key_value_heads": 7})
+    assert info.value.field == "num_key_value_heads"
+    # what is given is read as given: head_dim frees the heads from dividing the width
+    config = parse_config(
+        {**LLAMA, "num_attention_heads": 30, "num_key_value_heads": 10, "head_dim": 128}
+    )
+    assert (config.num_heads, config.head_dim) == (30, 128)
