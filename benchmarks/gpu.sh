@@ -29,8 +29,15 @@
 # checkout has no .git. From the repository root or anywhere in it.
 # To try the script on a CPU: SMOKE=1 (tiny sizes, results in /tmp/ppojax-smoke, no GPU
 # needed), PYTHON=<an interpreter with gymnax and rejax>, NO_WHEELS=1 (use its packages).
+# Each process preallocates XLA_PYTHON_CLIENT_MEM_FRACTION of the GPU: 0.9 unless it is set,
+# as the training commands set it (ppojax.runtime.memory), the budget `ppojax plan` judges by.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+USER_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-}"
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}"
+# learning.py's jobs share one GPU: unless the user set a fraction, each gets 0.9 / jobs there
+LEARNING_ENV=()
+[[ -z "$USER_FRACTION" ]] && LEARNING_ENV=(env -u XLA_PYTHON_CLIENT_MEM_FRACTION)
 PART="${1:-all}"
 LEARNING_TIMEOUT="${LEARNING_TIMEOUT:-540}"
 SPEED_TIMEOUT="${SPEED_TIMEOUT:-330}"
@@ -104,7 +111,8 @@ echo "set up in $(($(date +%s) - began)) s"
 status=0
 if [[ "$PART" == all || "$PART" == learning ]]; then
     echo "== (a) learning: timeout ${LEARNING_TIMEOUT} s"
-    timeout -k 15 "$LEARNING_TIMEOUT" "$PYTHON" benchmarks/learning.py "${SMOKE_FLAG[@]}" \
+    timeout -k 15 "$LEARNING_TIMEOUT" "${LEARNING_ENV[@]}" "$PYTHON" benchmarks/learning.py \
+        "${SMOKE_FLAG[@]}" \
         --tasks "${TASKS[@]}" --seeds 4 --jobs "$LEARNING_JOBS" "${MIRROR[@]}" || {
         status=$?
         echo "learning.py stopped (exit $status: 124 is the timeout); going on" >&2

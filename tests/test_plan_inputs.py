@@ -7,6 +7,7 @@ compile) is replaced by one that fails the test if it is reached, or by fixed nu
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -15,6 +16,7 @@ from ppojax.cli.commands import main
 from ppojax.rlhf import sizing
 from ppojax.rlhf.models import from_pretrained, read_config
 from ppojax.rlhf.models.config import parse_config
+from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction, use_memory_fraction
 
 LLAMA = {  # Llama-2-7B's shape
     "model_type": "llama",
@@ -109,3 +111,20 @@ def test_the_config_error_names_the_field():
         {**LLAMA, "num_attention_heads": 30, "num_key_value_heads": 10, "head_dim": 128}
     )
     assert (config.num_heads, config.head_dim) == (30, 128)
+
+
+def test_the_training_commands_set_the_memory_fraction_unless_the_user_did(monkeypatch):
+    assert use_memory_fraction(environ := {}) == "0.9" and environ == {FRACTION_VARIABLE: "0.9"}
+    mine = {FRACTION_VARIABLE: "0.5"}
+    assert use_memory_fraction(mine) == "0.5" and mine == {FRACTION_VARIABLE: "0.5"}
+    assert memory_fraction({}) == 0.9 and memory_fraction(mine) == 0.5
+    assert memory_fraction({FRACTION_VARIABLE: "lots"}) == 0.9
+    for command, fraction in (("plan", None), ("train", "0.9"), ("rlhf", "0.9"), ("sft", "0.9")):
+        monkeypatch.delenv(FRACTION_VARIABLE, raising=False)
+        with pytest.raises(SystemExit):
+            main([command, "--help"])  # the fraction is set before the command's parser runs
+        assert os.environ.get(FRACTION_VARIABLE) == fraction, command
+    monkeypatch.setenv(FRACTION_VARIABLE, "0.6")
+    with pytest.raises(SystemExit):
+        main(["dpo", "--help"])
+    assert os.environ[FRACTION_VARIABLE] == "0.6"  # the user's, kept

@@ -35,6 +35,7 @@ from ppojax.cli.values import (
     parse_int,
 )
 from ppojax.ppo.config import PRESETS, PPOConfig
+from ppojax.runtime.memory import use_memory_fraction
 
 if TYPE_CHECKING:
     from ppojax.runs import Experiment, RunOptions, RunResult
@@ -104,6 +105,8 @@ TEXT_COMMANDS = {
     "rm": "a reward model on a model folder from chosen/rejected JSONL",
     "dpo": "DPO or IPO of a model folder on chosen/rejected JSONL",
 }
+# the commands that train on a device, given the memory share ``ppojax plan`` judges against
+TRAINING_COMMANDS = ("train", "rlhf", *TEXT_COMMANDS)
 
 
 def run_rlhf(argv: Sequence[str]) -> int:
@@ -424,6 +427,9 @@ def list_env_ids() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in TRAINING_COMMANDS:
+        # before any backend starts: JAX sizes its GPU pool from it once, at the start
+        use_memory_fraction()
     if argv[:1] == ["rlhf"]:
         return run_rlhf(argv[1:])
     if argv[:1] == ["plan"]:
