@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 
 from ppojax.checks import ConfigError
 from ppojax.cli.commands import main
-from ppojax.rlhf import sizing
+from ppojax.rlhf import PlanError, StepShape, plan, sizing
 from ppojax.rlhf.models import from_pretrained, read_config
 from ppojax.rlhf.models.config import parse_config
+from ppojax.rlhf.sizing import GIB, Memory, Plan, levers
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction, use_memory_fraction
 
 LLAMA = {  # Llama-2-7B's shape
@@ -113,6 +115,31 @@ def test_the_config_error_names_the_field():
     assert (config.num_heads, config.head_dim) == (30, 128)
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--memory-gib", "-5"], "--memory-gib must be a number > 0 (GiB per device), got -5.0"),
+        (["--memory-gib", "0"], "--memory-gib must be a number > 0"),
+        (["--memory-gib", "nan"], "--memory-gib must be a number > 0"),
+        (["--memory-gib", "inf"], "--memory-gib must be a number > 0"),
+        (["--headroom", "1"], "--headroom must be in [0, 1)"),
+        (["--headroom", "-0.1"], "--headroom must be in [0, 1)"),
+    ],
+)
+def test_the_memory_flags_are_checked_before_the_compile(flags, says, tmp_path, capsys, no_compile):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    status, err = plan_command(capsys, "--model", str(path), *flags)
+    assert status == 2 and err.count("\n") == 1 and says in err, err
+
+
+def test_plan_checks_its_memory_arguments_before_the_compile(no_compile):
+    with pytest.raises(PlanError, match=r"--headroom must be in \[0, 1\)"):
+        plan("qwen2.5-0.5b", headroom=1.0)
+    with pytest.raises(PlanError, match="device_memory must be a number of bytes > 0"):
+        plan("qwen2.5-0.5b", device_memory=-1)
+
+
 def test_the_training_commands_set_the_memory_fraction_unless_the_user_did(monkeypatch):
     assert use_memory_fraction(environ := {}) == "0.9" and environ == {FRACTION_VARIABLE: "0.9"}
     mine = {FRACTION_VARIABLE: "0.5"}
@@ -128,3 +155,58 @@ def test_the_training_commands_set_the_memory_fraction_unless_the_user_did(monke
     with pytest.raises(SystemExit):
         main(["dpo", "--help"])
     assert os.environ[FRACTION_VARIABLE] == "0.6"  # the user's, kept
+
+
+def fixed_measure(peak: int):
+    """A stand-in for the planner's compile: every step peaks at ``peak`` bytes."""
+    memory = Memory(0, 0, 0, 0, 0, peak, 0, 0, peak)
+    return lambda *args: (memory, 10, 1 << 30, (), 1.0)
+
+
+def test_the_plan_judges_against_the_memory_a_training_process_gets(monkeypatch, capsys):
+    monkeypatch.setattr(sizing, "measure", fixed_measure(60 * GIB))
+    monkeypatch.delenv(FRACTION_VARIABLE, raising=False)
+    found = plan("qwen2.5-0.5b", target="h100")
+    assert found.headroom == 0.1 and found.usable == int(0.9 * found.device_memory)
+    assert found.fits  # 60 GiB of 71.2; JAX's default 75% (59.3 GiB) would not hold it
+    text = found.report()
+    assert "less 10% headroom: the 0.9 a training command preallocates" in text
+    assert FRACTION_VARIABLE in text
+    monkeypatch.setenv(FRACTION_VARIABLE, "0.75")
+    assert not plan("qwen2.5-0.5b", target="h100").fits
+    found = plan("qwen2.5-0.5b", target="h100", headroom=0.05)
+    assert "a training command preallocates 0.75" in found.report()
+    assert "--headroom 0.25 judges against" in found.report()
+    assert main(["plan", "--model", "qwen2.5-0.5b"]) == 1  # the budget the command judges by
+    assert "less 25% headroom" in capsys.readouterr().out
+
+
+def fake_plan(step: StepShape, devices: int = 1, largest: int | None = None) -> Plan:
+    """A plan of ``step`` that needs twice the memory there is."""
+    memory = Memory(0, 0, 0, 0, 0, 2 * GIB, 0, 0, 2 * GIB)
+    return Plan("m", step, "h100", devices, memory, 1, 1, (), None, GIB, 0.1, 1.0, largest)
+
+
+def test_a_step_that_does_not_fit_names_the_flags_to_try():
+    grpo = StepShape("grpo", prompts=8, group_size=8)
+    assert levers(fake_plan(grpo)) == [
+        "--remat-layers  (recompute each layer in the backward pass, not keep it)",
+        "--prompts 4  (fewer prompts a step; --search finds the largest)",
+        "--lora-rank 16  (adapters: no gradients or Adam moments of the weights)",
+        "--devices 2  (the state and the batch split over more GPUs)",
+    ]
+    text = fake_plan(grpo).report()
+    assert "does NOT fit" in text and "to make it fit, try adding" in text
+    assert text.endswith("  --devices 2  (the state and the batch split over more GPUs)")
+    # what is on already is not offered again; the searched prompts are named as found
+    both = replace(grpo, remat_layers=True, lora_rank=16)
+    found = [lever.split("  ")[0] for lever in levers(fake_plan(both, largest=4))]
+    assert found == ["--prompts 4", "--devices 2"]
+    assert [lever.split("  ")[0] for lever in levers(fake_plan(both, largest=0))] == ["--devices 2"]
+    # prompts that more devices cannot split are rounded to a count they can
+    odd = replace(grpo, prompts=3, num_minibatches=1)
+    assert levers(fake_plan(odd))[-1].startswith("--devices 2 --prompts 2  ")
+    sft = StepShape("sft", prompts=1)  # no remat, no LoRA, no fewer than one row
+    assert [lever.split("  ")[0] for lever in levers(fake_plan(sft))] == ["--devices 2 --prompts 2"]
+    fits = replace(fake_plan(grpo), device_memory=4 * GIB)
+    assert fits.fits and "to make it fit" not in fits.report()

@@ -7,7 +7,9 @@
 (``ppojax.rlhf.models.shapes.PUBLISHED``). The h100 and h200 targets compile XLA's CUDA
 program on this machine (``pip install "ppojax[gpu-aot]"``); ``cpu`` compiles for this
 process's CPU devices. Prints bytes per device by part, launches, a step-time estimate and
-the verdict; ``--json FILE`` writes them too. Exit status 1 when the step does not fit.
+the verdict (against the memory a training command's process gets, ``memory_fraction``) and,
+when it does not fit, the flags to try; ``--json FILE`` writes them too. Exit status 1 when the
+step does not fit, 2 on a bad flag or config.json value (checked before the compile).
 """
 
 from __future__ import annotations
@@ -63,8 +65,15 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--target", default="h100", help="h100, h200 or cpu (h100)")
     parser.add_argument("--devices", type=parse_int, default=1, help="GPUs in one FSDP mesh (1)")
-    parser.add_argument("--memory-gib", type=parse_float, help="memory per device (the spec's)")
-    parser.add_argument("--headroom", type=parse_float, default=0.1, help="kept free (0.1)")
+    parser.add_argument(
+        "--memory-gib", type=parse_float, help="memory per device, > 0 (the spec's)"
+    )
+    parser.add_argument(
+        "--headroom",
+        type=parse_float,
+        help="share of the memory kept free, in [0, 1) (0.1: a training command preallocates "
+        "0.9 of it, or XLA_PYTHON_CLIENT_MEM_FRACTION where that is set)",
+    )
     parser.add_argument("--search", action="store_true", help="find the largest --prompts")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
     return parser
@@ -80,11 +89,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def check_flags(args) -> None:
+    """The memory flags, checked before anything compiles (a compile takes minutes)."""
+    from ppojax.rlhf.planner import PlanError
+    from ppojax.rlhf.sizing import is_number
+
+    if args.memory_gib is not None and not (is_number(args.memory_gib) and args.memory_gib > 0):
+        raise PlanError(
+            f"--memory-gib must be a number > 0 (GiB per device), got {args.memory_gib}"
+        )
+    if args.headroom is not None and not (is_number(args.headroom) and 0 <= args.headroom < 1):
+        raise PlanError(
+            f"--headroom must be in [0, 1) (the share of memory kept free), got {args.headroom}"
+        )
+
+
 def run(args) -> int:
     import jax
 
     from ppojax.rlhf.planner import StepShape
     from ppojax.rlhf.sizing import GIB, plan
+
+    check_flags(args)
 
     # the plan runs no device: JAX must not try to start a GPU (the CUDA plugin is only the
     # compiler here), and a cpu plan wants the CPU devices it names

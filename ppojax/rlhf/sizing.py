@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from ppojax.rlhf.planner import (
     prompt_unit,
     target_mesh,
 )
+from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 
 # Dense tensor-core peaks of one H100 SXM (NVIDIA's H100 datasheet: BF16 989 TFLOP/s, TF32 495
 # TFLOP/s without sparsity); the H200 has the same chip and clocks. float32 matmuls run as TF32
@@ -45,7 +47,6 @@ PEAK_FLOPS = {
     "h100": {"bfloat16": 989e12, "float32": 495e12},
     "h200": {"bfloat16": 989e12, "float32": 495e12},
 }
-HEADROOM = 0.1  # the share of device memory a plan keeps free (allocator, fragmentation)
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
 GIB = 1024**3
 
@@ -245,6 +246,11 @@ def estimate(
     return Estimate(flops, compute, memory, max(compute, memory))
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (bools excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def largest_fitting(fits: Any, start: int, unit: int, limit: int = MAX_PROMPTS) -> int:
     """The largest multiple of ``unit`` up to ``limit`` for which ``fits`` holds, ``fits``
     being monotone (true up to some size, false above): doubling from ``start`` (a multiple
@@ -271,7 +277,7 @@ def plan(
     devices: int = 1,
     *,
     device_memory: int | None = None,
-    headroom: float = HEADROOM,
+    headroom: float | None = None,
     search: bool = False,
     max_prompts: int = MAX_PROMPTS,
 ) -> Plan:
@@ -279,12 +285,20 @@ def plan(
     ``model`` (a config.json, a folder, a built-in shape name or a ``DecoderConfig``) on
     ``devices`` of ``target`` ("h100", "h200", "cpu") in a (data=1, fsdp=devices) mesh.
     ``device_memory``: bytes per device (default: the target's spec, the host's RAM on cpu);
-    ``search``: also find the largest prompts per step that fit (one compile a probe)."""
+    ``headroom``: the share of it kept free (default: 1 - ``memory_fraction()``, so that the
+    plan judges against the memory a training command's process preallocates); ``search``:
+    also find the largest prompts per step that fit (one compile a probe)."""
     step = StepShape() if step is None else step
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise PlanError(f"--devices must be an int >= 1, got {devices!r}")
-    if not 0.0 <= headroom < 1.0:
-        raise PlanError(f"--headroom must be in [0, 1), got {headroom!r}")
+    if headroom is None:
+        headroom = round(1.0 - memory_fraction(), 6)  # 0.1, not 0.09999999999999998
+    if not is_number(headroom) or not 0.0 <= headroom < 1.0:
+        raise PlanError(
+            f"--headroom must be in [0, 1) (the share of memory kept free), got {headroom!r}"
+        )
+    if device_memory is not None and not (is_number(device_memory) and 0 < device_memory):
+        raise PlanError(f"device_memory must be a number of bytes > 0, got {device_memory!r}")
     config = model if isinstance(model, DecoderConfig) else model_config(model)
     name = config.model_type if isinstance(model, DecoderConfig) else str(model)
     memory, launched, moved, loops, seconds = measure(config, step, target, devices)
@@ -360,7 +374,7 @@ def report(p: Plan) -> str:
     verdict = "fits" if p.fits else "does NOT fit"
     lines.append(
         f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
-        f"usable ({size_text(p.device_memory).strip()} less {p.headroom:.0%} headroom)"
+        f"usable ({budget_text(p)})"
     )
     if m.aliased:
         verdict = "fits" if p.loop_peak <= p.usable else "does NOT fit"
@@ -370,4 +384,45 @@ def report(p: Plan) -> str:
         )
     if p.largest_prompts is not None:
         lines.append(f"largest prompts per step that fit: {p.largest_prompts}")
+    if not p.fits:
+        lines.append("to make it fit, try adding (each one planned again to be sure):")
+        lines += [f"  {lever}" for lever in levers(p)]
     return "\n".join(lines)
+
+
+def budget_text(p: Plan) -> str:
+    """The memory the verdict judges against, and on a GPU whether it is the share a training
+    command's process preallocates (``XLA_PYTHON_CLIENT_MEM_FRACTION``)."""
+    text = f"{size_text(p.device_memory).strip()} less {p.headroom:.0%} headroom"
+    if p.target == "cpu":
+        return text
+    fraction = memory_fraction()
+    if math.isclose(1.0 - p.headroom, fraction):
+        return f"{text}: the {fraction:g} a training command preallocates, {FRACTION_VARIABLE}"
+    return (
+        f"{text}; a training command preallocates {fraction:g} ({FRACTION_VARIABLE}), which "
+        f"--headroom {1.0 - fraction:.3g} judges against"
+    )
+
+
+def levers(p: Plan) -> list[str]:
+    """What would shrink a step that does not fit, each as the flag to add to ``ppojax plan``
+    (and to the command it plans): rematerialized layers, fewer prompts, LoRA, more devices.
+    Unchecked, except the prompts that ``--search`` found to fit."""
+    s, found = p.step, []
+    rl = s.algorithm in RL_ALGORITHMS
+    if rl and not s.remat_layers:
+        found.append("--remat-layers  (recompute each layer in the backward pass, not keep it)")
+    unit = prompt_unit(s, p.devices)
+    if p.largest_prompts:
+        found.append(f"--prompts {p.largest_prompts}  (the largest that fits, searched)")
+    elif p.largest_prompts is None and s.prompts // 2 >= unit:
+        fewer = s.prompts // 2 // unit * unit
+        found.append(f"--prompts {fewer}  (fewer prompts a step; --search finds the largest)")
+    if rl and not s.lora_rank:
+        found.append("--lora-rank 16  (adapters: no gradients or Adam moments of the weights)")
+    more = 2 * p.devices
+    unit = prompt_unit(s, more)  # the prompts must split over the devices too
+    split = "" if s.prompts % unit == 0 else f" --prompts {max(s.prompts // unit, 1) * unit}"
+    found.append(f"--devices {more}{split}  (the state and the batch split over more GPUs)")
+    return found
