@@ -18,11 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.rlhf.core import remat
+from ppojax.rlhf.models import attention
 from ppojax.rlhf.models.config import DecoderConfig
-
-# A large finite number instead of -inf keeps softmax free of NaN while giving masked keys a
-# weight of exactly 0.
-MASKED_SCORE = -1e30
 
 
 class KVCache(NamedTuple):
@@ -102,7 +99,8 @@ class RMSNorm(nn.Module):
         normed = wide * jax.lax.rsqrt(jnp.mean(wide * wide, axis=-1, keepdims=True) + self.eps)
         if self.plus_one:
             return ((1.0 + scale.astype(jnp.float32)) * normed).astype(x.dtype)
-        return scale * normed.astype(x.dtype)
+        # the scale in x's dtype: float32 params under bf16 compute must not widen x
+        return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
 def norm(config: DecoderConfig, name: str, dtype: Any) -> nn.Module:
@@ -129,36 +127,13 @@ def activation(config: DecoderConfig, x: jax.Array) -> jax.Array:
     return nn.gelu(x, approximate=config.activation != "gelu")
 
 
-def attend(
-    config: DecoderConfig,
-    queries: jax.Array,
-    keys: jax.Array,
-    values: jax.Array,
-    key_mask: jax.Array,
-    start: Any,
-    window: int | None = None,
-) -> jax.Array:
-    """Grouped-query causal attention of queries [B, S, H, Dh] (at ``start``) over the cache's
-    keys and values [B, L, KVH, Dh] -> [B, S, H * Dh]; with ``window``, each query sees the
-    last ``window`` keys up to its own."""
-    batch_size, chunk, heads, head_dim = queries.shape
-    groups = heads // config.num_kv_heads
-    grouped = queries.reshape(batch_size, chunk, config.num_kv_heads, groups, head_dim)
-    scores = jnp.einsum("bskgd,blkd->bkgsl", grouped, keys).astype(jnp.float32)
-    query_index = (start + jnp.arange(chunk))[:, None]
-    key_index = jnp.arange(keys.shape[1])[None, :]
-    causal = key_index <= query_index
-    if window is not None:
-        # Padding lies only before a row's first real token, so slot distance is position
-        # distance.
-        causal = causal & (query_index - key_index < window)
-    # Each query sees its own key too, so a padded query has a finite, unused output.
-    visible = (causal & key_mask[:, None, None, None, :]) | (key_index == query_index)
-    scale = config.query_scale if config.query_scale is not None else 1.0 / math.sqrt(head_dim)
-    scores = jnp.where(visible, softcap(scores * scale, config.attn_softcap), MASKED_SCORE)
-    weights = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    attended = jnp.einsum("bkgsl,blkd->bskgd", weights, values)
-    return attended.reshape(batch_size, chunk, heads * head_dim)
+def scores_of(config: DecoderConfig, index: int, block: int) -> attention.Scores:
+    """How layer ``index`` makes its attention scores: the family's scale and softcap, the
+    layer's window, ``block`` rows and columns at once (0: the plain form)."""
+    scale = config.query_scale
+    if scale is None:
+        scale = attention.default_scale(config.head_dim)
+    return attention.Scores(scale, config.attn_softcap, config.layer_window(index), block)
 
 
 class Attention(nn.Module):
@@ -169,6 +144,7 @@ class Attention(nn.Module):
     config: DecoderConfig
     dtype: Any
     index: int = 0
+    block: int = attention.DEFAULT_BLOCK
 
     def project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Queries [B, S, H, Dh], keys and values [B, S, KVH, Dh]."""
@@ -205,8 +181,8 @@ class Attention(nn.Module):
         else:
             keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, start, 0, 0))
             values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, start, 0, 0))
-        window = config.layer_window(self.index)
-        attended = attend(config, q, keys, values, slot.key_mask, start, window)
+        scores = scores_of(config, self.index, self.block)
+        attended = attention.attend(q, keys, values, slot.key_mask, start, scores)
         name = "c_proj" if config.model_type == "gpt2" else "o_proj"
         return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
 
@@ -236,6 +212,7 @@ class Layer(nn.Module):
     config: DecoderConfig
     dtype: Any
     index: int = 0
+    block: int = attention.DEFAULT_BLOCK
 
     @nn.compact
     def __call__(
@@ -245,7 +222,7 @@ class Layer(nn.Module):
         gpt2 = config.model_type == "gpt2"
         normed = norm(config, "ln_1" if gpt2 else "input_layernorm", dtype)(x)
         name = "attn" if gpt2 else "self_attn"
-        attended, keys, values = Attention(config, dtype, self.index, name=name)(
+        attended, keys, values = Attention(config, dtype, self.index, self.block, name=name)(
             normed, keys, values, slot
         )
         if config.sandwich_norms:
@@ -265,10 +242,13 @@ class Decoder(nn.Module):
     with ``logits=False``) and the updated cache.
 
     Without a cache the call is a full forward pass; with one, the chunk is written at
-    ``start`` and attends over every real cached position up to its own."""
+    ``start`` and attends over every real cached position up to its own. ``attention_block``:
+    rows and columns of attention scores held at once (``ppojax.rlhf.models.attention``); 0
+    builds the whole score matrix (the reference)."""
 
     config: DecoderConfig
     dtype: Any = jnp.float32
+    attention_block: int = attention.DEFAULT_BLOCK
 
     @nn.compact
     def __call__(
@@ -309,9 +289,9 @@ class Decoder(nn.Module):
             layer = nn.remat(Layer, policy=remat.POLICY)
         new_keys, new_values = [], []
         for index in range(config.num_layers):
-            x, keys, values = layer(config, dtype, index, name=f"layers_{index}")(
-                x, cache.keys[index], cache.values[index], slot
-            )
+            x, keys, values = layer(
+                config, dtype, index, self.attention_block, name=f"layers_{index}"
+            )(x, cache.keys[index], cache.values[index], slot)
             new_keys.append(keys)
             new_values.append(values)
         x = norm(config, "ln_f" if gpt2 else "norm", dtype)(x)

@@ -10,7 +10,6 @@ width gives the same logits at its real tokens.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -19,13 +18,16 @@ import jax.numpy as jnp
 
 from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.sampling import KVCacheHook
-from ppojax.rlhf.models.decoder import MASKED_SCORE, KVCache, Slot
+from ppojax.rlhf.models import attention
+from ppojax.rlhf.models.decoder import KVCache, Slot
 
 
-def empty_cache(batch_size: int, length: int, num_layers: int, d_model: int, heads: int) -> KVCache:
-    """An all-zero cache of ``length`` positions."""
+def empty_cache(
+    batch_size: int, length: int, num_layers: int, d_model: int, heads: int, dtype: Any
+) -> KVCache:
+    """An all-zero cache of ``length`` positions, in the compute dtype."""
     shape = (num_layers, batch_size, length, heads, d_model // heads)
-    zeros = jnp.zeros(shape, jnp.float32)
+    zeros = jnp.zeros(shape, dtype)
     return KVCache(zeros, zeros, jnp.zeros((batch_size, length), bool), jnp.zeros(batch_size, int))
 
 
@@ -36,44 +38,52 @@ class LayerKV(NamedTuple):
     values: jax.Array
 
 
+def dense(features: int, name: str, dtype: Any, bias: bool = True, **kwargs: Any) -> nn.Dense:
+    """A Dense layer computing and storing in ``dtype``."""
+    return nn.Dense(features, use_bias=bias, dtype=dtype, param_dtype=dtype, name=name, **kwargs)
+
+
+def layer_norm(dtype: Any) -> nn.LayerNorm:
+    """LayerNorm in ``dtype`` (flax computes its statistics in float32)."""
+    return nn.LayerNorm(dtype=dtype, param_dtype=dtype)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head attention of the chunk x [B, S, D] (at ``slot``) over the cache."""
 
     num_heads: int
+    dtype: Any = jnp.float32
+    block: int = attention.DEFAULT_BLOCK
 
     @nn.compact
     def __call__(self, x: jax.Array, kv: LayerKV, slot: Slot) -> tuple[jax.Array, LayerKV]:
-        start, key_mask = slot.start, slot.key_mask
+        start, dtype = slot.start, self.dtype
         batch_size, chunk, d_model = x.shape
         head_dim = d_model // self.num_heads
-        qkv = nn.Dense(3 * d_model, use_bias=False, name="qkv")(x)
+        qkv = dense(3 * d_model, "qkv", dtype, bias=False)(x)
         qkv = qkv.reshape(batch_size, chunk, 3, self.num_heads, head_dim)
         keys = jax.lax.dynamic_update_slice(kv.keys, qkv[:, :, 1], (0, start, 0, 0))
         values = jax.lax.dynamic_update_slice(kv.values, qkv[:, :, 2], (0, start, 0, 0))
-        query_index = (start + jnp.arange(chunk))[:, None]
-        key_index = jnp.arange(keys.shape[1])[None, :]
-        # Each query sees its own key too, so a padded query has a finite, unused output.
-        visible = ((key_index <= query_index) & key_mask[:, None, None, :]) | (
-            key_index == query_index
-        )
-        scores = jnp.einsum("bshd,blhd->bhsl", qkv[:, :, 0], keys) / math.sqrt(head_dim)
-        weights = jax.nn.softmax(jnp.where(visible, scores, MASKED_SCORE), axis=-1)
-        attended = jnp.einsum("bhsl,blhd->bshd", weights, values)
-        out = nn.Dense(d_model, name="out")(attended.reshape(batch_size, chunk, d_model))
-        return out, LayerKV(keys, values)
+        scores = attention.Scores(attention.default_scale(head_dim), block=self.block)
+        attended = attention.attend(qkv[:, :, 0], keys, values, slot.key_mask, start, scores)
+        return dense(d_model, "out", dtype)(attended), LayerKV(keys, values)
 
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(LN x), then x + MLP(LN x)."""
 
     num_heads: int
+    dtype: Any = jnp.float32
+    block: int = attention.DEFAULT_BLOCK
 
     @nn.compact
     def __call__(self, x: jax.Array, kv: LayerKV, slot: Slot) -> tuple[jax.Array, LayerKV]:
-        attended, kv = CausalSelfAttention(self.num_heads)(nn.LayerNorm()(x), kv, slot)
+        dtype = self.dtype
+        attention_ = CausalSelfAttention(self.num_heads, dtype, self.block)
+        attended, kv = attention_(layer_norm(dtype)(x), kv, slot)
         x = x + attended
-        hidden = nn.gelu(nn.Dense(4 * x.shape[-1], name="mlp_in")(nn.LayerNorm()(x)))
-        return x + nn.Dense(x.shape[-1], name="mlp_out")(hidden), kv
+        hidden = nn.gelu(dense(4 * x.shape[-1], "mlp_in", dtype)(layer_norm(dtype)(x)))
+        return x + dense(x.shape[-1], "mlp_out", dtype)(hidden), kv
 
 
 class TransformerLM(nn.Module):
@@ -81,13 +91,17 @@ class TransformerLM(nn.Module):
     ``logits=False``), values [B, S], the updated cache.
 
     Without a cache the call is a full forward pass; with one, the chunk is written at
-    ``start`` and attends over every real cached position up to its own."""
+    ``start`` and attends over every real cached position up to its own. ``dtype``: the
+    params' and the compute's (a trainer keeps float32 masters of bf16 params);
+    ``attention_block``: see ``ppojax.rlhf.models.attention`` (0: the whole score matrix)."""
 
     vocab_size: int
     max_len: int
     d_model: int
     num_heads: int
     num_layers: int
+    dtype: Any = jnp.float32
+    attention_block: int = attention.DEFAULT_BLOCK
 
     @nn.compact
     def __call__(
@@ -100,27 +114,31 @@ class TransformerLM(nn.Module):
     ) -> tuple[jax.Array, jax.Array, KVCache]:
         batch_size, chunk = tokens.shape
         mask = mask.astype(bool)
+        dtype = self.dtype
         if cache is None:
-            cache = empty_cache(batch_size, chunk, self.num_layers, self.d_model, self.num_heads)
+            cache = empty_cache(
+                batch_size, chunk, self.num_layers, self.d_model, self.num_heads, dtype
+            )
         key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, start))
         position_ids = cache.count[:, None] + jnp.cumsum(mask, axis=1) - 1
         position_ids = jnp.clip(position_ids, 0, self.max_len - 1)
         positions = self.param(
-            "position_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model)
+            "position_embedding", nn.initializers.normal(0.02), (self.max_len, self.d_model), dtype
         )
-        x = nn.Embed(self.vocab_size, self.d_model)(tokens) + positions[position_ids]
+        embed = nn.Embed(self.vocab_size, self.d_model, dtype=dtype, param_dtype=dtype)
+        x = embed(tokens) + positions[position_ids].astype(dtype)
         slot = Slot(start, key_mask, position_ids)
         layers = []
         for layer in range(self.num_layers):
             kv = LayerKV(cache.keys[layer], cache.values[layer])
-            x, kv = Block(self.num_heads)(x, kv, slot)
+            x, kv = Block(self.num_heads, dtype, self.attention_block)(x, kv, slot)
             layers.append(kv)
-        x = nn.LayerNorm()(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.zeros, name="value_head")(x)[..., 0]
+        x = layer_norm(dtype)(x)
+        value = dense(1, "value_head", dtype, kernel_init=nn.initializers.zeros)(x)[..., 0]
         count = cache.count + mask.sum(axis=1)
         keys, values = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *layers)
-        out = nn.Dense(self.vocab_size, name="lm_head")(x) if logits else x
-        return out, value, KVCache(keys, values, key_mask, count)
+        out = dense(self.vocab_size, "lm_head", dtype)(x) if logits else x
+        return out, value.astype(jnp.float32), KVCache(keys, values, key_mask, count)
 
 
 class LanguageModel(NamedTuple):
@@ -138,10 +156,20 @@ class LanguageModel(NamedTuple):
 
 
 def transformer(
-    vocab_size: int, max_len: int, d_model: int = 64, num_heads: int = 4, num_layers: int = 2
+    vocab_size: int,
+    max_len: int,
+    d_model: int = 64,
+    num_heads: int = 4,
+    num_layers: int = 2,
+    dtype: Any = jnp.float32,
+    attention_block: int = attention.DEFAULT_BLOCK,
 ) -> LanguageModel:
-    """The built-in LM: ``policy_apply``, ``critic_apply`` (value head), ``kv_cache``."""
-    module = TransformerLM(vocab_size, max_len, d_model, num_heads, num_layers)
+    """The built-in LM: ``policy_apply``, ``critic_apply`` (value head), ``kv_cache``; params
+    and compute in ``dtype`` ("bfloat16" or a jnp dtype)."""
+    dtype = jnp.dtype(dtype)
+    module = TransformerLM(
+        vocab_size, max_len, d_model, num_heads, num_layers, dtype, attention_block
+    )
 
     def logits(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return module.apply(params, tokens, mask)[0]
@@ -151,7 +179,9 @@ def transformer(
 
     def head(params: dict, hidden: jax.Array) -> jax.Array:
         dense = params["params"]["lm_head"]
-        return jnp.dot(hidden, dense["kernel"]) + dense["bias"]
+        return jnp.dot(hidden, dense["kernel"].astype(hidden.dtype)) + dense["bias"].astype(
+            hidden.dtype
+        )
 
     def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return module.apply(params, tokens, mask)[1]
@@ -159,7 +189,7 @@ def transformer(
     def prefill(
         params: dict, prompts: jax.Array, prompt_mask: jax.Array, total_len: int
     ) -> tuple[jax.Array, KVCache]:
-        cache = empty_cache(prompts.shape[0], total_len, num_layers, d_model, num_heads)
+        cache = empty_cache(prompts.shape[0], total_len, num_layers, d_model, num_heads, dtype)
         logits, _, cache = module.apply(params, prompts, prompt_mask, cache, 0)
         return logits[:, -1], cache
 
