@@ -35,7 +35,7 @@ from ppojax.cli.text_checks import (
     reward_check,
     try_reward,
 )
-from ppojax.cli.values import DEFAULT_OUT, Parser, parse_float, parse_int
+from ppojax.cli.values import DEFAULT_OUT, Parser, parse_bool, parse_float, parse_int
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags, stored_names
 
 COMMANDS = ("sft", "rm", "dpo", "rlhf")
@@ -54,6 +54,9 @@ PRINTED = ("loss", "rewards/accuracies", "held_out_accuracy", "objective/scores"
 TOKEN_FIELDS = ("pad_id", "eos_id")
 # The group size of grpo and rloo without --group-size (theirs must be >= 2; the README's 8).
 GROUP_SIZE = 8
+# --dtype's choices, ppojax plan's: the model's params and compute; the trained state stays
+# float32 unless --master-weights false.
+DTYPES = ("float32", "bfloat16")
 
 
 def build_parser(command: str) -> Parser:
@@ -78,11 +81,30 @@ def build_parser(command: str) -> Parser:
     parser.add_argument(
         "--no-compile-cache", action="store_true", help="compile afresh, not from the cache"
     )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the model's params and compute (float32); bfloat16 trains float32 master weights",
+    )
+    parser.add_argument(
+        "--devices",
+        type=parse_int,
+        default=1,
+        help="devices of one FSDP mesh, as ppojax plan's (1; on a CPU, host devices)",
+    )
     if command == "rlhf":
         add_rlhf_flags(parser)
         return parser
     parser.add_argument("--learning-rate", type=parse_float, default=1e-5, help="(1e-5)")
     parser.add_argument("--max-response-len", type=parse_int, help="completion tokens")
+    parser.add_argument(
+        "--master-weights",
+        type=parse_bool,
+        default=True,
+        help="float32 params and Adam moments under --dtype bfloat16 (true); false keeps "
+        "them in bfloat16, which loses updates below a weight's bf16 spacing",
+    )
     if command == "rm":
         parser.add_argument("--held-out", type=parse_int, default=0, help="pairs kept out (0)")
     if command == "dpo":
@@ -123,10 +145,16 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
         "checkpoint_every": args.checkpoint_every,
         "chat": args.chat,
         "max_len": args.max_len,
+        "dtype": args.dtype,
+        "devices": args.devices,
         "wandb": wandb_settings(args),
     }
     if command != "rlhf":
-        settings.update(learning_rate=args.learning_rate, max_response_len=args.max_response_len)
+        settings.update(
+            learning_rate=args.learning_rate,
+            max_response_len=args.max_response_len,
+            master_weights=args.master_weights,
+        )
         kept = [name for name in ("held_out", "loss", "beta") if hasattr(args, name)]
         settings.update({name: getattr(args, name) for name in kept})
         return settings
@@ -231,10 +259,15 @@ def start(
     with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
         if run_dir is not None:
             stack.enter_context(run_lock(Path(run_dir)))  # before a resume reads anything
+        mesh = device_mesh(settings)
         command, key = settings["command"], jax.random.key(settings["seed"])
-        lm = from_pretrained(settings["model"])
+        lm = from_pretrained(settings["model"], dtype=model_dtype(settings), mesh=mesh)
         failures: list[Any] = []  # the text rewards' errors inside the compiled step
-        job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1), failures)
+        job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1), failures, mesh)
+        if mesh is not None:
+            from ppojax.rlhf.apps.jobs import sharded
+
+            job = sharded(job, mesh)
         options = LoopOptions(
             settings["steps"],
             settings["checkpoint_every"],
@@ -265,6 +298,33 @@ def start(
         if wandb is not None:
             wandb.finish(summary["final (mean of the last 10% of steps)"])
         return run_dir, summary
+
+
+def model_dtype(settings: dict[str, Any]) -> str:
+    """The run's --dtype; float32 for folders written before the flag."""
+    return settings.get("dtype", "float32")
+
+
+def device_mesh(settings: dict[str, Any]) -> Any:
+    """The (data, fsdp) mesh of the run's --devices (1 x N), None for one device. On a CPU the
+    process gets N host devices, which must happen before JAX's first computation."""
+    from ppojax.runtime.compiling import use_cpu_devices
+
+    devices = settings.get("devices", 1)
+    if devices == 1:
+        return None
+    use_cpu_devices(devices)  # the CPU backend's count only: a GPU process keeps its GPUs
+    import jax
+
+    from ppojax.rlhf.core.sharding import make_mesh
+
+    available = jax.devices()
+    if len(available) < devices:
+        raise ValueError(
+            f"--devices {devices}: this process has {len(available)} "
+            f"{available[0].platform} device(s); give at most {len(available)}"
+        )
+    return make_mesh(fsdp=devices, devices=available[:devices])
 
 
 def sample_writer(
@@ -303,7 +363,9 @@ def rlhf_config(settings: dict[str, Any], lm: Any) -> RLHFConfig:
     return RLHFConfig(**chosen, pad_id=pad, eos_id=eos)
 
 
-def make_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tuple[Any, Any]:
+def make_job(
+    settings: dict[str, Any], lm: Any, key: Any, failures: list, mesh: Any = None
+) -> tuple[Any, Any]:
     """The run's ``Job`` and, for rlhf, its prompts (for the samples), its text rewards'
     errors kept in ``failures``; the data checked."""
     from ppojax.rlhf.apps import jobs
@@ -312,21 +374,35 @@ def make_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tup
     command, path = settings["command"], Path(settings["data"])
     size, rate = settings["batch_size"], settings.get("learning_rate")
     if command == "rlhf":
-        return rlhf_job(settings, lm, key, failures)
+        return rlhf_job(settings, lm, key, failures, mesh)
     data = load_examples(settings, lm)
     rows, held_out = data.prompts.shape[0], settings.get("held_out", 0)
     if held_out >= rows:
         raise ValueError(f"--held-out {held_out} keeps out all {rows} pairs of {path}: lower it")
     rows -= held_out
     check_batch(path, rows, size)
+    check_devices(settings, size)
+    master = settings.get("master_weights", True)
     if command == "sft":
-        return jobs.sft_job(lm, data, size, rate), None
+        return jobs.sft_job(lm, data, size, rate, master), None
     if command == "dpo":
-        return jobs.dpo_job(lm, data, size, rate, settings["loss"], settings["beta"]), None
+        loss, beta = settings["loss"], settings["beta"]
+        return jobs.dpo_job(lm, data, size, rate, loss, beta, master), None
     train, held = data, None
     if settings["held_out"]:
         train, held = split_held_out(data, settings["held_out"], settings["seed"])
-    return jobs.reward_model_job(lm, train, size, rate, held), None
+    return jobs.reward_model_job(lm, train, size, rate, held, master), None
+
+
+def check_devices(settings: dict[str, Any], rows: int) -> None:
+    """A ValueError naming both flags unless --batch-size's rows split evenly over --devices
+    (each device works on its own rows)."""
+    devices = settings.get("devices", 1)
+    if rows % devices:
+        raise ValueError(
+            f"--batch-size {rows} (x --group-size) must be a multiple of --devices {devices}: "
+            "each device takes its own rows"
+        )
 
 
 def load_examples(settings: dict[str, Any], lm: Any) -> Any:
@@ -354,7 +430,9 @@ def load_examples(settings: dict[str, Any], lm: Any) -> Any:
     return data
 
 
-def rlhf_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tuple[Any, Any]:
+def rlhf_job(
+    settings: dict[str, Any], lm: Any, key: Any, failures: list, mesh: Any = None
+) -> tuple[Any, Any]:
     """The RLHF job of ``settings``: the prompts, text rewards and reward model it names."""
     from ppojax.rlhf.apps import jobs
     from ppojax.rlhf.data import load_prompts
@@ -391,12 +469,13 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tup
             f"{lm.config.max_positions - config.response_len} or less"
         )
     check_batch(path, len(prompts), settings["batch_size"])
+    check_devices(settings, settings["batch_size"])
     rewards = [load_reward(spec) for spec in settings["reward"]]
     for spec, fn in zip(settings["reward"], rewards, strict=True):
         try_reward(spec, fn, lm.tokenizer, prompts, path, config.response_len)
     reward_lm = reward_params = None
     if settings["reward_model"] is not None:
-        reward_lm = from_pretrained(settings["reward_model"])
+        reward_lm = from_pretrained(settings["reward_model"], dtype=model_dtype(settings))
         if reward_lm.config.vocab_size != lm.config.vocab_size:
             raise ValueError(
                 f"--reward-model {settings['reward_model']} has a vocabulary of "
@@ -414,6 +493,7 @@ def rlhf_job(settings: dict[str, Any], lm: Any, key: Any, failures: list) -> tup
         reward_lm,
         reward_params,
         failures,
+        mesh,
     )
     return job, prompts
 

@@ -17,7 +17,7 @@ from ppojax.checks import ConfigError, check_positive_int, check_range
 
 # Flags that take an int > 0 (the optional ones when given).
 POSITIVE_INT_FLAGS = ("steps", "batch_size", "checkpoint_every", "max_len", "max_response_len")
-POSITIVE_INT_FLAGS += ("sample_every",)
+POSITIVE_INT_FLAGS += ("sample_every", "devices")
 
 
 def as_flag(error: ConfigError, owner: str) -> ValueError:

@@ -54,6 +54,8 @@ from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 from ppojax.rlhf.core.trainer import (
     CriticApply,
     RLHFState,
+    compute_params,
+    in_compute_dtype,
     initial_policy,
     initial_state,
     policy_params_fn,
@@ -179,10 +181,12 @@ def make_episode_trainer(
             state.kl_coef,
             policy_weight(config, state.step),
         )
+        computing = state.replace(params=compute_params(state))
         batch, metrics = collect_episodes(
-            config, parts, episodes, state, num_slots, turn_weight, turn_index, start
+            config, parts, episodes, computing, num_slots, turn_weight, turn_index, start
         )
         loss = functools.partial(episode_loss, config, parts, start=start)
+        loss = in_compute_dtype(loss, state.reference)
         if config.remat_layers:
             loss = remat.with_rematerialized_layers(loss)
         carry, update_metrics = run_epochs(
@@ -211,7 +215,7 @@ def make_episode_trainer(
         """One iteration: play, score, update (see the module). With a Python env the
         rollout runs on the host and the update is compiled apart: call it without jit."""
         sample_key, update_key = jax.random.split(key)
-        policy = policy_params_fn(config, state.reference)(state.params)
+        policy = policy_params_fn(config, state.reference)(compute_params(state))
         episodes = rollout(policy, key=sample_key)
         if runs_on_host(env):
             return compiled_learn(state, episodes, update_key)

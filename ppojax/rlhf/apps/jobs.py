@@ -18,9 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 
+from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.logprobs import SplitPolicy
+from ppojax.rlhf.core.sharding import MIN_SHARD_SIZE, batch_sharding, constrain, shard_state
 from ppojax.rlhf.core.trainer import (
     RLHFState,
     Trainer,
@@ -53,8 +57,24 @@ class Job(NamedTuple):
     evaluate: Callable[[Any, Any], dict[str, float]] | None = None
 
 
-def params_of(state: Any, frozen: Any) -> dict:
-    return state["params"]
+def model_dtype(lm: PretrainedLM) -> Any:
+    """The dtype ``lm`` was loaded in: its compute dtype and the one ``final/`` is saved in."""
+    return jax.numpy.dtype(lm.module.dtype)
+
+
+def saved_as_model(lm: PretrainedLM) -> Callable[[Any, Any], dict]:
+    """``model_params`` of a supervised job: the float32 masters in the model's dtype."""
+    return lambda state, frozen: precision.cast(state["params"], model_dtype(lm))
+
+
+def computing(apply: Any, dtype: Any) -> Any:
+    """``apply(params, ...)`` on params cast to ``dtype`` first (a ``SplitPolicy`` stays one):
+    inside a loss, the float32 masters get float32 gradients of a ``dtype`` forward."""
+    if isinstance(apply, SplitPolicy):
+        return SplitPolicy(
+            *(computing(fn, dtype) for fn in (apply.logits, apply.hidden, apply.head))
+        )
+    return lambda params, *args: apply(precision.cast(params, dtype), *args)
 
 
 def supervised_job(
@@ -63,10 +83,13 @@ def supervised_job(
     batch_size: int,
     learning_rate: float,
     make_step: Callable[[optax.GradientTransformation], Callable[..., Any]],
+    master_weights: bool = True,
 ) -> tuple[dict, StepFn]:
     """State {"params", "opt_state"} and the step of an optimizer step on a batch of ``data``
     (``frozen["data"]``); ``make_step(optimizer)`` gives ``(params, opt_state, batch,
-    *extra) -> (params, opt_state, metrics)``, extra being ``frozen["extra"]``.
+    *extra) -> (params, opt_state, metrics)``, extra being ``frozen["extra"]``. With
+    ``master_weights`` the params and Adam's moments are float32 (``engine.precision``); the
+    step's model functions cast them to the model's dtype themselves (``computing``).
 
     The divergence guard of RLHF's updates: a step whose loss or new parameters' global norm
     is not finite (a NaN or inf anywhere in them, or parameters past float32) is skipped,
@@ -88,19 +111,29 @@ def supervised_job(
         counts["nonfinite_steps"] = 1.0 - counts["gradient_steps"]
         return kept, {**metrics, **counts}
 
+    if master_weights:
+        params = precision.widened(params)
     return {"params": params, "opt_state": adam.init(params)}, step
 
 
-def sft_job(lm: PretrainedLM, data: CompletionData, batch_size: int, learning_rate: float) -> Job:
+def sft_job(
+    lm: PretrainedLM,
+    data: CompletionData,
+    batch_size: int,
+    learning_rate: float,
+    master_weights: bool = True,
+) -> Job:
     """Supervised fine-tuning on prompt/completion pairs, the loss on completion tokens."""
+    policy = computing(lm.policy_apply, model_dtype(lm))
     state, step = supervised_job(
         lm.params,
         data,
         batch_size,
         learning_rate,
-        lambda adam: make_sft_step(lm.policy_apply, adam),
+        lambda adam: make_sft_step(policy, adam),
+        master_weights,
     )
-    return Job(state, {"data": data, "extra": ()}, step, params_of, ("loss",))
+    return Job(state, {"data": data, "extra": ()}, step, saved_as_model(lm), ("loss",))
 
 
 def reward_model_job(
@@ -109,15 +142,18 @@ def reward_model_job(
     batch_size: int,
     learning_rate: float,
     held_out: PairData | None = None,
+    master_weights: bool = True,
 ) -> Job:
     """A Bradley-Terry reward model: a scalar head (at 0) on the pretrained backbone; the
     summary gives the pair accuracy on ``held_out``."""
+    critic = computing(lm.critic_apply, model_dtype(lm))
     state, step = supervised_job(
         lm.init_value_head(lm.params),
         pairs,
         batch_size,
         learning_rate,
-        lambda adam: make_reward_model_step(lm.critic_apply, adam),
+        lambda adam: make_reward_model_step(critic, adam),
+        master_weights,
     )
 
     def evaluate(state: dict, frozen: dict) -> dict[str, float]:
@@ -125,10 +161,10 @@ def reward_model_job(
             return {}
         accuracy = jax.jit(pair_accuracy, static_argnums=0)
         held = frozen["held_out"]
-        return {"held_out_accuracy": float(accuracy(lm.critic_apply, state["params"], held))}
+        return {"held_out_accuracy": float(accuracy(critic, state["params"], held))}
 
     frozen = {"data": pairs, "extra": (), "held_out": held_out}
-    return Job(state, frozen, step, params_of, PAIR_CURVES, evaluate)
+    return Job(state, frozen, step, saved_as_model(lm), PAIR_CURVES, evaluate)
 
 
 def dpo_job(
@@ -138,17 +174,20 @@ def dpo_job(
     learning_rate: float,
     loss_type: str = "sigmoid",
     beta: float = 0.1,
+    master_weights: bool = True,
 ) -> Job:
     """DPO (sigmoid loss) or IPO against the starting params as the frozen reference."""
+    policy = computing(lm.policy_apply, model_dtype(lm))
     state, step = supervised_job(
         lm.params,
         pairs,
         batch_size,
         learning_rate,
-        lambda adam: make_dpo_step(lm.policy_apply, adam, loss_type),
+        lambda adam: make_dpo_step(policy, adam, loss_type),
+        master_weights,
     )
     frozen = {"data": pairs, "extra": (lm.params, np.float32(beta))}
-    return Job(state, frozen, step, params_of, PAIR_CURVES)
+    return Job(state, frozen, step, saved_as_model(lm), PAIR_CURVES)
 
 
 def rlhf_job(
@@ -161,12 +200,14 @@ def rlhf_job(
     reward_lm: PretrainedLM | None = None,
     reward_params: dict | None = None,
     failures: list[RewardFailure] | None = None,
+    mesh: Mesh | None = None,
 ) -> Job:
     """PPO, GRPO or RLOO (``config.algorithm``) on ``batch_size`` prompts a step, scored by
     the text ``rewards`` (through ``jax.pure_callback``; their errors kept in ``failures``,
     see ``text_reward``) and by the reward model ``reward_lm`` with ``reward_params`` (its
     value head), summed with ``config.reward_weights``. PPO's critic is a copy of the model
-    with a value head at 0."""
+    with a value head at 0. With a ``mesh`` the prompts' rows split over its devices (and
+    ``sharded`` lays the state out)."""
     text = [text_reward(fn, lm.tokenizer, prompts, failures) for fn in rewards]
 
     def reward_fns(frozen: dict) -> list:
@@ -182,10 +223,13 @@ def rlhf_job(
     def step(frozen: dict, state: RLHFState, key: jax.Array):
         prompt_key, step_key = jax.random.split(key)
         (tokens, mask), _ = draw_batch(frozen["prompts"], prompt_key, batch_size)
+        if mesh is not None:  # each device samples and scores its own prompts' rows
+            tokens, mask = jax.lax.with_sharding_constraint((tokens, mask), batch_sharding(mesh))
         return trainer(frozen).step(state, tokens, mask, step_key)
 
     def model_params(state: RLHFState, frozen: dict) -> dict:
-        return policy_params_fn(config, state.reference)(state.params)
+        full = policy_params_fn(config, state.reference)(state.params)
+        return precision.cast(full, model_dtype(lm))
 
     frozen = {"prompts": prompts, "reward": reward_params}
     critic_params = lm.init_value_head(lm.params) if config.needs_critic else None
@@ -193,3 +237,15 @@ def rlhf_job(
     names = tuple(f"rewards/{name}/mean" for name in reward_names(reward_fns(frozen)))
     curves = ("objective/scores", *names, "objective/kl")
     return Job(state, frozen, step, model_params, curves)
+
+
+def sharded(job: Job, mesh: Mesh) -> Job:
+    """``job`` with its state laid out FSDP-style over ``mesh`` (``rlhf.core.sharding``: the
+    params, masters, reference and Adam's moments split over "fsdp"), at step 0 and after
+    every step, as ``shard_trainer`` lays out a trainer's."""
+
+    def step(frozen: Any, state: Any, key: jax.Array) -> tuple[Any, dict]:
+        state, metrics = job.step(frozen, constrain(state, mesh, MIN_SHARD_SIZE), key)
+        return constrain(state, mesh, MIN_SHARD_SIZE), metrics
+
+    return job._replace(state=shard_state(job.state, mesh), step=step)

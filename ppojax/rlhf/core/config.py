@@ -54,7 +54,7 @@ class RLHFConfig:
     Static: token ids (pad_id, eos_id), shapes (response_len, group_size, num_minibatches,
     update_epochs), the program (algorithm, kl_in, kl_estimator, adaptive_kl, loss_aggregation,
     whiten_advantages, group_std, critic_warmup_steps, divergence_guard, remat_layers,
-    logit_chunk), the
+    logit_chunk, master_weights), the
     reward weights and the LoRA layout (lora_rank, lora_targets, lora_full). Traced:
     temperature, learning rate and every coefficient.
     """
@@ -89,6 +89,11 @@ class RLHFConfig:
     # [B, R, V] at once. 4096: in the planner, lower one-H100 peaks than 0 for three Qwen2.5
     # steps, than 16384 for two of them and than 1024 for the third (docs/rlhf.md).
     logit_chunk: int = static(4096)
+    # Float32 master params and Adam moments under the compute dtype (the dtype the model's
+    # params come in, bf16 for a bf16 model: ``ppojax.engine.precision``). False keeps the
+    # state in the model's dtype, which loses updates smaller than a bf16 weight's spacing
+    # (most of them at lr 1e-6).
+    master_weights: bool = static(True)
 
     temperature: float = 1.0
     learning_rate: float = 1e-4
@@ -236,7 +241,7 @@ def validate(config: RLHFConfig) -> None:
     _check_ints(config)
     _check_weights(config)
     flags = ("adaptive_kl", "whiten_advantages", "group_std", "divergence_guard", "remat_layers")
-    for name in flags:
+    for name in (*flags, "master_weights"):
         check_bool("RLHFConfig", name, getattr(config, name))
     positive = ("temperature", "learning_rate", "max_grad_norm", "clip_eps", "vf_clip_eps")
     for name in positive + ("kl_target", "kl_horizon", "lora_alpha"):

@@ -24,6 +24,7 @@ import optax
 from flax import struct
 
 from ppojax.checks import ConfigError
+from ppojax.engine import precision
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core import lora, remat
@@ -112,6 +113,20 @@ def initial_policy(config: RLHFConfig, policy_params: Any, key: jax.Array) -> An
     )
 
 
+def compute_params(state: RLHFState) -> dict:
+    """The trained params in the compute dtype: the dtype of the frozen reference, the one
+    the model came in (``ppojax.engine.precision``); the masters themselves when that is
+    theirs."""
+    return precision.cast(state.params, precision.compute_dtype(state.reference))
+
+
+def in_compute_dtype(loss: Callable[..., Any], reference: Any) -> Callable[..., Any]:
+    """``loss(params, ...)`` on the params cast to the reference's dtype: the cast is inside
+    what is differentiated, so the float32 masters get float32 gradients."""
+    dtype = precision.compute_dtype(reference)
+    return lambda params, *args, **kwargs: loss(precision.cast(params, dtype), *args, **kwargs)
+
+
 def policy_weight(config: RLHFConfig, step: jax.Array) -> jax.Array:
     """``LossParts.policy_on``: 0.0 during the critic's warm-up (step < critic_warmup_steps,
     only the value loss trains), 1.0 after."""
@@ -131,6 +146,10 @@ def initial_state(
     params = {"policy": policy}
     if critic_params is not None:
         params["critic"] = critic_params
+    if config.master_weights:
+        # float32 masters of bf16 params (engine.precision); the reference keeps the
+        # model's dtype, which is the steps' compute dtype
+        params = precision.widened(params)
     return RLHFState(
         params=params,
         opt_state=optimizer.init(params),
@@ -187,13 +206,14 @@ def train_step(
     policy_apply, critic_apply = roles.policy, roles.critic
     sample_key, update_key = jax.random.split(key)
     full_policy = policy_params_fn(config, state.reference)
+    computing = state.replace(params=compute_params(state))
     rollout = collect(
-        config, roles, reward_fns, full_policy, state, prompts, prompt_mask, sample_key
+        config, roles, reward_fns, full_policy, computing, prompts, prompt_mask, sample_key
     )
     parts = LossParts(
         policy_apply, critic_apply, full_policy, state.kl_coef, policy_weight(config, state.step)
     )
-    loss = functools.partial(rlhf_loss, config, parts)
+    loss = in_compute_dtype(functools.partial(rlhf_loss, config, parts), state.reference)
     if config.remat_layers:
         loss = remat.with_rematerialized_layers(loss)
     carry, update_metrics = run_epochs(
