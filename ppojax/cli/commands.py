@@ -423,6 +423,9 @@ def list_env_ids() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ppojax.runtime.compiling import use_cpu_without_accelerators
+
+    use_cpu_without_accelerators()  # before any command starts JAX's backends
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["rlhf"]:
         return run_rlhf(argv[1:])
