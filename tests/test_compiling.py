@@ -1,9 +1,12 @@
 """ppojax's compiler options: LLVM level 2 and copy insertion's region analysis for CPU
-programs, XLA's defaults elsewhere; the size of XLA's CPU thread pool."""
+programs, XLA's defaults elsewhere; the size of XLA's CPU thread pool; the CPU alone where no
+accelerator is."""
 
+import fnmatch
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -184,3 +187,40 @@ def test_use_cpu_devices_refuses_bad_counts_and_a_started_backend_of_another_cou
     assert ppojax.use_cpu_devices(count) is False  # already so: nothing to change
     with pytest.raises(RuntimeError, match="before JAX's first computation.*JAX_NUM_CPU_DEVICES"):
         ppojax.use_cpu_devices(count + 1)
+
+
+def test_accelerator_nodes_are_gpus_and_tpus_never_the_vfio_container(monkeypatch):
+    def machine(*nodes: str) -> bool:
+        monkeypatch.setattr(compiling.glob, "glob", lambda pattern: fnmatch.filter(nodes, pattern))
+        return compiling.accelerator_present()
+
+    assert not machine() and not machine("/dev/vfio/vfio", "/dev/null")
+    for node in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd"):
+        assert machine(node)
+    assert machine("/dev/accel0") and machine("/dev/vfio/vfio", "/dev/vfio/12")
+
+
+def test_the_cpu_alone_only_where_no_accelerator_nor_the_user_chose(monkeypatch):
+    """JAX_PLATFORMS=cpu, in the environment and JAX's config, on Linux without an
+    accelerator's node, unless JAX_PLATFORMS is set (empty too) or the backends started."""
+    updates = []
+    config = SimpleNamespace(jax_platforms=None, update=lambda *pair: updates.append(pair))
+    monkeypatch.setattr(compiling.jax, "config", config)
+    monkeypatch.setattr(compiling, "backends_started", lambda: False)
+    monkeypatch.setattr(compiling, "accelerator_present", lambda: False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("JAX_PLATFORMS", "")  # the user's: JAX chooses
+    assert compiling.use_cpu_without_accelerators() is False and updates == []
+    monkeypatch.delenv("JAX_PLATFORMS")
+    for patch in (
+        (compiling, "backends_started", lambda: True),
+        (compiling, "accelerator_present", lambda: True),
+        (sys, "platform", "darwin"),
+        (config, "jax_platforms", "cuda"),
+    ):
+        with monkeypatch.context() as local:
+            local.setattr(*patch)
+            assert compiling.use_cpu_without_accelerators() is False
+    assert updates == [] and "JAX_PLATFORMS" not in os.environ
+    assert compiling.use_cpu_without_accelerators() is True
+    assert updates == [("jax_platforms", "cpu")] and os.environ["JAX_PLATFORMS"] == "cpu"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +25,7 @@ import ppojax
 from ppojax.rlhf import PlanError, StepShape, plan
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.sizing import step_flops
-from ppojax.runtime import deviceless, kernels, launches
+from ppojax.runtime import compiling, deviceless, kernels, launches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,6 +243,29 @@ def needs_plugin() -> None:
     if os.environ.get("PPOJAX_REQUIRE_GPU_AOT"):
         pytest.fail("PPOJAX_REQUIRE_GPU_AOT is set and JAX's CUDA plugin is not installed")
     pytest.skip('JAX\'s CUDA plugin is not installed (pip install "ppojax[gpu-aot]")')
+
+
+def test_train_prints_nothing_of_the_plugin_on_a_machine_without_a_gpu(tmp_path):
+    """Without JAX_PLATFORMS, the CUDA plugin installed and no GPU, ``ppojax train`` runs on
+    the CPU without the plugin's "Unable to load cuDNN" traceback."""
+    needs_plugin()
+    if compiling.accelerator_present():
+        pytest.skip("an accelerator's device node exists: JAX may start its plugin here")
+    env = {name: value for name, value in os.environ.items() if name != "JAX_PLATFORMS"}
+    tiny = ["--num-envs", "4", "--num-steps", "8", "--total-timesteps", "64"]
+    tiny += ["--update-epochs", "1", "--num-minibatches", "1", "--no-progress"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ppojax", "train", "CartPole-v1", *tiny, "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "final return" in done.stdout
+    for printed in ("plugin configuration error", "Traceback", "cuDNN"):
+        assert printed not in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("target", ["h200", "h100"])

@@ -426,6 +426,9 @@ def list_env_ids() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ppojax.runtime.compiling import use_cpu_without_accelerators
+
+    use_cpu_without_accelerators()  # before any command starts JAX's backends
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
         # before any backend starts: JAX sizes its GPU pool from it once, at the start

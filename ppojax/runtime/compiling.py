@@ -47,14 +47,20 @@ faster than one device with its best pool. ``Experiment``
 runs (``ppojax train``, ``ppojax sweep``) split their runs over the process's devices
 (``parallel.runs_sharding``); ``auto_cpu_devices`` gives the count ``--cpu-devices auto``
 uses.
+
+``use_cpu_without_accelerators()`` starts JAX's CPU backend alone on a machine with no
+accelerator, so that an installed plugin without its device (``ppojax[gpu-aot]``'s CUDA
+plugin) neither logs its failed start nor stays unregistered; ppojax's commands call it first.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -224,3 +230,43 @@ def accelerator_installed() -> bool:
     if importlib.metadata.entry_points(group="jax_plugins"):
         return True
     return any(importlib.util.find_spec(name) for name in ("jax_plugins", "libtpu"))
+
+
+# Device nodes of the accelerators JAX has plugins for: NVIDIA's (the nodes JAX's own check
+# looks for, /dev/dxg on WSL2), ROCm's, and a TPU VM's (v4 and v5e chips as accel nodes, v5p
+# and v6e as VFIO groups; /dev/vfio/vfio alone is the container any Linux may have)
+ACCELERATOR_NODES = (
+    "/dev/nvidia0",
+    "/dev/nvidiactl",
+    "/dev/dxg",
+    "/dev/kfd",
+    "/dev/accel*",
+    "/dev/vfio/[0-9]*",
+)
+
+
+def accelerator_present() -> bool:
+    """Whether this machine has an accelerator's device node (ACCELERATOR_NODES)."""
+    return any(glob.glob(pattern) for pattern in ACCELERATOR_NODES)
+
+
+def use_cpu_without_accelerators() -> bool:
+    """Start only JAX's CPU backend (``JAX_PLATFORMS=cpu``, for this process and those it
+    starts) on a Linux machine with no accelerator; True if it did. Nothing changes where
+    ``JAX_PLATFORMS`` is set (empty included: JAX's own choice), an accelerator's device node
+    exists, the OS is not Linux (Apple's Metal plugin has no node to look for) or JAX's
+    backends have started.
+
+    An installed plugin without its device otherwise tries to start: the CUDA plugin of
+    ``[gpu-aot]`` logs a traceback for the cuDNN it does not find and is left unregistered,
+    so that compiling for a GPU without one fails too; with the CPU named, it skips its CUDA
+    checks and registers as the compiler ``ppojax.runtime.deviceless`` needs."""
+    if "JAX_PLATFORMS" in os.environ or jax.config.jax_platforms is not None:
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    if accelerator_present() or backends_started():
+        return False
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")  # jax read the variable when it was imported
+    return True

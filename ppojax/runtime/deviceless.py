@@ -10,8 +10,10 @@ would run.
     compiled = compile_for(jax.vmap(f), (keys,), "h200")
     compiled.as_text()  # the H200 program
 
-Set ``JAX_PLATFORMS=cpu`` before JAX starts where the plugin is installed: otherwise JAX
-tries to start the CUDA backend, logs that it found no cuDNN, and falls back to the CPU.
+Set ``JAX_PLATFORMS=cpu`` before JAX starts where the plugin is installed: otherwise the plugin
+runs its CUDA checks, logs a traceback for the cuDNN it does not find and stays unregistered:
+JAX runs on the CPU, and compiling for a GPU fails. ppojax's commands set it themselves
+on a machine with no accelerator (``compiling.use_cpu_without_accelerators``).
 """
 
 from __future__ import annotations
