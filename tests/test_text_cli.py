@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -544,3 +545,42 @@ def test_ctrl_c_exits_130_as_ppojax_train_does(files, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "ppojax: interrupted (a run with checkpoints continues with --resume)\n"
     )
+
+
+def test_bf16_on_two_devices_is_recorded_saves_bf16_and_resumes_bit_exactly(files, tmp_path):
+    # a process of its own: JAX makes its CPU devices once, when its backend starts
+    def ppojax(*argv: str) -> None:
+        command = [sys.executable, "-m", "ppojax", *argv]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=files.root)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    out = tmp_path / "runs"
+    flags = ["--dtype", "bfloat16", "--devices", "2", "--learning-rate", "1e-3"]
+    ppojax(
+        "sft",
+        "--model",
+        str(files.model),
+        "--data",
+        str(files.sft),
+        *FAST,
+        *flags,
+        "--out",
+        str(out),
+    )
+    (run_dir,) = out.iterdir()
+    settings = json.loads((run_dir / "config.json").read_text())
+    assert (settings["dtype"], settings["devices"], settings["master_weights"]) == (
+        "bfloat16",
+        2,
+        True,
+    )
+    saved = json.loads((run_dir / "final" / "config.json").read_text())
+    assert saved["torch_dtype"] == "bfloat16"
+    trained = from_pretrained(run_dir / "final", dtype="bfloat16")
+    start = from_pretrained(files.model, dtype="bfloat16")
+    moved = [not np.array_equal(a, b) for a, b in zip(leaves(start), leaves(trained), strict=True)]
+    assert all(moved)
+    killed = kill_after_first_checkpoint(run_dir, tmp_path / "killed")
+    ppojax("sft", "--resume", str(killed), "--no-progress")
+    for name in ("final/model.safetensors", "metrics.csv"):
+        assert (killed / name).read_bytes() == (run_dir / name).read_bytes(), name

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import jaxpr_as_fun
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ppojax.checks import check_bool, check_positive_int
 from ppojax.ppo.summary import latest_finite
@@ -388,6 +389,16 @@ class LoopResult(NamedTuple):
     seconds: float
 
 
+def on_state_mesh(tree: Any, state: Any) -> Any:
+    """``tree`` replicated over the mesh ``state`` is sharded on (an LM state over --devices),
+    as it is; a jitted chunk refuses arguments on one device beside a state on several."""
+    for leaf in jax.tree.leaves(state):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and len(sharding.device_set) > 1:
+            return jax.device_put(tree, NamedSharding(sharding.mesh, PartitionSpec()))
+    return tree
+
+
 def train_loop(
     run_dir: Path,
     step: StepFn,
@@ -406,7 +417,12 @@ def train_loop(
     start, history = 0, {}
     if options.resume:
         restored, start, history = resume_point(run_dir, state, 1)
-        state = state if restored is None else restored
+        if restored is not None:
+            # laid out as the fresh state is (a sharded LM state: over its mesh), not on the
+            # one device a checkpoint reads back to
+            layouts = jax.tree.map(lambda leaf: getattr(leaf, "sharding", None), state)
+            state = jax.device_put(restored, layouts)
+    key, frozen = on_state_mesh((key, frozen), state)
     length = min(options.checkpoint_every, options.num_steps)
     plan = chunk_plan(start, options.num_steps, length, options.checkpoint_every)
     columns = [{"run": 0, "seed": options.seed}]
