@@ -3,7 +3,8 @@ float32, in bf16 with float32 master weights (the default for a bf16 model), and
 a bf16-only state (``master_weights=False``), at a learning rate low enough that the bf16-only
 state loses most of its updates.
 
-    python benchmarks/precision.py [--steps 150] [--learning-rate 1e-4] [--seed 0]
+    python benchmarks/precision.py [--steps 400] [--learning-rate 3e-5] [--seed 0]
+    python benchmarks/precision.py --table     # docs/rlhf.md's table, from the result file
 
 One SFT (float32) starts all three; each run's reward curve (the checker's mean score per
 step) and the share of the policy's matrix entries its training moved. Writes
@@ -13,12 +14,12 @@ step) and the share of the policy's matrix entries its training moved. Writes
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from common import command_line, machine, now, versions, write_json
 from rlhf import GROUP, ROWS, rlhf_config
@@ -100,13 +101,32 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def table(result: dict) -> str:
+    """docs/rlhf.md's table of the result file."""
+    lines = [
+        "| run | state | compute | first 10 steps | last 10 steps | policy entries moved |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in result["runs"].items():
+        state = "float32" if entry["master_weights"] else entry["dtype"]
+        lines.append(
+            f"| {name} | {state} | {entry['dtype']} | {entry['score_first_10']:.3f} | "
+            f"{entry['score_last_10']:.3f} | {100 * entry['policy_entries_moved']:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--learning-rate", type=float, default=3e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--table", action="store_true", help="print the docs' table and exit")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads((args.out / "precision.json").read_text())))
+        return
     task = DigitTask()
     sft, _ = jax.jit(reversal_sft, static_argnums=0)(task, jax.random.key(args.seed + 1))
     result = {

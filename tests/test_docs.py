@@ -293,6 +293,13 @@ def test_the_agents_table_in_the_rlhf_guide_is_the_result_files():
     assert table in guide.read_text(), f"{guide}: rerun `python benchmarks/agents_sft.py --table`"
 
 
+def test_the_precision_table_in_the_rlhf_guide_is_the_result_file_s():
+    table = run_benchmark("precision", "--table").stdout.strip()
+    assert table.startswith("| run | state | compute | first 10 steps |")
+    guide = ROOT / "docs" / "rlhf.md"
+    assert table in guide.read_text(), f"{guide}: rerun `python benchmarks/precision.py --table`"
+
+
 def table_cells(table: str, column: int) -> dict[str, str]:
     """A markdown table's ``column`` (0 = the task), by task (its * mark dropped)."""
     rows = [line.split(" | ") for line in table.splitlines()[2:] if line.startswith("| ")]
