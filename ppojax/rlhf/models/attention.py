@@ -7,7 +7,8 @@ key blocks a causal or sliding-window mask hides entirely), keeping only the out
 row's log-sum-exp. Its backward (a ``custom_vjp``) recomputes each block's probabilities from
 those, so neither pass holds more than one block's [B, KVH, G, block, block] scores. The
 plain form stays as the reference the tests hold the blockwise one to, and serves the cases
-where one block covers everything anyway (a decoded token's one query reads the cache once).
+where one block of queries covers them all (a decoded token's one query reads the cache
+once).
 
 Masks, in both forms: a query at cache position i sees key j when j <= i, key j holds a real
 token (``key_mask``) and, with a ``window``, i - j < window; it always sees its own key, so a
@@ -69,13 +70,14 @@ def attend(
     scores: Scores,
 ) -> jax.Array:
     """Queries [B, S, H, Dh] at cache positions ``start`` .. start + S - 1 over keys and values
-    [B, L, KVH, Dh] -> [B, S, H * Dh]: the blockwise form unless ``scores.block`` is 0 or
-    one block covers both S and L."""
+    [B, L, KVH, Dh] -> [B, S, H * Dh]: the blockwise form for more than ``scores.block``
+    queries (unless it is 0); the plain one for fewer, whose [S, L] scores a block of queries
+    would hold anyway, and which reads the cache once (a decoded token)."""
     batch_size, chunk, heads, head_dim = queries.shape
     kv_heads = keys.shape[2]
     grouped = queries.reshape(batch_size, chunk, kv_heads, heads // kv_heads, head_dim)
     block = scores.block
-    if block and (chunk > block or keys.shape[1] > block):
+    if block and chunk > block:
         out = flash(scores, grouped, keys, values, key_mask.astype(bool), jnp.asarray(start))
     else:
         out = plain(scores, grouped, keys, values, key_mask, start)
