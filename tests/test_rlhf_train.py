@@ -127,6 +127,39 @@ def test_full_recompute_and_kv_cache_samplers_agree():
     assert (full.tokens[~full.mask] == PAD).all() and full.mask.any(axis=1).all()
 
 
+def test_a_group_shares_its_prompts_prefill_and_gets_the_responses_of_repeated_prompts():
+    lm = transformer(VOCAB, PROMPT_WIDTH + RESPONSE_LEN, d_model=16, num_heads=2, num_layers=1)
+    params = lm.init(jax.random.key(0))
+    prompts, mask = prompt_batch(jax.random.key(1), 4)
+    settings = SamplingSettings(RESPONSE_LEN, temperature=0.7, pad_id=PAD, eos_id=EOS)
+    group = 3
+
+    def both(key):
+        repeated = (jnp.repeat(prompts, group, axis=0), jnp.repeat(mask, group, axis=0))
+        every_row = sample_responses(lm.kv_cache, params, *repeated, key, settings)
+        shared = sample_responses(lm.kv_cache, params, prompts, mask, key, settings, group)
+        full = sample_responses(lm.policy_apply, params, prompts, mask, key, settings, group)
+        return every_row, shared, full
+
+    every_row, shared, full = jax.jit(both)(jax.random.key(2))
+    assert shared.tokens.shape == (4 * group, RESPONSE_LEN)
+    # the same tokens; the log-probs of a prefill over 4 rows and over 12 differ by float32
+    # rounding of O(1) logits (XLA blocks the two matmuls differently), as in the test above
+    np.testing.assert_array_equal(shared.tokens, every_row.tokens)
+    np.testing.assert_array_equal(shared.mask, every_row.mask)
+    np.testing.assert_allclose(shared.log_probs, every_row.log_probs, atol=2e-5)
+    np.testing.assert_array_equal(full.tokens, shared.tokens)
+    prefills = []
+    counting = lm.kv_cache._replace(
+        prefill=lambda p, t, m, n: prefills.append(t.shape) or lm.kv_cache.prefill(p, t, m, n)
+    )
+    jax.eval_shape(
+        lambda k: sample_responses(counting, params, prompts, mask, k, settings, group),
+        jax.random.key(3),
+    )
+    assert prefills == [prompts.shape]  # [B, P], not [B * group, P]
+
+
 def widen(prompts: jax.Array, mask: jax.Array, extra: int):
     """The same prompts left-padded by ``extra`` more columns."""
     pad = jnp.full((prompts.shape[0], extra), PAD, prompts.dtype)

@@ -56,12 +56,14 @@ def sample(
     prompt_mask: jax.Array,
     key: jax.Array,
 ) -> Samples:
-    """Responses [N, R] from the model's KV-cache hook if it has one, else by recomputation."""
+    """Responses [N, R] to prompts [B, P], ``config.group_size`` a prompt (N = B * group
+    size), from the model's KV-cache hook if it has one (one prefill a prompt), else by
+    recomputation."""
     settings = SamplingSettings(
         config.response_len, config.temperature, config.pad_id, config.eos_id
     )
     model = policy_apply if kv_cache is None else kv_cache
-    return sample_responses(model, params, prompts, prompt_mask, key, settings)
+    return sample_responses(model, params, prompts, prompt_mask, key, settings, config.group_size)
 
 
 def score(
@@ -148,10 +150,11 @@ def collect(
     scored and turned into an ``RLHFBatch`` of N = B * group_size rows. The old log-probs come
     from the same full forward pass the loss uses, so the first ratio is 1."""
     policy_apply, critic_apply, kv_cache = roles.policy, roles.critic, roles.kv_cache
-    prompts = jnp.repeat(prompts, config.group_size, axis=0)
-    prompt_mask = jnp.repeat(prompt_mask.astype(bool), config.group_size, axis=0)
     policy = full_policy(state.params)
+    prompt_mask = prompt_mask.astype(bool)
     samples = sample(config, policy_apply, kv_cache, policy, prompts, prompt_mask, key)
+    prompts = jnp.repeat(prompts, config.group_size, axis=0)
+    prompt_mask = jnp.repeat(prompt_mask, config.group_size, axis=0)
     sequences = Sequences(prompts, prompt_mask, samples.tokens, samples.mask)
     mask = samples.mask
     temperature, chunk = config.temperature, config.logit_chunk

@@ -33,7 +33,9 @@ class KVCacheHook(NamedTuple):
     index) -> (logits [B, V], cache)`` feeds the token at sequence position ``index``.
     ``extend(params, cache, tokens [B, S], mask [B, S], start) -> (logits [B, S, V], cache)``
     (optional, for multi-turn episodes) feeds a chunk at positions ``start`` + [0, S), only
-    its real tokens (mask True) becoming keys later positions attend to.
+    its real tokens (mask True) becoming keys later positions attend to. Every leaf of a
+    cache has the batch as its first axis: a group of responses to one prompt copies the
+    prompt's prefilled rows (``sample_responses``'s ``group_size``).
     """
 
     prefill: Callable[..., tuple[jax.Array, Any]]
@@ -107,15 +109,24 @@ def sample_responses(
     prompt_mask: jax.Array,
     key: jax.Array,
     settings: SamplingSettings,
+    group_size: int = 1,
 ) -> Samples:
-    """Responses [B, R] through the model's KV cache when ``model`` is a ``KVCacheHook`` (one
-    prefill, then R one-token decodes), else by full recomputation with ``model`` as the
-    ``policy_apply`` (R forward passes over [B, P + R])."""
-    batch_size, prompt_len = prompts.shape
+    """Responses [B * group_size, R] to prompts [B, P], each prompt answered ``group_size``
+    times (its rows adjacent): through the model's KV cache when ``model`` is a
+    ``KVCacheHook`` (one prefill, then R one-token decodes), else by full recomputation with
+    ``model`` as the ``policy_apply`` (R forward passes over [B * group_size, P + R]).
+
+    Through the cache a prompt is prefilled once and its cache and next-token logits copied to
+    its group's rows, where repeating the prompt first ran it through the model group_size
+    times; the rows are the same, so the responses for a key are too."""
     if isinstance(model, KVCacheHook):
         hook = model
+        prompt_len = prompts.shape[1]
         total_len = prompt_len + settings.response_len
         start = hook.prefill(params, prompts, prompt_mask, total_len)
+        if group_size > 1:
+            start = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), start)
+        batch_size = prompts.shape[0] * group_size
 
         def logits_of(state, index):
             return state[0]
@@ -125,6 +136,10 @@ def sample_responses(
 
         return sample_loop(logits_of, feed, start, key, batch_size, settings)
 
+    if group_size > 1:
+        prompts = jnp.repeat(prompts, group_size, axis=0)
+        prompt_mask = jnp.repeat(prompt_mask, group_size, axis=0)
+    batch_size, prompt_len = prompts.shape
     response = (batch_size, settings.response_len)
     tokens = jnp.concatenate([prompts, jnp.full(response, settings.pad_id, prompts.dtype)], axis=1)
     mask = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros(response, bool)], axis=1)

@@ -25,9 +25,10 @@ from ppojax.rlhf.models.decoder import KVCache, Slot
 def empty_cache(
     batch_size: int, length: int, num_layers: int, d_model: int, heads: int, dtype: Any
 ) -> KVCache:
-    """An all-zero cache of ``length`` positions, in the compute dtype."""
-    shape = (num_layers, batch_size, length, heads, d_model // heads)
-    zeros = jnp.zeros(shape, dtype)
+    """An all-zero cache of ``length`` positions in the compute dtype: a [B, L, H, Dh] buffer
+    per layer, batch first in every leaf (the decoder's layout; a group's rows copy it)."""
+    shape = (batch_size, length, heads, d_model // heads)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
     return KVCache(zeros, zeros, jnp.zeros((batch_size, length), bool), jnp.zeros(batch_size, int))
 
 
@@ -136,7 +137,7 @@ class TransformerLM(nn.Module):
         x = layer_norm(dtype)(x)
         value = dense(1, "value_head", dtype, kernel_init=nn.initializers.zeros)(x)[..., 0]
         count = cache.count + mask.sum(axis=1)
-        keys, values = jax.tree.map(lambda *per_layer: jnp.stack(per_layer), *layers)
+        keys, values = tuple(kv.keys for kv in layers), tuple(kv.values for kv in layers)
         out = dense(self.vocab_size, "lm_head", dtype)(x) if logits else x
         return out, value.astype(jnp.float32), KVCache(keys, values, key_mask, count)
 
