@@ -28,8 +28,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import (
     batch_sharding,
     constrain,
@@ -235,17 +237,22 @@ def supervised_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program
     prompts = (rows_of((rows, prompt), jnp.int32, mesh), rows_of((rows, prompt), bool, mesh))
     answer = (rows_of((rows, response), jnp.int32, mesh), rows_of((rows, response), bool, mesh))
     params, extra, held = lm.params, (), {}
+    # float32 masters, the model's functions casting them to its dtype (as apps.jobs does)
+    policy, critic = (
+        computing(lm.policy_apply, lm.module.dtype),
+        computing(lm.critic_apply, lm.module.dtype),
+    )
     if step.algorithm == "sft":
-        update, batch = make_sft_step(lm.policy_apply, adam), CompletionData(*prompts, *answer)
+        update, batch = make_sft_step(policy, adam), CompletionData(*prompts, *answer)
     elif step.algorithm == "dpo":
-        update, batch = make_dpo_step(lm.policy_apply, adam), PairData(*prompts, *answer, *answer)
+        update, batch = make_dpo_step(policy, adam), PairData(*prompts, *answer, *answer)
         extra = (on_state(lm.params, mesh), replicated(jnp.float32(0.1), mesh))
         held["reference"] = extra[0]
     else:
         params = jax.eval_shape(lm.init_value_head, lm.params)
-        update = make_reward_model_step(lm.critic_apply, adam)
+        update = make_reward_model_step(critic, adam)
         batch = PairData(*prompts, *answer, *answer)
-    params = on_state(params, mesh)
+    params = on_state(jax.eval_shape(precision.widened, params), mesh)
     opt_state = on_state(jax.eval_shape(adam.init, params), mesh)
     min_size = 1 << 14
 

@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.config import RLHFConfig
-from ppojax.rlhf.core.logprobs import SplitPolicy
+from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import MIN_SHARD_SIZE, batch_sharding, constrain, shard_state
 from ppojax.rlhf.core.trainer import (
     RLHFState,
@@ -65,16 +65,6 @@ def model_dtype(lm: PretrainedLM) -> Any:
 def saved_as_model(lm: PretrainedLM) -> Callable[[Any, Any], dict]:
     """``model_params`` of a supervised job: the float32 masters in the model's dtype."""
     return lambda state, frozen: precision.cast(state["params"], model_dtype(lm))
-
-
-def computing(apply: Any, dtype: Any) -> Any:
-    """``apply(params, ...)`` on params cast to ``dtype`` first (a ``SplitPolicy`` stays one):
-    inside a loss, the float32 masters get float32 gradients of a ``dtype`` forward."""
-    if isinstance(apply, SplitPolicy):
-        return SplitPolicy(
-            *(computing(fn, dtype) for fn in (apply.logits, apply.hidden, apply.head))
-        )
-    return lambda params, *args: apply(precision.cast(params, dtype), *args)
 
 
 def supervised_job(

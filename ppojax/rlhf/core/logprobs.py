@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ppojax.engine import precision
 from ppojax.rlhf.core.sampling import (
     PolicyApply,
     Sequences,
@@ -41,6 +42,16 @@ class SplitPolicy:
 
     def __call__(self, params: Any, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         return self.logits(params, tokens, mask)
+
+
+def computing(apply: Any, dtype: Any) -> Any:
+    """``apply(params, ...)`` on params cast to ``dtype`` first (a ``SplitPolicy`` stays one):
+    inside a loss, float32 master params get float32 gradients of a ``dtype`` forward
+    (``ppojax.engine.precision``)."""
+    if isinstance(apply, SplitPolicy):
+        parts = (apply.logits, apply.hidden, apply.head)
+        return SplitPolicy(*(computing(fn, dtype) for fn in parts))
+    return lambda params, *args: apply(precision.cast(params, dtype), *args)
 
 
 def chunk_positions(rows: int, length: int, logit_chunk: int) -> int:

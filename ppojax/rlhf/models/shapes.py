@@ -27,7 +27,7 @@ QWEN2 = {
     "eos_token_id": 151643,
 }
 # From the config.json of each model's Hugging Face repo (Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B,
-# Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B).
+# Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.2-1B, google/gemma-2-2b).
 PUBLISHED: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": {
         **QWEN2,
@@ -84,6 +84,52 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
         "bos_token_id": 128000,
         "eos_token_id": 128001,
+    },
+    "llama-3.2-1b": {
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "tie_word_embeddings": True,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+    },
+    "gemma-2-2b": {
+        "model_type": "gemma2",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
     },
 }
 
