@@ -547,12 +547,17 @@ def test_ctrl_c_exits_130_as_ppojax_train_does(files, monkeypatch, capsys):
     )
 
 
+def ppojax_process(root: Path, *argv: str) -> None:
+    """``ppojax`` in a process of its own: JAX makes its CPU devices once, when its backend
+    starts, so --devices N needs a fresh process."""
+    command = [sys.executable, "-m", "ppojax", *argv]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_bf16_on_two_devices_is_recorded_saves_bf16_and_resumes_bit_exactly(files, tmp_path):
-    # a process of its own: JAX makes its CPU devices once, when its backend starts
     def ppojax(*argv: str) -> None:
-        command = [sys.executable, "-m", "ppojax", *argv]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=files.root)
-        assert done.returncode == 0, done.stderr[-3000:]
+        ppojax_process(files.root, *argv)
 
     out = tmp_path / "runs"
     flags = ["--dtype", "bfloat16", "--devices", "2", "--learning-rate", "1e-3"]
@@ -582,5 +587,23 @@ def test_bf16_on_two_devices_is_recorded_saves_bf16_and_resumes_bit_exactly(file
     assert all(moved)
     killed = kill_after_first_checkpoint(run_dir, tmp_path / "killed")
     ppojax("sft", "--resume", str(killed), "--no-progress")
+    for name in ("final/model.safetensors", "metrics.csv"):
+        assert (killed / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+@pytest.mark.heavy
+def test_rlhf_in_bf16_on_two_devices_runs_and_resumes_bit_exactly(files, tmp_path):
+    out = tmp_path / "runs"
+    argv = ["rlhf", "--model", str(files.model), "--prompts", str(files.prompts), *FAST]
+    argv += ["--reward", "my_rewards:short", "--algorithm", "grpo", "--group-size", "2"]
+    argv += ["--response-len", "4", "--num-minibatches", "2", "--update-epochs", "1"]
+    argv += ["--dtype", "bfloat16", "--devices", "2", "--out", str(out)]
+    ppojax_process(files.root, *argv)
+    (run_dir,) = out.iterdir()
+    settings = json.loads((run_dir / "config.json").read_text())
+    assert (settings["dtype"], settings["devices"]) == ("bfloat16", 2)
+    assert json.loads((run_dir / "final" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    killed = kill_after_first_checkpoint(run_dir, tmp_path / "killed")
+    ppojax_process(files.root, "rlhf", "--resume", str(killed), "--no-progress")
     for name in ("final/model.safetensors", "metrics.csv"):
         assert (killed / name).read_bytes() == (run_dir / name).read_bytes(), name
