@@ -47,6 +47,7 @@ from ppojax.rlhf.agents.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
+    check_end_of_turn,
     feed_reply,
     rollout_keys,
     sample_turn,
@@ -156,6 +157,7 @@ def rollout_episodes(
             model, params, env, key, batch_size, settings, group_size, env_name
         )
     name = env_name or type(env).__name__
+    check_end_of_turn(env, name, settings.eos_id)
     if batch_size % group_size:
         raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
     layout = EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)

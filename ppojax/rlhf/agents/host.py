@@ -58,6 +58,7 @@ from ppojax.rlhf.agents.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
+    check_end_of_turn,
     feed_reply,
     rollout_keys,
     sample_turn,
@@ -212,13 +213,7 @@ class HostRollout:
         self.model, self.env, self.settings = model, env, settings
         self.batch_size, self.group_size = batch_size, group_size
         self.name = env_name or getattr(env, "env_name", None) or type(env).__name__
-        env_eos = getattr(env, "eos_id", None)
-        if env_eos is not None and env_eos != settings.eos_id:
-            raise ValueError(
-                f"text env {self.name} ends the model's turns at token {env_eos}, its chat "
-                f"template's end-of-turn, not at eos_id {settings.eos_id}: set eos_id (the "
-                f"EpisodeSettings', or RLHFConfig's for the trainer) to {env_eos}"
-            )
+        check_end_of_turn(env, self.name, settings.eos_id)
         self.layout = EpisodeLayout(
             env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns
         )

@@ -1,0 +1,114 @@
+"""Misuse of the agents refused with one line: a model context shorter than the episode, a
+temperature of 0 (greedy play is its own flag, argmax with finite log-probs), an end-of-turn
+token unlike the env's."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ppojax.checks import ConfigError
+from ppojax.rlhf import RLHFConfig
+from ppojax.rlhf.agents import calculator as c
+from ppojax.rlhf.agents import guessing as g
+from ppojax.rlhf.agents.episodes import episode_stats, previous_real, rollout_episodes
+from ppojax.rlhf.agents.host import HostRollout
+from ppojax.rlhf.agents.trainer import make_episode_trainer
+from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
+from ppojax.rlhf.models.transformer import transformer
+
+CONFIG = dict(
+    pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="grpo", group_size=2, num_minibatches=1
+)
+
+
+def test_a_model_context_shorter_than_the_episode_is_refused_naming_both_lengths():
+    env = g.NumberGuessing(num_values=3, max_turns=2)
+    length = EpisodeLayout(env.prompt_len, 2, env.reply_len, 2).length
+    short = transformer(g.VOCAB_SIZE, length - 1, d_model=8, num_heads=1, num_layers=1)
+    assert model_context(short) == length - 1
+    pretrained = types.SimpleNamespace(config=types.SimpleNamespace(max_positions=9))
+    assert model_context(pretrained) == 9 and model_context(short.policy_apply) is None
+    with pytest.raises(ValueError) as error:
+        make_episode_trainer(
+            RLHFConfig(**CONFIG), short.policy_apply, env, 4, 2, kv_cache=short.kv_cache,
+            context_len=model_context(short),
+        )  # fmt: skip
+    assert str(error.value) == (
+        f"make_episode_trainer: an episode takes up to {length} tokens (EpisodeLayout("
+        f"prompt_len=1, turn_len=2, reply_len=1, max_turns=2).length), more than the model's "
+        f"context of {length - 1}: build the model with max_len >= {length}, or play fewer "
+        "or shorter turns"
+    )
+    fits = transformer(g.VOCAB_SIZE, length, d_model=8, num_heads=1, num_layers=1)
+    make_episode_trainer(RLHFConfig(**CONFIG), fits.policy_apply, env, 4, 2,
+                         context_len=model_context(fits))  # fmt: skip
+
+
+def test_temperature_0_is_refused_with_the_greedy_flag_named():
+    with pytest.raises(ConfigError) as error:
+        EpisodeSettings(2, 2, 0.0, g.PAD, g.EOS)
+    assert str(error.value) == (
+        "EpisodeSettings.temperature must be a finite number > 0, got 0.0. For greedy "
+        "decoding pass greedy=True instead."
+    )
+    with pytest.raises(ValueError, match="EpisodeSettings.greedy must be a bool, got 1"):
+        EpisodeSettings(2, 2, 1.0, g.PAD, g.EOS, greedy=1)
+
+
+def column_logits(params, tokens, mask):
+    """Logits that depend on the column only (a fixed random table), a clear argmax each."""
+    del params, mask
+    table = 3.0 * jax.random.normal(jax.random.key(7), (tokens.shape[1], g.VOCAB_SIZE))
+    return jnp.broadcast_to(table, (*tokens.shape, g.VOCAB_SIZE))
+
+
+def test_greedy_play_takes_the_argmax_and_reports_its_finite_log_probs():
+    env = g.NumberGuessing(num_values=3, max_turns=2)
+    settings = EpisodeSettings(2, 2, 0.5, g.PAD, g.EOS, greedy=True)
+    episodes = rollout_episodes(column_logits, None, env, jax.random.key(0), 4, settings)
+    model = np.asarray(episodes.model_mask)
+    assert model.sum() > 0 and np.isfinite(np.asarray(episodes.log_probs)).all()
+    logits = column_logits(None, episodes.tokens, episodes.mask)
+    predicting = jnp.take_along_axis(logits, previous_real(episodes.mask)[:, :, None], axis=1)
+    argmax = np.asarray(predicting.argmax(-1))
+    np.testing.assert_array_equal(np.asarray(episodes.tokens)[model], argmax[model])
+    # the chosen tokens' log-probs at the settings' temperature, as the trainer reads them
+    stats = episode_stats(column_logits, None, episodes.tokens, episodes.mask, 0.5)
+    np.testing.assert_allclose(
+        np.asarray(episodes.log_probs)[model], np.asarray(stats.log_probs)[model], atol=1e-5
+    )
+
+
+def test_the_command_can_play_its_held_out_episodes_greedily():
+    from ppojax.rlhf.apps import episode_run
+
+    args = episode_run.build_parser().parse_args(["--env", "guessing", "--eval-greedy"])
+    settings = episode_run.settings_from_args(args)
+    assert settings["episodes"]["eval_greedy"] is True
+    prepared = episode_run.prepare(settings)
+    evaluate = episode_run.evaluator(prepared, 4, greedy=True)
+    params = prepared.state.params["policy"]
+    held_out = evaluate(params, jax.random.key(0))
+    assert held_out["greedy"] is True and held_out["episodes"] == 4
+    assert held_out == evaluate(params, jax.random.key(0))
+
+
+def test_an_end_of_turn_unlike_the_envs_is_refused_for_jax_and_python_envs():
+    settings = EpisodeSettings(2, 2, 1.0, g.PAD, g.EOS + 1)
+    with pytest.raises(ValueError) as error:
+        rollout_episodes(column_logits, None, g.NumberGuessing(), jax.random.key(0), 2, settings)
+    assert str(error.value) == (
+        f"text env NumberGuessing ends the model's turns at token {g.EOS}, the env's eos_id, "
+        f"not at eos_id {g.EOS + 1}: set eos_id (the EpisodeSettings', or RLHFConfig's for the "
+        f"trainer) to {g.EOS}"
+    )
+    config = RLHFConfig(**{**CONFIG, "eos_id": g.EOS + 1})
+    with pytest.raises(ValueError, match="text env NumberGuessing ends the model's turns at"):
+        make_episode_trainer(config, column_logits, g.NumberGuessing(), 4, 2)
+    with pytest.raises(ValueError) as error:  # a Python env without a chat template
+        HostRollout(column_logits, c.Calculator(), 2, EpisodeSettings(2, 2, 1.0, c.PAD, 3))
+    assert "at token 2, the env's eos_id, not at eos_id 3" in str(error.value)
+    assert "chat template" not in str(error.value)
