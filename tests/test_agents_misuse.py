@@ -1,7 +1,11 @@
 """Misuse of the agents refused with one line: a model context shorter than the episode, a
 temperature of 0 (greedy play is its own flag, argmax with finite log-probs), an end-of-turn
-token unlike the env's."""
+token unlike the env's; and bad output of a Python env caught at any turn: a reward not
+finite, a token id past the model's vocabulary, an exception named with the env's file and
+line."""
 
+import json
+import re
 import types
 
 import jax
@@ -13,8 +17,9 @@ from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import calculator as c
 from ppojax.rlhf.agents import guessing as g
+from ppojax.rlhf.agents.env import register_text_env
 from ppojax.rlhf.agents.episodes import episode_stats, previous_real, rollout_episodes
-from ppojax.rlhf.agents.host import HostRollout
+from ppojax.rlhf.agents.host import HostEnvError, HostRollout, PythonTextEnv
 from ppojax.rlhf.agents.trainer import make_episode_trainer
 from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
 from ppojax.rlhf.models.transformer import transformer
@@ -112,3 +117,130 @@ def test_an_end_of_turn_unlike_the_envs_is_refused_for_jax_and_python_envs():
         HostRollout(column_logits, c.Calculator(), 2, EpisodeSettings(2, 2, 1.0, c.PAD, 3))
     assert "at token 2, the env's eos_id, not at eos_id 3" in str(error.value)
     assert "chat template" not in str(error.value)
+
+
+class Scripted(PythonTextEnv):
+    """One BOS prompt; each turn replies ``replies[turn]``, reward ``rewards[turn]``; done
+    after ``len(replies)`` turns."""
+
+    prompt_len = 1
+    reply_len = 1
+
+    def __init__(self, replies, rewards, prompt=(g.BOS,)):
+        self.replies, self.rewards, self.prompt = replies, rewards, list(prompt)
+
+    def reset(self, key):
+        return {"turn": 0}, self.prompt
+
+    def step(self, state, response):
+        turn = state["turn"]
+        state["turn"] += 1
+        done = state["turn"] == len(self.replies)
+        return state, [] if done else self.replies[turn], self.rewards[turn], done
+
+
+def eos_first(params, tokens, mask):
+    """A policy sure of EOS at every column: each turn is EOS alone."""
+    del params, mask
+    return 40.0 * jax.nn.one_hot(jnp.full(tokens.shape, g.EOS), g.VOCAB_SIZE)
+
+
+SETTINGS = EpisodeSettings(3, 2, 1.0, g.PAD, g.EOS)
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf")])
+def test_a_reward_not_finite_at_a_later_turn_names_the_env_turn_and_episode(reward):
+    env = Scripted([[g.HIGHER], [g.HIGHER], []], [0.0, reward, 0.0])
+    with pytest.raises(HostEnvError) as error:  # through the API: rollout_episodes
+        rollout_episodes(eos_first, None, env, jax.random.key(0), 2, SETTINGS, env_name="bad")
+    assert str(error.value) == (
+        f"text env bad: step() at turn 1, episode 0 returned reward {reward!r}; it must be finite"
+    )
+
+
+def test_token_ids_past_the_vocabulary_are_caught_at_any_turn():
+    later = Scripted([[g.HIGHER], [g.VOCAB_SIZE], []], [0.0, 0.0, 0.0])
+    with pytest.raises(HostEnvError) as error:
+        HostRollout(eos_first, later, 2, SETTINGS)(None, jax.random.key(0))
+    assert str(error.value) == (
+        f"text env Scripted: step() at turn 1, episode 0 returned its reply wrongly: token id "
+        f"{g.VOCAB_SIZE} is not below the model's vocabulary size {g.VOCAB_SIZE} (its logits' "
+        "width)"
+    )
+    prompt = Scripted([[g.HIGHER], []], [0.0, 0.0], prompt=[g.VOCAB_SIZE + 3])
+    with pytest.raises(HostEnvError, match="text env Scripted: reset\\(\\) of group 0 returned "
+                       "its prompt wrongly: token id 20 is not below the model's vocabulary "
+                       "size 17"):  # fmt: skip
+        HostRollout(eos_first, prompt, 2, SETTINGS)(None, jax.random.key(0))
+
+
+class Raising(Scripted):
+    def step(self, state, response):
+        if state["turn"] == 1:
+            json.loads("not json")  # the env's bug: the error raises in the json module
+        return super().step(state, response)
+
+
+def test_an_env_exception_names_the_env_file_and_line_that_raised():
+    env = Raising([[g.HIGHER], [g.HIGHER], []], [0.0, 0.0, 0.0])
+    line = Raising.step.__code__.co_firstlineno + 2
+    with pytest.raises(HostEnvError) as error:
+        HostRollout(eos_first, env, 2, SETTINGS)(None, jax.random.key(0))
+    assert re.fullmatch(
+        f"text env Raising: step\\(\\) at turn 1, episode 0 raised JSONDecodeError at "
+        f"{re.escape(__file__)}:{line}: Expecting value: line 1 column 1 \\(char 0\\)",
+        str(error.value),
+    ), str(error.value)
+
+
+class NanLater(PythonTextEnv):
+    """A Python env for the command whose reward turns NaN at turn 1 (turn 0 passes the
+    check before training)."""
+
+    prompt_len = 1
+    reply_len = 1
+    vocab_size, pad_id, eos_id = g.VOCAB_SIZE, g.PAD, g.EOS
+
+    def reset(self, key):
+        return {"turn": 0}, [g.BOS]
+
+    def step(self, state, response):
+        state["turn"] += 1
+        return state, [g.HIGHER], float("nan") if state["turn"] == 2 else 0.0, False
+
+
+class NanFirst(NanLater):
+    def step(self, state, response):
+        return state, [g.HIGHER], float("inf"), False
+
+
+def test_the_command_refuses_an_env_whose_first_reward_is_not_finite(tmp_path, capsys):
+    from ppojax.cli.commands import main
+
+    register_text_env("inf-first", NanFirst)
+    out = tmp_path / "runs"
+    assert main(["rlhf", "--env", "inf-first", "--no-progress", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "ppojax rlhf: error: text env 'inf-first': step() at turn 0, episode 0 returned reward "
+        "inf; it must be finite (in the check before training)\n"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.heavy
+def test_the_command_stops_with_exit_2_at_a_nan_reward_the_folder_kept(tmp_path, capsys):
+    """Not exit 3 (a diverged run): the env's output is at fault, named on one line."""
+    from ppojax.cli.commands import main
+
+    register_text_env("nan-later", NanLater)
+    out = tmp_path / "runs"
+    argv = ["rlhf", "--env", "nan-later", "--turns", "2", "--steps", "1", "--batch-size", "2",
+            "--group-size", "2", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    (run_dir,) = out.iterdir()
+    assert capsys.readouterr().err == (
+        "ppojax rlhf: error: text env NanLater: step() at turn 1, episode 0 returned reward nan; "
+        f"it must be finite; the run stopped there, {run_dir} keeps its last checkpoint: fix "
+        f"the env, then continue with --resume {run_dir}\n"
+    )
+    assert (run_dir / "config.json").exists()
