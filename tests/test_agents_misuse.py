@@ -2,17 +2,19 @@
 temperature of 0 (greedy play is its own flag, argmax with finite log-probs), an end-of-turn
 token unlike the env's; and bad output of a Python env caught at any turn: a reward not
 finite, a token id past the model's vocabulary, an exception named with the env's file and
-line."""
+line. The names docs/rlhf.md's agents section uses import from ``ppojax.rlhf.agents``."""
 
 import json
 import re
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ppojax.rlhf.agents as agents
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import calculator as c
@@ -24,6 +26,7 @@ from ppojax.rlhf.agents.trainer import make_episode_trainer
 from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
 from ppojax.rlhf.models.transformer import transformer
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = dict(
     pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="grpo", group_size=2, num_minibatches=1
 )
@@ -191,6 +194,31 @@ def test_an_env_exception_names_the_env_file_and_line_that_raised():
         f"{re.escape(__file__)}:{line}: Expecting value: line 1 column 1 \\(char 0\\)",
         str(error.value),
     ), str(error.value)
+
+
+# Names of the section that are not the package's API: a tool's name in the calculator's
+# text, and a function the section places in its module.
+NOT_EXPORTED = {"add", "episode_gae"}
+
+
+def test_the_agents_section_of_the_docs_imports_from_ppojax_rlhf_agents():
+    """Its code imports run, and every name of ``ppojax/rlhf/agents`` it mentions is there."""
+    text = (ROOT / "docs" / "rlhf.md").read_text()
+    start = text.index("## Multi-turn episodes")
+    section = text[start : text.index("\n## ", start + 1)]
+    imports = re.findall(r"^from ppojax\.rlhf\.agents import .*$", section, re.MULTILINE)
+    assert imports
+    for line in imports:
+        exec(line, {})
+    from ppojax.rlhf.agents import play_demos, train_on_demos  # once only in agents.demos
+
+    assert callable(play_demos) and callable(train_on_demos)
+    defined = set()
+    for path in (ROOT / "ppojax" / "rlhf" / "agents").glob("*.py"):
+        defined |= set(re.findall(r"^(?:def|class) (\w+)", path.read_text(), re.MULTILINE))
+    named = set(re.findall(r"`([A-Za-z_]\w*)[`(]", section)) & defined
+    assert {"play_demos", "train_on_demos", "model_context", "EpisodeLayout"} <= named
+    assert sorted(n for n in named - NOT_EXPORTED if not hasattr(agents, n)) == []
 
 
 class NanLater(PythonTextEnv):
