@@ -2,8 +2,11 @@
 temperature of 0 (greedy play is its own flag, argmax with finite log-probs), an end-of-turn
 token unlike the env's; and bad output of a Python env caught at any turn: a reward not
 finite, a token id past the model's vocabulary, an exception named with the env's file and
-line. The names docs/rlhf.md's agents section uses import from ``ppojax.rlhf.agents``."""
+line; a JAX env's such ids and rewards flagged in the program and raised after it; the command
+exits 2 for both, not 3. The names docs/rlhf.md's agents section uses import from
+``ppojax.rlhf.agents``."""
 
+import dataclasses
 import json
 import re
 import types
@@ -19,8 +22,15 @@ from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import calculator as c
 from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.env import register_text_env
-from ppojax.rlhf.agents.episodes import episode_stats, previous_real, rollout_episodes
+from ppojax.rlhf.agents.env import Tokens, register_text_env
+from ppojax.rlhf.agents.episodes import (
+    EnvOutputError,
+    check_env_faults,
+    env_faults,
+    episode_stats,
+    previous_real,
+    rollout_episodes,
+)
 from ppojax.rlhf.agents.host import HostEnvError, HostRollout, PythonTextEnv
 from ppojax.rlhf.agents.trainer import make_episode_trainer
 from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
@@ -194,6 +204,75 @@ def test_an_env_exception_names_the_env_file_and_line_that_raised():
         f"{re.escape(__file__)}:{line}: Expecting value: line 1 column 1 \\(char 0\\)",
         str(error.value),
     ), str(error.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class BadLater:
+    """A JAX env whose turn-1 reply is an id past the vocabulary (``fault="token"``) or whose
+    turn-1 reward is NaN (``fault="reward"``)."""
+
+    fault: str = "token"
+    prompt_len = 1
+    reply_len = 1
+    vocab_size, pad_id, eos_id = g.VOCAB_SIZE, g.PAD, g.EOS
+
+    def reset(self, key):
+        return jnp.int32(0), Tokens(jnp.full((1,), g.BOS, jnp.int32), jnp.ones((1,), bool))
+
+    def step(self, state, response):
+        later = state == 1
+        reply = jnp.where(later & (self.fault == "token"), g.VOCAB_SIZE + 2, g.HIGHER)
+        reward = jnp.where(later & (self.fault == "reward"), jnp.nan, 0.0)
+        reply = Tokens(jnp.full((1,), reply, jnp.int32), jnp.ones((1,), bool))
+        return state + 1, reply, reward.astype(jnp.float32), jnp.bool_(False)
+
+
+def test_a_jax_envs_bad_ids_and_rewards_are_flagged_in_the_program_and_raised_after():
+    layout = EpisodeLayout(1, 2, 1, 3)
+    faults = {}
+    for fault in ("token", "reward", "none"):
+        episodes = rollout_episodes(eos_first, None, BadLater(fault), jax.random.key(0), 2,
+                                    SETTINGS)  # fmt: skip
+        faults[fault] = env_faults(episodes, layout, g.VOCAB_SIZE)
+    assert {name: int(value) for name, value in faults["token"].items()} == {
+        "env/bad_token_episode": 0, "env/bad_token_turn": 1, "env/bad_token_id": 19,
+        "env/bad_reward_episode": -1, "env/bad_reward_turn": -1,
+    }  # fmt: skip
+    with pytest.raises(EnvOutputError) as error:
+        check_env_faults(faults["token"], "'bad'", g.VOCAB_SIZE, first_step=4)
+    assert str(error.value) == (
+        "text env 'bad': step() at turn 1, episode 0 of training step 5 returned its reply "
+        "wrongly: token id 19 is outside the model's vocabulary [0, 17)"
+    )
+    with pytest.raises(EnvOutputError) as error:
+        check_env_faults(faults["reward"], "'bad'", g.VOCAB_SIZE)
+    assert str(error.value) == (
+        "text env 'bad': step() at turn 1, episode 0 of training step 1 returned a reward that "
+        "is NaN or inf; it must be finite"
+    )
+    assert set(np.asarray(list(faults["none"].values())).tolist()) == {-1}
+    check_env_faults(faults["none"], "'bad'", g.VOCAB_SIZE)
+
+
+@pytest.mark.heavy
+def test_the_command_stops_a_jax_env_at_the_chunks_end_with_exit_2(tmp_path, capsys):
+    """Not exit 3 (a diverged run): the chunk is not kept, the folder at the checkpoint
+    before it."""
+    from ppojax.cli.commands import main
+
+    register_text_env("bad-later", lambda: BadLater("token"))
+    out = tmp_path / "runs"
+    argv = ["rlhf", "--env", "bad-later", "--turns", "2", "--steps", "1", "--batch-size", "2",
+            "--group-size", "2", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    (run_dir,) = out.iterdir()
+    assert capsys.readouterr().err == (
+        "ppojax rlhf: error: text env 'bad-later': step() at turn 1, episode 0 of training step "
+        "1 returned its reply wrongly: token id 19 is outside the model's vocabulary [0, 17); "
+        f"the run stopped there, {run_dir} keeps its last checkpoint: fix the env, then "
+        f"continue with --resume {run_dir}\n"
+    )
+    assert not (run_dir / "metrics.csv").exists()
 
 
 # Names of the section that are not the package's API: a tool's name in the calculator's

@@ -24,9 +24,11 @@ from ppojax.rlhf.agents.env import (
     text_env_ids,
 )
 from ppojax.rlhf.agents.episodes import (
+    EnvOutputError,
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
+    check_env_faults,
     episode_stats,
     rollout_episodes,
 )
@@ -48,11 +50,13 @@ __all__ = [
     "Calculator",
     "ChatEnv",
     "ChatFormat",
+    "EnvOutputError",
     "HostEnvError",
     "HostRollout",
     "PythonTextEnv",
     "ToolError",
     "call_tool",
+    "check_env_faults",
     "consistent_guesser",
     "demo_loss",
     "rollout_host_episodes",

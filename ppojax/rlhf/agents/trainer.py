@@ -16,6 +16,10 @@ adds the clipped value loss on the model's tokens. It then runs ``update_epochs`
 ``num_minibatches`` clipped updates through the shared engine, and the adaptive KL
 controller. The env's tokens are context only: they are off ``model_mask``, so no loss term,
 KL, entropy or value target reads them. ``config.response_len`` is the per-turn token limit.
+The metrics ``env/bad_*`` say where the env's output first went wrong (an id outside the
+vocabulary, a reward not finite; ``episodes.env_faults``), -1 where it did not: a JAX env
+runs inside the program, where nothing can raise; ``episodes.check_env_faults`` raises for
+them after it.
 With a Python env (``host``) the step plays on the host, a compiled call per turn, then runs
 the compiled update: it is not jittable as a whole.
 
@@ -43,6 +47,7 @@ from ppojax.rlhf.agents.episodes import (
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
+    env_faults,
     rollout_episodes,
 )
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
@@ -205,7 +210,11 @@ def make_episode_trainer(
             stop_kl=None,
             divergence_guard=config.divergence_guard,
         )
-        metrics = {**metrics, **update_metrics}
+        # the model's vocabulary, for the env's ids, from its logits' shape: nothing runs
+        logits = jax.eval_shape(policy_apply, full_policy(state.params), episodes.tokens,
+                                episodes.mask)  # fmt: skip
+        faults = env_faults(episodes, layout, logits.shape[-1])
+        metrics = {**metrics, **update_metrics, **faults}
         kl_coef = state.kl_coef
         if config.adaptive_kl:
             kl_coef = update_kl(config, kl_coef, metrics["objective/kl"], batch)

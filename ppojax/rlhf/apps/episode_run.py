@@ -31,7 +31,7 @@ import numpy as np
 
 from ppojax.checks import ConfigError
 from ppojax.rlhf.agents.env import text_env_ids
-from ppojax.rlhf.agents.episodes import rollout_episodes
+from ppojax.rlhf.agents.episodes import EnvOutputError, check_env_faults, rollout_episodes
 from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
@@ -261,6 +261,12 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
     before and after."""
     run = settings["run"]
     seed_key = jax.random.key(run["seed"])
+    env_name, vocab_size = repr(settings["env"]["id"]), prepared.lm.module.vocab_size
+
+    def check_env_output(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+        # before the chunk is kept: its checkpoint would hold what the env's output did
+        check_env_faults(metrics, env_name, vocab_size, first)
+
     options = LoopOptions(
         run["steps"],
         run["checkpoint_every"],
@@ -270,6 +276,7 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
         resume=args.resume is not None,
         seed=run["seed"],
         host_steps=runs_on_host(prepared.env),
+        checks=(check_env_output,),
     )
     step = episode_step(prepared.trainer)
     result = train_loop(
@@ -329,8 +336,9 @@ def resumed_settings(run_dir: Path, steps: int | None) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, check everything, make or reopen the run folder and train. Bad input
     is a ``ValueError`` (the caller prints it, exit status 2) raised before the folder is
-    made; a Python env failing during training, one line and 2 (the folder kept at its last
-    checkpoint); a run that diverged and never recovered, one line and 3."""
+    made; an env failing during training (a Python env at once, a JAX env's bad ids or
+    rewards at the end of the chunk, ``check_env_faults``), one line and 2 (the folder kept
+    at its last checkpoint); a run that diverged and never recovered, one line and 3."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if not args.no_compile_cache and not cache.disabled_by_environment():
@@ -353,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder.write_json(run_dir / folder.CONFIG_FILE, settings)
         try:
             return train(settings, prepared, run_dir, args)
-        except HostEnvError as error:
+        except (HostEnvError, EnvOutputError) as error:
             sys.stderr.write(
                 f"ppojax rlhf: error: {error}; the run stopped there, {run_dir} keeps its last "
                 f"checkpoint: fix the env, then continue with --resume {run_dir}\n"
