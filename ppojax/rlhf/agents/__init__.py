@@ -2,12 +2,20 @@
 ``make_text_env``), the number-guessing game, multi-turn episodes rolled out in one compiled
 program (``rollout_episodes``), Python envs and tools stepped on the host between compiled
 turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), Python envs over text through a
-model's chat template (``ChatFormat``, ``ChatEnv``), and GRPO / RLOO / PPO on them with
-episode- or turn-level credit (``make_episode_trainer``; ``OneTurnEnv`` is ``make_trainer``'s
-task as a one-turn env)."""
+model's chat template (``ChatFormat``, ``ChatEnv``), SFT on scripted demonstrations
+(``play_demos``, ``train_on_demos``), and GRPO / RLOO / PPO on them with episode- or
+turn-level credit (``make_episode_trainer``; ``OneTurnEnv`` is ``make_trainer``'s task as a
+one-turn env)."""
 
 from ppojax.rlhf.agents.calculator import Calculator
 from ppojax.rlhf.agents.chat import ChatFormat
+from ppojax.rlhf.agents.demos import (
+    consistent_guesser,
+    demo_loss,
+    play_demos,
+    tool_then_answer,
+    train_on_demos,
+)
 from ppojax.rlhf.agents.env import (
     TextEnv,
     Tokens,
@@ -16,9 +24,11 @@ from ppojax.rlhf.agents.env import (
     text_env_ids,
 )
 from ppojax.rlhf.agents.episodes import (
+    EnvOutputError,
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
+    check_env_faults,
     episode_stats,
     rollout_episodes,
 )
@@ -34,16 +44,21 @@ from ppojax.rlhf.agents.host import (
 )
 from ppojax.rlhf.agents.one_turn import OneTurnEnv
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
+from ppojax.rlhf.agents.turns import model_context
 
 __all__ = [
     "Calculator",
     "ChatEnv",
     "ChatFormat",
+    "EnvOutputError",
     "HostEnvError",
     "HostRollout",
     "PythonTextEnv",
     "ToolError",
     "call_tool",
+    "check_env_faults",
+    "consistent_guesser",
+    "demo_loss",
     "rollout_host_episodes",
     "EpisodeLayout",
     "EpisodeSettings",
@@ -56,7 +71,11 @@ __all__ = [
     "episode_stats",
     "make_episode_trainer",
     "make_text_env",
+    "model_context",
+    "play_demos",
     "register_text_env",
     "rollout_episodes",
     "text_env_ids",
+    "tool_then_answer",
+    "train_on_demos",
 ]

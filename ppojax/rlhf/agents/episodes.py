@@ -36,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ppojax.rlhf.agents.context import Context, cached_context, recomputed_context
 from ppojax.rlhf.agents.env import TextEnv, Tokens, check_observation, check_scalar
@@ -47,6 +48,7 @@ from ppojax.rlhf.agents.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
+    check_end_of_turn,
     feed_reply,
     rollout_keys,
     sample_turn,
@@ -156,6 +158,7 @@ def rollout_episodes(
             model, params, env, key, batch_size, settings, group_size, env_name
         )
     name = env_name or type(env).__name__
+    check_end_of_turn(env, name, settings.eos_id)
     if batch_size % group_size:
         raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
     layout = EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)
@@ -183,6 +186,73 @@ def rollout_episodes(
     play = functools.partial(play_turn, checked_step(env, name), context, layout, settings)
     _, out = jax.lax.scan(play, carry, (turns, keys))
     return assemble(prompt, out)
+
+
+class EnvOutputError(RuntimeError):
+    """A JAX text env whose output went wrong inside the compiled rollout (a token id outside
+    the model's vocabulary, a reward not finite), read from a step's ``env/bad_*`` metrics
+    after the program (``check_env_faults``)."""
+
+
+def first_flagged(flags: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The row and column of the first True of ``flags`` [B, N] in row order; (-1, -1)
+    where there is none."""
+    found = flags.any()
+    row, column = jnp.divmod(jnp.argmax(flags.reshape(-1)), flags.shape[1])
+    return jnp.where(found, row, -1), jnp.where(found, column, -1)
+
+
+def env_faults(episodes: Episodes, layout: EpisodeLayout, vocab_size: int) -> dict[str, jax.Array]:
+    """Where an env's output first went wrong in a batch of episodes, as int32 metrics (-1:
+    nowhere): ``env/bad_token_episode``, ``env/bad_token_turn`` (-1: the prompt) and
+    ``env/bad_token_id`` for an id of the env's outside [0, ``vocab_size``);
+    ``env/bad_reward_episode`` and ``env/bad_reward_turn`` for a reward NaN or inf. Inside a
+    program nothing can raise, and such ids or rewards turn the loss NaN, a run that seems to
+    diverge: ``check_env_faults`` reads these after it."""
+    env_tokens = episodes.mask & ~episodes.model_mask
+    outside = (episodes.tokens < 0) | (episodes.tokens >= vocab_size)
+    row, column = first_flagged(env_tokens & outside)
+    turn = jnp.where(row >= 0, jnp.asarray(layout.turn_index)[column], -1)
+    token = jnp.where(row >= 0, episodes.tokens[row, column], -1)
+    reward_row, reward_turn = first_flagged(~jnp.isfinite(episodes.rewards))
+    faults = {
+        "env/bad_token_episode": row,
+        "env/bad_token_turn": turn,
+        "env/bad_token_id": token,
+        "env/bad_reward_episode": reward_row,
+        "env/bad_reward_turn": reward_turn,
+    }
+    return {name: value.astype(jnp.int32) for name, value in faults.items()}
+
+
+def check_env_faults(
+    metrics: dict[str, Any], env_name: str, vocab_size: int, first_step: int = 0
+) -> None:
+    """An ``EnvOutputError`` naming the env, the turn, the episode and the training step for
+    the first fault ``env_faults`` flagged in ``metrics`` (each a scalar or [..., steps],
+    the steps after ``first_step``); nothing where there is none."""
+    if "env/bad_token_episode" not in metrics:
+        return
+    per_step = {name: np.asarray(value).reshape(-1) for name, value in metrics.items()
+                if name.startswith("env/bad_")}  # fmt: skip
+    for index in range(per_step["env/bad_token_episode"].size):
+        fault = {name: int(value[index]) for name, value in per_step.items()}
+        step = f"training step {first_step + index + 1}"
+        episode, turn = fault["env/bad_token_episode"], fault["env/bad_token_turn"]
+        where = "reset()" if turn < 0 else f"step() at turn {turn}"
+        if episode >= 0:
+            part = "prompt" if turn < 0 else "reply"
+            raise EnvOutputError(
+                f"text env {env_name}: {where}, episode {episode} of {step} returned its {part} "
+                f"wrongly: token id {fault['env/bad_token_id']} is outside the model's "
+                f"vocabulary [0, {vocab_size})"
+            )
+        episode, turn = fault["env/bad_reward_episode"], fault["env/bad_reward_turn"]
+        if episode >= 0:
+            raise EnvOutputError(
+                f"text env {env_name}: step() at turn {turn}, episode {episode} of {step} "
+                "returned a reward that is NaN or inf; it must be finite"
+            )
 
 
 def previous_real(mask: jax.Array) -> jax.Array:

@@ -17,7 +17,9 @@ replies. The cost against a JAX env: per turn, one dispatch and one host round t
 turn's [B, R] tokens, log-probs and mask down, the replies [B, O] up; the cache stays on the
 device), and the env's Python time; a JAX env runs inside one program with neither. A
 group's episodes start from one ``reset``, each from its own deep copy of the state. What the
-env raises or returns wrongly becomes a ``HostEnvError`` naming the env, the turn and the episode.
+env raises or returns wrongly (an id past the model's vocabulary, a reward not finite, at any
+turn) becomes a ``HostEnvError`` naming the env, the turn and the episode, and for what it
+raised, the file and line of the env's code that raised.
 
 ``ChatEnv(env, chat, prompt_len, reply_len)`` is a Python env over text, its tokens a model's
 own (``chat`` a ``chat.ChatFormat``): ``env.reset_text(key)`` gives the state and the prompt (a
@@ -40,7 +42,9 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import math
 import numbers
+import sysconfig
 import traceback
 from typing import Any, NamedTuple
 
@@ -58,6 +62,7 @@ from ppojax.rlhf.agents.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
+    check_end_of_turn,
     feed_reply,
     rollout_keys,
     sample_turn,
@@ -88,6 +93,29 @@ def raised_at(error: BaseException) -> str:
     that is the catcher's own line (a builtin tool)."""
     frames = traceback.extract_tb(error.__traceback__)
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if len(frames) > 1 else ""
+
+
+# Python's own and installed packages' code: not where an env's bug is.
+LIBRARY_DIRS = tuple(
+    {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def env_raised_at(error: BaseException) -> str:
+    """Where the env's code raised ``error``, as ``' at FILE:LINE'``: the innermost frame
+    below its catcher outside Python's and installed packages' code and outside this module
+    (the ``ChatEnv`` wrapper), else the innermost; empty where there is none, or for a
+    ``ToolError``, which names the tool's own line."""
+    if isinstance(error, ToolError):
+        return ""
+    frames = traceback.extract_tb(error.__traceback__)[1:]
+    own = [
+        frame
+        for frame in frames
+        if not frame.filename.startswith(LIBRARY_DIRS) and frame.filename != __file__
+    ]
+    frame = (own or frames or [None])[-1]
+    return f" at {frame.filename}:{frame.lineno}" if frame else ""
 
 
 def call_tool(name: str, tool: Any, text: str) -> str:
@@ -176,9 +204,9 @@ def runs_on_host(env: Any) -> bool:
     return bool(getattr(env, "runs_on_host", False))
 
 
-def check_ids(where: str, ids: Any, width: int) -> list[int]:
-    """``ids`` as a list of at most ``width`` non-negative ints; a ``HostEnvError`` starting
-    with ``where`` for anything else."""
+def check_ids(where: str, ids: Any, width: int, vocab_size: int | None = None) -> list[int]:
+    """``ids`` as a list of at most ``width`` non-negative ints, each below ``vocab_size``
+    when given; a ``HostEnvError`` starting with ``where`` for anything else."""
     if isinstance(ids, np.ndarray) and ids.ndim == 1:
         ids = ids.tolist()
     if not isinstance(ids, list | tuple) or not all(
@@ -187,6 +215,12 @@ def check_ids(where: str, ids: Any, width: int) -> list[int]:
         raise HostEnvError(f"{where}: token ids must be a list of ints >= 0, got {ids!r:.200}")
     if len(ids) > width:
         raise HostEnvError(f"{where}: {len(ids)} token ids, more than the env's width {width}")
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        # an id past the embedding table gives the model garbage (NaN losses), not an error
+        raise HostEnvError(
+            f"{where}: token id {max(ids)} is not below the model's vocabulary size "
+            f"{vocab_size} (its logits' width)"
+        )
     return [int(i) for i in ids]
 
 
@@ -212,13 +246,7 @@ class HostRollout:
         self.model, self.env, self.settings = model, env, settings
         self.batch_size, self.group_size = batch_size, group_size
         self.name = env_name or getattr(env, "env_name", None) or type(env).__name__
-        env_eos = getattr(env, "eos_id", None)
-        if env_eos is not None and env_eos != settings.eos_id:
-            raise ValueError(
-                f"text env {self.name} ends the model's turns at token {env_eos}, its chat "
-                f"template's end-of-turn, not at eos_id {settings.eos_id}: set eos_id (the "
-                f"EpisodeSettings', or RLHFConfig's for the trainer) to {env_eos}"
-            )
+        check_end_of_turn(env, self.name, settings.eos_id)
         self.layout = EpisodeLayout(
             env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns
         )
@@ -263,7 +291,9 @@ class HostRollout:
             try:
                 state, prompt = self.env.reset(group_key)
             except Exception as error:
-                raise HostEnvError(f"{where} raised {type(error).__name__}: {error}") from error
+                raise HostEnvError(
+                    f"{where} raised {type(error).__name__}{env_raised_at(error)}: {error}"
+                ) from error
             ids = check_ids(f"{where} returned its prompt wrongly", prompt, width)
             for _ in range(self.group_size):
                 states.append(copy.deepcopy(state))
@@ -272,28 +302,46 @@ class HostRollout:
         tokens = jnp.asarray(np.asarray(rows, np.int32))
         return states, Tokens(tokens, jnp.asarray(np.asarray(masks, bool)))
 
-    def step(self, state: Any, response: list[int], turn: int, row: int) -> tuple:
-        """``env.step`` on one episode, its outputs checked (see the module)."""
+    def check_prompt(self, prompt: Tokens, vocab_size: int) -> None:
+        """A ``HostEnvError`` naming the group for a prompt id not below ``vocab_size``."""
+        ids = np.where(np.asarray(prompt.mask), np.asarray(prompt.tokens), 0)
+        for group in range(self.batch_size // self.group_size):
+            where = f"text env {self.name}: reset() of group {group} returned its prompt wrongly"
+            check_ids(where, ids[group * self.group_size].tolist(), ids.shape[1], vocab_size)
+
+    def step(
+        self, state: Any, response: list[int], turn: int, row: int, vocab_size: int | None = None
+    ) -> tuple:
+        """``env.step`` on one episode, its outputs checked (see the module), the reply's
+        ids below ``vocab_size`` when given."""
         where = f"text env {self.name}: step() at turn {turn}, episode {row}"
         try:
             outputs = self.env.step(state, response)
         except Exception as error:
-            raise HostEnvError(f"{where} raised {type(error).__name__}: {error}") from error
+            raise HostEnvError(
+                f"{where} raised {type(error).__name__}{env_raised_at(error)}: {error}"
+            ) from error
         if not (isinstance(outputs, tuple) and len(outputs) == 4):
             raise HostEnvError(
                 f"{where} must return (state, reply, reward, done), got {type(outputs).__name__}"
             )
         state, reply, reward, done = outputs
-        reply = check_ids(f"{where} returned its reply wrongly", reply, self.layout.reply_len)
+        width = self.layout.reply_len
+        reply = check_ids(f"{where} returned its reply wrongly", reply, width, vocab_size)
         if not isinstance(reward, numbers.Real) or isinstance(reward, bool):
             raise HostEnvError(f"{where} returned reward {reward!r}; it must be a float")
+        if not math.isfinite(reward):  # it would turn every advantage and loss NaN
+            raise HostEnvError(f"{where} returned reward {reward!r}; it must be finite")
         if not isinstance(done, bool | np.bool_):
             raise HostEnvError(f"{where} returned done {done!r}; it must be a bool")
         return state, reply, float(reward), bool(done)
 
-    def env_turn(self, states: list[Any], sampled: Any, over: np.ndarray, turn: int) -> TurnOutput:
+    def env_turn(
+        self, states: list[Any], sampled: Any, over: np.ndarray, turn: int, vocab_size: int
+    ) -> TurnOutput:
         """The env's answers to one sampled turn (``sampled`` on the host, each [R, B]), the
-        same rules as the one-program rollout's ``play_turn``; ``states`` updated in place."""
+        same rules as the one-program rollout's ``play_turn``, reply ids below
+        ``vocab_size``; ``states`` updated in place."""
         tokens, log_probs, real = (np.asarray(part).T for part in sampled)
         eos = ((tokens == self.settings.eos_id) & real).any(axis=1)
         stepped = ~over & (eos | real.all(axis=1))
@@ -304,7 +352,8 @@ class HostRollout:
         done = np.zeros(self.batch_size, bool)
         for row in np.flatnonzero(stepped):
             response = tokens[row][real[row]].tolist()
-            states[row], ids, reward[row], done[row] = self.step(states[row], response, turn, row)
+            stepped_row = self.step(states[row], response, turn, row, vocab_size)
+            states[row], ids, reward[row], done[row] = stepped_row
             reply[row, : len(ids)], reply_mask[row, : len(ids)] = ids, True
         return TurnOutput(tokens, log_probs, real, reply, reply_mask, reward, stepped, done)
 
@@ -323,6 +372,8 @@ class HostRollout:
         for turn in range(self.layout.max_turns):
             if turn == 0:
                 carry, sampled = self.first_turn(params, prompt, keys[0])
+                vocab_size = carry.logits.shape[-1]  # the model's, from its logits' width
+                self.check_prompt(prompt, vocab_size)
             elif over.all():
                 outputs.append(self.empty_turn())
                 continue
@@ -330,7 +381,7 @@ class HostRollout:
                 reply = Tokens(jnp.asarray(outputs[-1].reply), jnp.asarray(outputs[-1].reply_mask))
                 carry = carry._replace(over=jnp.asarray(over))
                 carry, sampled = self.next_turn(params, carry, reply, jnp.int32(turn), keys[turn])
-            output = self.env_turn(states, jax.device_get(sampled), over, turn)
+            output = self.env_turn(states, jax.device_get(sampled), over, turn, vocab_size)
             active = ~over
             over = over | output.terminated | (active & ~output.stepped)
             outputs.append(output)

@@ -16,6 +16,10 @@ adds the clipped value loss on the model's tokens. It then runs ``update_epochs`
 ``num_minibatches`` clipped updates through the shared engine, and the adaptive KL
 controller. The env's tokens are context only: they are off ``model_mask``, so no loss term,
 KL, entropy or value target reads them. ``config.response_len`` is the per-turn token limit.
+The metrics ``env/bad_*`` say where the env's output first went wrong (an id outside the
+vocabulary, a reward not finite; ``episodes.env_faults``), -1 where it did not: a JAX env
+runs inside the program, where nothing can raise; ``episodes.check_env_faults`` raises for
+them after it.
 With a Python env (``host``) the step plays on the host, a compiled call per turn, then runs
 the compiled update: it is not jittable as a whole.
 
@@ -43,9 +47,11 @@ from ppojax.rlhf.agents.episodes import (
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
+    env_faults,
     rollout_episodes,
 )
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
+from ppojax.rlhf.agents.turns import check_context, check_end_of_turn
 from ppojax.rlhf.agents.update import collect_episodes, episode_loss
 from ppojax.rlhf.core import remat
 from ppojax.rlhf.core.config import RLHFConfig
@@ -124,6 +130,7 @@ def make_episode_trainer(
     kv_cache: KVCacheHook | None = None,
     turn_weight: Any = None,
     critic_apply: CriticApply | None = None,
+    context_len: int | None = None,
 ) -> EpisodeTrainer:
     """The trainer of ``config.algorithm`` ("grpo", "rloo" or "ppo") on ``num_episodes`` episodes of
     ``env`` per step, each at most ``max_turns`` turns of ``config.response_len`` tokens
@@ -134,11 +141,18 @@ def make_episode_trainer(
     ``critic_apply`` (PPO, as ``make_trainer``'s): ``(params, tokens, mask) -> values [B,
     L]``; without critic params at init it reads the policy's (a value head). LoRA
     (``lora_rank``), the adaptive KL controller and ``critic_warmup_steps`` work as in
-    ``make_trainer``."""
+    ``make_trainer``. ``context_len``: the positions the model reads (``turns.model_context``
+    of it: the built-in transformer's ``max_len``, a pretrained model's
+    ``config.max_positions``); given, an episode layout longer than it is a ``ValueError``
+    naming both lengths (the model would clip the positions and run on). An env that says its
+    ``eos_id`` must say ``config.eos_id``."""
     check_config(config, num_episodes, critic_apply, turn_weight)
     critic_apply = critic_apply if config.needs_critic else None
     check_turn_weight(turn_weight)
     layout = EpisodeLayout(env.prompt_len, config.response_len, env.reply_len, max_turns)
+    check_context("make_episode_trainer", layout, context_len)
+    env_name = getattr(env, "env_name", None) or type(env).__name__
+    check_end_of_turn(env, env_name, config.eos_id)
     turn_index = layout.turn_index
     start = layout.prompt_len if max_turns == 1 else None
     num_slots = min(
@@ -200,7 +214,11 @@ def make_episode_trainer(
             stop_kl=None,
             divergence_guard=config.divergence_guard,
         )
-        metrics = {**metrics, **update_metrics}
+        # the model's vocabulary, for the env's ids, from its logits' shape: nothing runs
+        logits = jax.eval_shape(policy_apply, full_policy(state.params), episodes.tokens,
+                                episodes.mask)  # fmt: skip
+        faults = env_faults(episodes, layout, logits.shape[-1])
+        metrics = {**metrics, **update_metrics, **faults}
         kl_coef = state.kl_coef
         if config.adaptive_kl:
             kl_coef = update_kl(config, kl_coef, metrics["objective/kl"], batch)

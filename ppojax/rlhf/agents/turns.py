@@ -6,12 +6,14 @@ returns, sampling one turn with the model's state carried in, and assembling the
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppojax.checks import ConfigError, check_range
 from ppojax.rlhf.agents.context import Context
 from ppojax.rlhf.agents.env import Tokens
 from ppojax.rlhf.core.sampling import SamplingSettings, choose
@@ -21,7 +23,9 @@ from ppojax.rlhf.core.sampling import SamplingSettings, choose
 class EpisodeSettings:
     """What a rollout plays: at most ``max_turns`` turns of at most ``turn_len`` tokens each
     (``token_budget`` model tokens in all, None: no budget beyond those), sampled at
-    ``temperature`` (may be traced); ``eos_id`` ends a turn, ``pad_id`` fills the gaps."""
+    ``temperature`` (> 0, may be traced); ``eos_id`` ends a turn, ``pad_id`` fills the gaps.
+    ``greedy``: each token is the argmax instead (held-out evaluation), its log-prob still
+    read at ``temperature``."""
 
     max_turns: int
     turn_len: int
@@ -29,6 +33,7 @@ class EpisodeSettings:
     pad_id: int
     eos_id: int
     token_budget: int | None = None
+    greedy: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "turn_len"):
@@ -40,6 +45,15 @@ class EpisodeSettings:
             raise ValueError(f"EpisodeSettings.token_budget must be None or >= 1, got {budget!r}")
         if self.pad_id == self.eos_id:
             raise ValueError("EpisodeSettings.eos_id must differ from pad_id")
+        if not isinstance(self.greedy, bool):
+            raise ValueError(f"EpisodeSettings.greedy must be a bool, got {self.greedy!r}")
+        try:  # temperature 0 would divide the logits by 0: NaN log-probs, PAD tokens
+            check_range("EpisodeSettings", "temperature", self.temperature, 0.0, math.inf,
+                        open_low=True)  # fmt: skip
+        except ConfigError as error:
+            raise ConfigError(
+                "temperature", f"{error} For greedy decoding pass greedy=True instead."
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +87,47 @@ class EpisodeLayout:
         """[L] bool: True on the columns of response slots."""
         offset = (np.arange(self.length) - self.prompt_len) % (self.turn_len + self.reply_len)
         return (self.turn_index >= 0) & (offset < self.turn_len)
+
+
+def model_context(model: Any) -> int | None:
+    """The positions ``model`` can read, where it says them: the built-in transformer's
+    ``max_len`` (a ``LanguageModel`` or its module), a pretrained model's
+    ``config.max_positions``; None for anything else (a bare ``policy_apply``)."""
+    module = getattr(model, "module", model)
+    for owner, name in ((module, "max_len"), (getattr(model, "config", None), "max_positions")):
+        value = getattr(owner, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def check_context(where: str, layout: EpisodeLayout, context_len: int | None) -> None:
+    """A ``ValueError`` naming both lengths when an episode's columns outnumber the model's
+    positions: the model would clip the positions past its context and run on, wrong."""
+    if context_len is None or layout.length <= context_len:
+        return
+    raise ValueError(
+        f"{where}: an episode takes up to {layout.length} tokens (EpisodeLayout(prompt_len="
+        f"{layout.prompt_len}, turn_len={layout.turn_len}, reply_len={layout.reply_len}, "
+        f"max_turns={layout.max_turns}).length), more than the model's context of "
+        f"{context_len}: build the model with max_len >= {layout.length}, or play fewer or "
+        "shorter turns"
+    )
+
+
+def check_end_of_turn(env: Any, env_name: str, eos_id: int) -> None:
+    """A ``ValueError`` when ``env`` says its own end-of-turn token (``eos_id``: a token env's,
+    a chat env's template's) and it is not the rollout's: turns would never end where the env
+    reads them."""
+    env_eos = getattr(env, "eos_id", None)
+    if env_eos is None or env_eos == eos_id:
+        return
+    what = "its chat template's end-of-turn" if hasattr(env, "chat") else "the env's eos_id"
+    raise ValueError(
+        f"text env {env_name} ends the model's turns at token {env_eos}, {what}, not at eos_id "
+        f"{eos_id}: set eos_id (the EpisodeSettings', or RLHFConfig's for the trainer) to "
+        f"{env_eos}"
+    )
 
 
 class Episodes(NamedTuple):
@@ -118,7 +173,11 @@ def sample_turn(
     def step(state, inputs):
         model_state, logits, ended, budget_left = state
         index, step_key = inputs
-        token, log_prob, real = choose(logits, step_key, ended | (budget_left <= 0), sampling)
+        done = ended | (budget_left <= 0)
+        if settings.greedy:
+            token, log_prob, real = choose_greedy(logits, done, sampling)
+        else:
+            token, log_prob, real = choose(logits, step_key, done, sampling)
         model_state, new = context.feed(model_state, token[:, None], real[:, None], column + index)
         logits = jnp.where(real[:, None], new[:, 0], logits)
         ended = ended | (token == settings.eos_id)
@@ -129,6 +188,18 @@ def sample_turn(
     (model_state, logits, _, budget_left), turn = jax.lax.scan(step, start, inputs)
     carry = carry._replace(model_state=model_state, logits=logits, budget_left=budget_left)
     return carry, TurnTokens(*turn)
+
+
+def choose_greedy(
+    logits: jax.Array, done: jax.Array, settings: SamplingSettings
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``choose`` without the draw: the argmax token [B] (pad_id where ``done``), its
+    log-prob under softmax(logits / temperature) (0 where done) and whether it is real."""
+    scaled = jax.nn.log_softmax(logits / settings.temperature, axis=-1)
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    log_prob = jnp.take_along_axis(scaled, token[:, None], axis=1)[:, 0]
+    real = ~done
+    return jnp.where(real, token, settings.pad_id), jnp.where(real, log_prob, 0.0), real
 
 
 def rollout_keys(

@@ -31,10 +31,10 @@ import numpy as np
 
 from ppojax.checks import ConfigError
 from ppojax.rlhf.agents.env import text_env_ids
-from ppojax.rlhf.agents.episodes import rollout_episodes
+from ppojax.rlhf.agents.episodes import EnvOutputError, check_env_faults, rollout_episodes
 from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
-from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings
+from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
 from ppojax.rlhf.apps import episode_checks as checks
 from ppojax.rlhf.apps.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--turn-len", type=int, default=2, help="tokens a turn at most (2)")
     parser.add_argument("--token-budget", type=int, help="model tokens an episode at most")
     parser.add_argument("--eval-episodes", type=int, default=256, help="held-out episodes (256)")
+    parser.add_argument(
+        "--eval-greedy",
+        action="store_true",
+        help="play the held-out episodes greedily (argmax tokens) instead of sampling them",
+    )
     parser.add_argument("--d-model", type=int, default=32, help="the model's width (32)")
     parser.add_argument("--num-heads", type=int, default=2, help="attention heads (2)")
     parser.add_argument("--num-layers", type=int, default=1, help="transformer layers (1)")
@@ -153,6 +158,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "turns": args.turns,
             "token_budget": args.token_budget,
             "eval_episodes": args.eval_episodes,
+            "eval_greedy": args.eval_greedy,
         },
         "model": {
             "d_model": args.d_model,
@@ -199,6 +205,7 @@ def prepare(settings: dict[str, Any]) -> Prepared:
     trainer = make_episode_trainer(
         config, lm.policy_apply, env, run["batch_size"] * config.group_size, turn.max_turns,
         turn.token_budget, kv_cache=lm.kv_cache, critic_apply=critic,
+        context_len=model_context(lm),
     )  # fmt: skip
     init_key = jax.random.fold_in(jax.random.key(run["seed"]), 1)
     params = lm.init(init_key)
@@ -217,11 +224,14 @@ def episode_step(trainer: EpisodeTrainer):
     return step
 
 
-def evaluator(prepared: Prepared, count: int) -> Callable[[Any, jax.Array], dict[str, float]]:
+def evaluator(
+    prepared: Prepared, count: int, greedy: bool = False
+) -> Callable[[Any, jax.Array], dict[str, float]]:
     """``evaluate(params, key)``: ``count`` episodes of the policy ``params`` from ``key``
-    (compiled once for every call): the share with a positive return (``success``), the mean
-    return and turns, the share truncated."""
-    env, lm, settings = prepared.env, prepared.lm, prepared.trainer.settings
+    (compiled once for every call), argmax tokens with ``greedy``: the share with a positive
+    return (``success``), the mean return and turns, the share truncated."""
+    env, lm = prepared.env, prepared.lm
+    settings = dataclasses.replace(prepared.trainer.settings, greedy=greedy)
     if runs_on_host(env):
         play = HostRollout(lm.kv_cache, env, count, settings)
     else:
@@ -239,6 +249,7 @@ def evaluator(prepared: Prepared, count: int) -> Callable[[Any, jax.Array], dict
             "return": round(float(np.mean(returns)), 4),
             "turns": round(float(np.mean(episodes.num_turns)), 4),
             "truncated": round(float(np.mean(~np.asarray(episodes.terminated))), 4),
+            "greedy": greedy,
         }
 
     return evaluate
@@ -250,6 +261,12 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
     before and after."""
     run = settings["run"]
     seed_key = jax.random.key(run["seed"])
+    env_name, vocab_size = repr(settings["env"]["id"]), prepared.lm.module.vocab_size
+
+    def check_env_output(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
+        # before the chunk is kept: its checkpoint would hold what the env's output did
+        check_env_faults(metrics, env_name, vocab_size, first)
+
     options = LoopOptions(
         run["steps"],
         run["checkpoint_every"],
@@ -259,6 +276,7 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
         resume=args.resume is not None,
         seed=run["seed"],
         host_steps=runs_on_host(prepared.env),
+        checks=(check_env_output,),
     )
     step = episode_step(prepared.trainer)
     result = train_loop(
@@ -269,7 +287,9 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
     diverged = never_recovered(result.metrics)
     if diverged is not None:
         raise RunDiverged(diverged.replace("No final/ is written: its", "Its"))
-    evaluate = evaluator(prepared, settings["episodes"]["eval_episodes"])
+    episodes = settings["episodes"]
+    # a folder from before --eval-greedy sampled its held-out episodes
+    evaluate = evaluator(prepared, episodes["eval_episodes"], episodes.get("eval_greedy", False))
     eval_key = jax.random.fold_in(seed_key, 3)  # apart from init (1) and training (2)
     policy = policy_params_fn(prepared.trainer.config, prepared.state.reference)  # LoRA: merged
     start = evaluate(policy(prepared.state.params), eval_key)
@@ -316,8 +336,9 @@ def resumed_settings(run_dir: Path, steps: int | None) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, check everything, make or reopen the run folder and train. Bad input
     is a ``ValueError`` (the caller prints it, exit status 2) raised before the folder is
-    made; a Python env failing during training, one line and 2 (the folder kept at its last
-    checkpoint); a run that diverged and never recovered, one line and 3."""
+    made; an env failing during training (a Python env at once, a JAX env's bad ids or
+    rewards at the end of the chunk, ``check_env_faults``), one line and 2 (the folder kept
+    at its last checkpoint); a run that diverged and never recovered, one line and 3."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if not args.no_compile_cache and not cache.disabled_by_environment():
@@ -340,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder.write_json(run_dir / folder.CONFIG_FILE, settings)
         try:
             return train(settings, prepared, run_dir, args)
-        except HostEnvError as error:
+        except (HostEnvError, EnvOutputError) as error:
             sys.stderr.write(
                 f"ppojax rlhf: error: {error}; the run stopped there, {run_dir} keeps its last "
                 f"checkpoint: fix the env, then continue with --resume {run_dir}\n"
