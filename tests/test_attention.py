@@ -127,3 +127,25 @@ def test_built_in_transformer_blockwise_matches_plain_and_takes_a_dtype():
     logits = half.policy_apply(half_params, tokens, mask)
     assert logits.dtype == jnp.bfloat16
     assert half.critic_apply(half_params, tokens, mask).dtype == jnp.float32
+
+
+def test_a_traced_start_visits_every_block_pair_and_gives_the_same_attention():
+    # a start known only at run time (a multi-turn chunk's) cannot leave out hidden pairs:
+    # the masks hide them instead, and the result is the static start's within rounding
+    scores = attention.Scores(0.35, softcap=2.0, window=5, block=4)
+    queries, keys, values, mask = operands(jax.random.key(5), chunk=9, length=14)
+
+    def out(start):
+        return attention.attend(queries, keys, values, mask, start, scores)
+
+    def grads(start):
+        return jax.grad(lambda q: out_of(q, start).sum())(queries)
+
+    def out_of(q, start):
+        return attention.attend(q, keys, values, mask, start, scores)
+
+    assert_close(jax.jit(out)(5), out(5), ulps=ULPS)
+    want = grads(5)
+    assert_close(jax.jit(grads)(5), want, ulps=ULPS, scale=float(jnp.abs(want).max()))
+    reference = attention.attend(queries, keys, values, mask, 5, scores._replace(block=0))
+    assert_close(out(5), reference, ulps=ULPS)

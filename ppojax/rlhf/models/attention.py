@@ -2,13 +2,13 @@
 whole [B, KV heads, group, S, L] score matrix, and a blockwise form that never does.
 
 The blockwise form is flash attention written in JAX: queries in blocks of ``block`` rows,
-each running an online softmax over key blocks of ``block`` columns (a loop that skips the
-key blocks a causal or sliding-window mask hides entirely), keeping only the output and each
-row's log-sum-exp. Its backward (a ``custom_vjp``) recomputes each block's probabilities from
-those, so neither pass holds more than one block's [B, KVH, G, block, block] scores. The
-plain form stays as the reference the tests hold the blockwise one to, and serves the cases
-where one block of queries covers them all (a decoded token's one query reads the cache
-once).
+each running an online softmax over key blocks of ``block`` columns (one loop over the block
+pairs, which leaves out those a causal or sliding-window mask hides entirely), keeping only
+the output and each row's log-sum-exp. Its backward (a ``custom_vjp``) recomputes each
+block's probabilities from those, so neither pass holds more than one block's [B, KVH, G,
+block, block] scores. The plain form stays as the reference the tests hold the blockwise one
+to, and serves the cases where one block of queries covers them all (a decoded token's one
+query reads the cache once).
 
 Masks, in both forms: a query at cache position i sees key j when j <= i, key j holds a real
 token (``key_mask``) and, with a ``window``, i - j < window; it always sees its own key, so a
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # A large finite number instead of -inf keeps softmax free of NaN while giving masked keys a
 # weight of exactly 0 (exp underflows), in the online softmax too: a row's running maximum
@@ -78,7 +79,8 @@ def attend(
     grouped = queries.reshape(batch_size, chunk, kv_heads, heads // kv_heads, head_dim)
     block = scores.block
     if block and chunk > block:
-        out = flash(scores, grouped, keys, values, key_mask.astype(bool), jnp.asarray(start))
+        known = start if isinstance(start, int) else None
+        out = flash(scores, known, grouped, keys, values, key_mask.astype(bool), jnp.asarray(start))
     else:
         out = plain(scores, grouped, keys, values, key_mask, start)
     return out.reshape(batch_size, chunk, heads * head_dim)
@@ -137,15 +139,25 @@ def cut(block: int, queries, keys, values, key_mask) -> Blocks:
     )
 
 
-def key_range(scores: Scores, cut: Blocks, first_query: jax.Array) -> tuple[Any, Any]:
-    """The key blocks [lo, hi) that the query block starting at ``first_query`` can see: none
-    past its last query (causal), none wholly before its first query's window."""
+def block_pairs(scores: Scores, cut: Blocks, start: int | None) -> tuple[Any, Any]:
+    """The (query block, key block) pairs whose scores are not all hidden, as two int32
+    arrays: with a known ``start`` only the key blocks up to each query block's last query
+    (causal) and, with a window, from its first query's window on; with a traced one, every
+    pair (the masks hide the rest). A static list, so the loop over it has a trip count XLA
+    knows (and the launch count counts)."""
     block = cut.block
-    hi = jnp.minimum(cut.num_k, (first_query + block - 1) // block + 1)
-    lo = jnp.zeros_like(hi)
-    if scores.window is not None:
-        lo = jnp.maximum(0, (first_query - scores.window + 1) // block)
-    return lo, jnp.maximum(hi, lo)
+    pairs = []
+    for i in range(cut.num_q):
+        for j in range(cut.num_k):
+            if start is not None:
+                first, last = start + i * block, start + i * block + block - 1
+                if j * block > last:
+                    continue
+                if scores.window is not None and j * block + block - 1 < first - scores.window + 1:
+                    continue
+            pairs.append((i, j))
+    pairs = np.asarray(pairs, np.int32).reshape(-1, 2)
+    return jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1])
 
 
 def block_scores(scores: Scores, query, key, mask, query_index, key_index) -> tuple[Any, Any]:
@@ -155,53 +167,52 @@ def block_scores(scores: Scores, query, key, mask, query_index, key_index) -> tu
     return raw, jnp.where(seen, capped(raw, scores), MASKED_SCORE)
 
 
-def forward(scores: Scores, queries, keys, values, key_mask, start) -> tuple[Any, Any]:
-    """The output [B, S, KVH, G, Dh] and each row's log-sum-exp [nq, B, KVH, G, bq]."""
+def forward(scores: Scores, known: int | None, queries, keys, values, key_mask, start) -> tuple:
+    """The output [B, S, KVH, G, Dh] and each row's log-sum-exp [nq, B, KVH, G, bq]: one
+    loop over the visible block pairs, each query block's running maximum, sum and weighted
+    values carried (and updated in place) between its pairs."""
     cut_ = cut(scores.block, queries, keys, values, key_mask)
     block, (batch_size, chunk, kv_heads, group, head_dim) = cut_.block, queries.shape
+    rows = (cut_.num_q, batch_size, kv_heads, group, block)
 
-    def query_block(index: jax.Array, query: jax.Array) -> tuple[jax.Array, jax.Array]:
-        first = start + index * block
-        query_index = first + jnp.arange(block)
-        rows = (batch_size, kv_heads, group, block)
-
-        def key_block(j: jax.Array, carry: tuple) -> tuple:
-            top, total, acc = carry
-            key_index = j * block + jnp.arange(block)
-            _, masked = block_scores(
-                scores, query, cut_.keys[j], cut_.key_mask[j], query_index, key_index
-            )
-            new_top = jnp.maximum(top, masked.max(axis=-1))
-            rescale = jnp.exp(top - new_top)
-            probs = jnp.exp(masked - new_top[..., None])
-            total = total * rescale + probs.sum(axis=-1)
-            acc = acc * rescale[..., None] + jnp.einsum(
-                "bkgql,blkd->bkgqd",
-                probs.astype(values.dtype),
-                cut_.values[j],
-                preferred_element_type=jnp.float32,
-            )
-            return new_top, total, acc
-
-        init = (
-            jnp.full(rows, MASKED_SCORE, jnp.float32),
-            jnp.zeros(rows, jnp.float32),
-            jnp.zeros((*rows, head_dim), jnp.float32),
+    def pair(carry: tuple, ij: tuple) -> tuple:
+        top, total, acc = carry
+        i, j = ij
+        query_index = start + i * block + jnp.arange(block)
+        key_index = j * block + jnp.arange(block)
+        _, masked = block_scores(
+            scores, cut_.queries[i], cut_.keys[j], cut_.key_mask[j], query_index, key_index
         )
-        lo, hi = key_range(scores, cut_, first)
-        top, total, acc = jax.lax.fori_loop(lo, hi, key_block, init)
-        return acc / total[..., None], top + jnp.log(total)
+        new_top = jnp.maximum(top[i], masked.max(axis=-1))
+        rescale = jnp.exp(top[i] - new_top)
+        probs = jnp.exp(masked - new_top[..., None])
+        weighted = jnp.einsum(
+            "bkgql,blkd->bkgqd",
+            probs.astype(values.dtype),
+            cut_.values[j],
+            preferred_element_type=jnp.float32,
+        )
+        total = total.at[i].set(total[i] * rescale + probs.sum(axis=-1))
+        acc = acc.at[i].set(acc[i] * rescale[..., None] + weighted)
+        return (top.at[i].set(new_top), total, acc), None
 
-    outs, lse = jax.lax.map(lambda args: query_block(*args), (jnp.arange(cut_.num_q), cut_.queries))
+    init = (
+        jnp.full(rows, MASKED_SCORE, jnp.float32),
+        jnp.zeros(rows, jnp.float32),
+        jnp.zeros((*rows, head_dim), jnp.float32),
+    )
+    (top, total, acc), _ = jax.lax.scan(pair, init, block_pairs(scores, cut_, known))
+    outs, lse = acc / total[..., None], top + jnp.log(total)
     # [nq, B, KVH, G, bq, Dh] -> [B, nq * bq, KVH, G, Dh], the padding rows dropped
     out = jnp.moveaxis(outs, 4, 2).reshape(cut_.num_q, batch_size, block, kv_heads, group, head_dim)
     out = jnp.moveaxis(out, 0, 1).reshape(batch_size, cut_.num_q * block, kv_heads, group, head_dim)
     return out[:, :chunk].astype(queries.dtype), lse
 
 
-def backward(scores: Scores, residuals: tuple, d_out: jax.Array) -> tuple:
-    """Gradients of queries, keys and values: key blocks outside, the query blocks that see
-    them inside, each block's probabilities recomputed from the saved log-sum-exp."""
+def backward(scores: Scores, known: int | None, residuals: tuple, d_out: jax.Array) -> tuple:
+    """Gradients of queries, keys and values: the same loop over the visible block pairs,
+    each pair's probabilities recomputed from the saved log-sum-exp, the three gradients
+    carried in float32 and added to in place."""
     queries, keys, values, key_mask, start, out, lse = residuals
     batch_size, chunk, kv_heads, group, head_dim = queries.shape
     cut_ = cut(scores.block, queries, keys, values, key_mask)
@@ -215,53 +226,38 @@ def backward(scores: Scores, residuals: tuple, d_out: jax.Array) -> tuple:
     # D_i = sum_d dO_i * O_i, per row: softmax's backward without the probabilities
     delta = jnp.einsum("nbqkgd,nbqkgd->nbkgq", d_out, query_blocks(out.astype(jnp.float32)))
 
-    def key_block(d_queries: jax.Array, args: tuple) -> tuple:
-        j, key, value, mask = args
+    def pair(carry: tuple, ij: tuple) -> tuple:
+        d_queries, d_keys, d_values = carry
+        i, j = ij
+        query, key, value = cut_.queries[i], cut_.keys[j], cut_.values[j]
+        query_index = start + i * block + jnp.arange(block)
         key_index = j * block + jnp.arange(block)
+        raw, masked = block_scores(scores, query, key, cut_.key_mask[j], query_index, key_index)
+        probs = jnp.exp(masked - lse[i][..., None])
+        d_o = d_out[i]
+        d_value = jnp.einsum("bkgql,bqkgd->blkd", probs, d_o)
+        d_probs = jnp.einsum("bqkgd,blkd->bkgql", d_o, value, preferred_element_type=jnp.float32)
+        d_scores = probs * (d_probs - delta[i][..., None])
+        if scores.softcap is None:
+            d_raw = d_scores * scores.scale
+        else:
+            tanh = jnp.tanh(raw * scores.scale / scores.softcap)
+            d_raw = d_scores * scores.scale * (1.0 - tanh * tanh)
+        d_key = jnp.einsum("bkgql,bqkgd->blkd", d_raw, query, preferred_element_type=jnp.float32)
+        d_query = jnp.einsum("bkgql,blkd->bqkgd", d_raw, key, preferred_element_type=jnp.float32)
+        return (
+            d_queries.at[i].add(d_query),
+            d_keys.at[j].add(d_key),
+            d_values.at[j].add(d_value),
+        ), None
 
-        def query_block(i: jax.Array, carry: tuple) -> tuple:
-            d_queries, d_key, d_value = carry
-            query = cut_.queries[i]
-            query_index = start + i * block + jnp.arange(block)
-            raw, masked = block_scores(scores, query, key, mask, query_index, key_index)
-            probs = jnp.exp(masked - lse[i][..., None])
-            d_o = d_out[i]
-            d_value = d_value + jnp.einsum("bkgql,bqkgd->blkd", probs, d_o)
-            d_probs = jnp.einsum(
-                "bqkgd,blkd->bkgql", d_o, value, preferred_element_type=jnp.float32
-            )
-            d_scores = probs * (d_probs - delta[i][..., None])
-            if scores.softcap is None:
-                d_raw = d_scores * scores.scale
-            else:
-                tanh = jnp.tanh(raw * scores.scale / scores.softcap)
-                d_raw = d_scores * scores.scale * (1.0 - tanh * tanh)
-            d_key = d_key + jnp.einsum(
-                "bkgql,bqkgd->blkd", d_raw, query, preferred_element_type=jnp.float32
-            )
-            d_query = jnp.einsum(
-                "bkgql,blkd->bqkgd", d_raw, key, preferred_element_type=jnp.float32
-            )
-            d_queries = d_queries.at[i].add(d_query)
-            return d_queries, d_key, d_value
-
-        # The query blocks that see key block j: from the first whose last query reaches it,
-        # to the last whose window still holds it.
-        first_key = j * block
-        lo = jnp.clip((first_key - start) // block, 0, cut_.num_q)
-        hi = jnp.full_like(lo, cut_.num_q)
-        if scores.window is not None:
-            last_key = first_key + block - 1
-            hi = jnp.clip((last_key + scores.window - 1 - start) // block + 1, lo, cut_.num_q)
-        zeros = jnp.zeros((batch_size, block, kv_heads, head_dim), jnp.float32)
-        d_queries, d_key, d_value = jax.lax.fori_loop(
-            lo, hi, query_block, (d_queries, zeros, zeros)
-        )
-        return d_queries, (d_key, d_value)
-
-    d_queries = jnp.zeros((cut_.num_q, batch_size, block, kv_heads, group, head_dim), jnp.float32)
-    blocks = (jnp.arange(cut_.num_k), cut_.keys, cut_.values, cut_.key_mask)
-    d_queries, (d_keys, d_values) = jax.lax.scan(key_block, d_queries, blocks)
+    kv_shape = (cut_.num_k, batch_size, block, kv_heads, head_dim)
+    init = (
+        jnp.zeros((cut_.num_q, batch_size, block, kv_heads, group, head_dim), jnp.float32),
+        jnp.zeros(kv_shape, jnp.float32),
+        jnp.zeros(kv_shape, jnp.float32),
+    )
+    (d_queries, d_keys, d_values), _ = jax.lax.scan(pair, init, block_pairs(scores, cut_, known))
 
     def whole(x: jax.Array, length: int) -> jax.Array:  # [n, B, b, ...] -> [B, length, ...]
         x = jnp.moveaxis(x, 0, 1)
@@ -276,14 +272,16 @@ def backward(scores: Scores, residuals: tuple, d_out: jax.Array) -> tuple:
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def flash(scores: Scores, queries, keys, values, key_mask, start) -> jax.Array:
-    """Blockwise attention of grouped queries [B, S, KVH, G, Dh] -> [B, S, KVH, G, Dh]."""
-    return forward(scores, queries, keys, values, key_mask, start)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def flash(scores: Scores, known: int | None, queries, keys, values, key_mask, start) -> jax.Array:
+    """Blockwise attention of grouped queries [B, S, KVH, G, Dh] -> [B, S, KVH, G, Dh];
+    ``known``: ``start`` as a Python int when it is one (the visible block pairs are then
+    known when tracing), else None."""
+    return forward(scores, known, queries, keys, values, key_mask, start)[0]
 
 
-def _flash_forward(scores: Scores, queries, keys, values, key_mask, start) -> tuple:
-    out, lse = forward(scores, queries, keys, values, key_mask, start)
+def _flash_forward(scores: Scores, known, queries, keys, values, key_mask, start) -> tuple:
+    out, lse = forward(scores, known, queries, keys, values, key_mask, start)
     return out, (queries, keys, values, key_mask, start, out, lse)
 
 
