@@ -52,8 +52,9 @@ def table(results: dict) -> str:
         parts = ("parameters", "reference", "critic", "optimizer", "temporaries", "outputs")
         cells = [f"{memory[part] / gib:.2f}" for part in (*parts, "peak")]
         estimate = row["estimate"]["step"] if row["estimate"] else None
-        # ppojax rlhf's loop donates nothing: its outputs are a copy of their own
-        in_loop = memory["peak"] + memory.get("aliased", 0)
+        # rows planned before the loop donated its state give its peak apart (the outputs a
+        # copy of their own); since, the loop's peak is the step's
+        in_loop = row.get("loop_peak", memory["peak"] + memory.get("aliased", 0))
         fits_loop = "fits" if in_loop <= row["usable"] else "no"
         rows.append(
             [row["model"], what, f"{row['devices']} x {row['target']}", *cells]

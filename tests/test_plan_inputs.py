@@ -6,6 +6,7 @@ compile) is replaced by one that fails the test if it is reached, or by fixed nu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import replace
@@ -160,7 +161,7 @@ def test_the_training_commands_set_the_memory_fraction_unless_the_user_did(monke
 def fixed_measure(peak: int):
     """A stand-in for the planner's compile: every step peaks at ``peak`` bytes."""
     memory = Memory(0, 0, 0, 0, 0, peak, 0, 0, peak)
-    return lambda *args: (memory, 10, 1 << 30, (), 1.0)
+    return lambda *args: (memory, 10, 1 << 30, (), 1.0, 0)
 
 
 def test_the_plan_judges_against_the_memory_a_training_process_gets(monkeypatch, capsys):
@@ -210,3 +211,27 @@ def test_a_step_that_does_not_fit_names_the_flags_to_try():
     assert [lever.split("  ")[0] for lever in levers(fake_plan(sft))] == ["--devices 2 --prompts 2"]
     fits = replace(fake_plan(grpo), device_memory=4 * GIB)
     assert fits.fits and "to make it fit" not in fits.report()
+
+
+def test_the_estimate_costs_launches_and_collectives_and_remat_costs_a_forward():
+    from ppojax.rlhf.models.shapes import model_config
+    from ppojax.rlhf.planner import StepShape
+    from ppojax.rlhf.sizing import estimate, step_flops, token_flops
+
+    config = model_config("qwen2.5-0.5b")
+    step = StepShape("grpo", 8, 8, 512, 1024)
+    # 1e6 launches at 2 us: 2 s, more than the compute (~0.1 s on 8 H100s) and the HBM
+    # bytes (none left once the 450 GB the collectives move are taken out); the collectives
+    # at 450 GB/s add 1 s: 3 s a step, 64 x 1024 response tokens over 8 GPUs
+    found = estimate(config, step, "h100", 8, moved=450e9, launched=10**6, collective=450e9)
+    assert found.compute < 0.5 and found.memory == 0.0
+    assert found.launches == pytest.approx(2.0) and found.collectives == pytest.approx(1.0)
+    assert found.step == pytest.approx(3.0)
+    assert found.tokens_per_second == pytest.approx(64 * 1024 / 8 / 3.0)
+    alone = estimate(config, step, "h100", 1, moved=0, launched=0, collective=0)
+    assert alone.collectives == 0.0 and alone.step == alone.compute
+    # remat_layers: one more forward of the trunk (every token, no head) per update epoch
+    remat = dataclasses.replace(step, remat_layers=True)
+    trunk = step.rows * 1536 * token_flops(config, 1536, logits=False)
+    extra = step_flops(config, remat) - step_flops(config, step)
+    assert extra == pytest.approx(step.update_epochs * trunk, rel=1e-12)

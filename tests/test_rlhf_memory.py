@@ -111,10 +111,10 @@ def test_the_plan_subtracts_what_the_step_writes_in_place():
     assert memory.aliased == held + 8
     arguments = held + memory.inputs
     assert memory.peak == arguments + memory.outputs - memory.aliased + memory.temporaries
-    # the commands' loop donates nothing: there the outputs are a copy of their own
-    assert planned.loop_peak == arguments + memory.outputs + memory.temporaries
-    assert planned.to_dict()["loop_peak"] == planned.loop_peak
-    assert f"peak {size_text(planned.loop_peak).strip()}, fits" in planned.report()
+    # the commands' loop donates too: one peak, one verdict
+    assert planned.loop_peak == memory.peak == planned.to_dict()["loop_peak"]
+    assert f"verdict: fits: peak {size_text(memory.peak).strip()}" in planned.report()
+    assert "in ppojax rlhf's loop" not in planned.report()
 
     # remat_layers reaches the planned step: each layer's forward runs again in the backward
     remat = plan(TINY, replace(step, remat_layers=True), "cpu", 1)

@@ -261,7 +261,8 @@ def supervised_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program
         return constrain(params, mesh, min_size), constrain(opt_state, mesh, min_size), metrics
 
     held.update(parameters=params, optimizer=opt_state)
-    return Program(jax.jit(run), (params, opt_state, batch, *extra), held)
+    # donating, as the commands' loop does: the next params and moments over the given ones
+    return Program(jax.jit(run, donate_argnums=(0, 1)), (params, opt_state, batch, *extra), held)
 
 
 def program(config: DecoderConfig, step: StepShape, mesh: Mesh) -> Program:

@@ -47,6 +47,22 @@ PEAK_FLOPS = {
     "h100": {"bfloat16": 989e12, "float32": 495e12},
     "h200": {"bfloat16": 989e12, "float32": 495e12},
 }
+# Links between the GPUs, one direction per GPU: NVLink 4 on the H100 SXM and the H200 gives
+# 900 GB/s in both directions together (NVIDIA's H100 and H200 datasheets).
+INTERCONNECT_BANDWIDTH = {"h100": 450e9, "h200": 450e9}
+# The cost of one kernel launch in a program of many small kernels: the few microseconds a
+# CUDA launch takes (NVIDIA's CUDA Graphs post puts a launch at about 2 us, more when the
+# kernel is short). An assumption of the estimate, not a measurement.
+LAUNCH_SECONDS = 2e-6
+# Published throughput of other post-training libraries on the same shapes, beside the plan:
+# (model, algorithm, target, devices) -> (library, response tokens/s/GPU, source).
+PUBLISHED_THROUGHPUT = {
+    ("llama-3.1-8b", "grpo", "h100", 16): (
+        "NeMo RL",
+        1562,
+        "https://docs.nvidia.com/nemo/rl/latest/about/performance-summary.html",
+    ),
+}
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
 GIB = 1024**3
 
@@ -70,13 +86,20 @@ class Memory:
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """Seconds per step at the device's peak, each device doing its share: ``compute`` =
-    FLOPs / peak FLOP/s, ``memory`` = bytes moved / bandwidth, ``step`` the larger."""
+    """Seconds per step, each device doing its share: ``compute`` = FLOPs / peak FLOP/s,
+    ``memory`` = bytes the kernels move in HBM / its bandwidth, ``launches`` = launches x
+    ``LAUNCH_SECONDS``, ``collectives`` = bytes the collectives move / the interconnect's
+    bandwidth; ``step`` = the largest of the first three (they overlap) plus the collectives
+    (counted as not overlapped); ``tokens_per_second``: response tokens per second per
+    device at that step time."""
 
     flops: float
     compute: float
     memory: float
     step: float
+    launches: float = 0.0
+    collectives: float = 0.0
+    tokens_per_second: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +143,10 @@ class Plan:
 
     @property
     def loop_peak(self) -> int:
-        """The peak of the step inside ``ppojax.runs.loop``, which the ``ppojax rlhf``
-        commands train through: the loop keeps a chunk's state (for its checkpoint) while the
-        next chunk runs, so nothing is donated and the outputs are a copy of their own."""
-        return self.memory.peak + self.memory.aliased
+        """The peak inside ``ppojax.runs.loop``, which the model-folder commands train
+        through: the step's, since that loop donates each chunk's state to the next
+        (``LoopOptions.donate``) as the planned step donates its state."""
+        return self.memory.peak
 
     def to_dict(self) -> dict[str, Any]:
         found = dataclasses.asdict(self)
@@ -163,13 +186,15 @@ def step_flops(config: DecoderConfig, step: StepShape) -> float:
         return 3 * forward(length, logits=False)
     sample = forward(step.prompt_len) + forward(step.response_len)
     backward = 1 if step.lora_rank else 2
-    score, update = full, (1 + backward) * full
+    # remat_layers: each layer's forward runs once more in the backward pass
+    again = 1 if step.remat_layers else 0
+    score, update = full, (1 + again + backward) * full
     if step.logit_chunk:
         # the head at the response positions only, and once more in a backward pass (its
         # chunks' logits are recomputed there, ppojax.rlhf.core.logprobs)
         trunk = forward(length, logits=False)
         head = rows * step.response_len * 2.0 * config.vocab_size * config.hidden_size
-        score, update = trunk + head, (1 + backward) * trunk + (2 + backward) * head
+        score, update = trunk + head, (1 + again + backward) * trunk + (2 + backward) * head
     total = sample + 2 * score + step.update_epochs * update
     if step.algorithm == "ppo":  # the critic's forward, then its forward and backward per epoch
         total += forward(length, logits=False) * (1 + 3 * step.update_epochs)
@@ -189,9 +214,10 @@ def token_flops(config: DecoderConfig, keys: int, logits: bool = True) -> float:
 @functools.lru_cache(maxsize=64)
 def measure(
     config: DecoderConfig, step: StepShape, target: str, devices: int
-) -> tuple[Memory, int, int, tuple[Loop, ...], float]:
+) -> tuple[Memory, int, int, tuple[Loop, ...], float, int]:
     """Memory, launches, bytes moved and top-level loops per device of ``step``'s compiled
-    program, and the compile's seconds (cached: a search asks again for the same step)."""
+    program, the compile's seconds and the bytes its collectives move (cached: a search asks
+    again for the same step)."""
     from ppojax.runtime import launches
 
     check_step(step, config, devices)
@@ -219,7 +245,8 @@ def measure(
     loops = tuple(
         Loop(loop.trips, loop.total_launches(), loop.total_bytes()) for loop in counted.loops
     )
-    return memory, counted.total_launches(), counted.total_bytes(), loops, seconds
+    launched, moved = counted.total_launches(), counted.total_bytes()
+    return memory, launched, moved, loops, seconds, counted.collective_bytes()
 
 
 def device_memory_of(target: str) -> int:
@@ -233,17 +260,29 @@ def device_memory_of(target: str) -> int:
 
 
 def estimate(
-    config: DecoderConfig, step: StepShape, target: str, devices: int, moved: int
+    config: DecoderConfig,
+    step: StepShape,
+    target: str,
+    devices: int,
+    moved: int,
+    launched: int = 0,
+    collective: int = 0,
 ) -> Estimate | None:
-    """The roofline estimate of one step on ``target`` (None for "cpu": no peak is known)."""
+    """The estimate of one step on ``target`` (None for "cpu": no peak is known): ``moved``
+    bytes of which ``collective`` cross the interconnect, ``launched`` kernel launches, per
+    device."""
     if target not in PEAK_FLOPS:
         return None
     from ppojax.runtime import deviceless
 
     flops = step_flops(config, step) / devices
     compute = flops / PEAK_FLOPS[target][step.dtype]
-    memory = moved / deviceless.spec_number(target, "memory_bandwidth")
-    return Estimate(flops, compute, memory, max(compute, memory))
+    memory = (moved - collective) / deviceless.spec_number(target, "memory_bandwidth")
+    launches = launched * LAUNCH_SECONDS
+    collectives = collective / INTERCONNECT_BANDWIDTH[target] if devices > 1 else 0.0
+    seconds = max(compute, memory, launches) + collectives
+    tokens = step.rows * step.response_len / devices / seconds if seconds else 0.0
+    return Estimate(flops, compute, memory, seconds, launches, collectives, tokens)
 
 
 def is_number(value: Any) -> bool:
@@ -301,7 +340,7 @@ def plan(
         raise PlanError(f"device_memory must be a number of bytes > 0, got {device_memory!r}")
     config = model if isinstance(model, DecoderConfig) else model_config(model)
     name = config.model_type if isinstance(model, DecoderConfig) else str(model)
-    memory, launched, moved, loops, seconds = measure(config, step, target, devices)
+    memory, launched, moved, loops, seconds, collective = measure(config, step, target, devices)
     capacity = device_memory_of(target) if device_memory is None else int(device_memory)
     found = Plan(
         name,
@@ -312,7 +351,7 @@ def plan(
         launched,
         moved,
         loops,
-        estimate(config, step, target, devices, moved),
+        estimate(config, step, target, devices, moved, launched, collective),
         capacity,
         headroom,
         seconds,
@@ -368,20 +407,24 @@ def report(p: Plan) -> str:
     if p.estimate is not None:
         e = p.estimate
         lines.append(
-            f"step time ESTIMATE (at peak, a lower bound): {e.step:.3g} s (compute "
-            f"{e.flops / 1e12:.4g} TFLOP -> {e.compute:.3g} s, memory {e.memory:.3g} s)"
+            f"step time ESTIMATE: {e.step:.3g} s, the largest of compute "
+            f"{e.flops / 1e12:.4g} TFLOP -> {e.compute:.3g} s, HBM {e.memory:.3g} s and "
+            f"launches x {LAUNCH_SECONDS * 1e6:.0f} us -> {e.launches:.3g} s, plus collectives "
+            f"at {INTERCONNECT_BANDWIDTH[p.target] / 1e9:.0f} GB/s -> {e.collectives:.3g} s"
         )
+        lines.append(f"  {e.tokens_per_second:,.0f} response tokens/s per GPU at that time")
+        for (model, algorithm, target, devices), published in PUBLISHED_THROUGHPUT.items():
+            if model == p.model and algorithm == p.step.algorithm and target == p.target:
+                library, tokens, source = published
+                lines.append(
+                    f"  published: {library}, {algorithm} on {devices} x {target}: "
+                    f"{tokens:,} tokens/s per GPU ({source})"
+                )
     verdict = "fits" if p.fits else "does NOT fit"
     lines.append(
         f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
         f"usable ({budget_text(p)})"
     )
-    if m.aliased:
-        verdict = "fits" if p.loop_peak <= p.usable else "does NOT fit"
-        lines.append(
-            f"in ppojax rlhf's loop (a chunk's state kept while the next runs, nothing "
-            f"donated): peak {size_text(p.loop_peak).strip()}, {verdict}"
-        )
     if p.largest_prompts is not None:
         lines.append(f"largest prompts per step that fit: {p.largest_prompts}")
     if not p.fits:

@@ -102,13 +102,19 @@ def train_chunks(
     plan: Sequence[tuple[int, int]],
     hooks: Sequence[Hook],
     order: Sequence[str] = (),
+    overlap: bool = True,
 ) -> Any:
     """Run ``runner(inputs, state, first, count)`` for the chunks of ``plan`` and call every
     hook with ``(first, state, metrics)`` after each, host metrics [runs, count] (the names
-    of ``order`` first, then the others sorted). The next chunk is dispatched before the
-    hooks handle the last one, so the device never waits for the files."""
+    of ``order`` first, then the others sorted). With ``overlap`` the next chunk is
+    dispatched before the hooks handle the last one, so the device never waits for the
+    files; without it (a runner that donates its state, deleting the one the hooks would
+    read) the hooks come first."""
     pending = None
     for first, count in plan:
+        if pending is not None and not overlap:
+            _deliver(hooks, order, *pending)
+            pending = None
         try:
             state, metrics = runner(inputs, state, first, count)
         except BaseException:
@@ -356,7 +362,10 @@ class LoopOptions:
     a chunk's scan; ``hooks`` called after each chunk; ``checks``
     called before it is kept: one that raises stops the run there, the chunk's rows and
     checkpoint unwritten (the folder as the chunk before left it, ``--resume`` going on from
-    its checkpoint)."""
+    its checkpoint). ``donate``: each chunk writes its state into the buffers of the state it
+    was given, so the step's peak is the loop's (a language model's state held once, not
+    twice); the hooks then handle a chunk before the next is dispatched, where otherwise the
+    next runs while they write its files."""
 
     num_steps: int
     checkpoint_every: int
@@ -368,6 +377,7 @@ class LoopOptions:
     host_steps: bool = False
     hooks: Sequence[Hook] = ()
     checks: Sequence[Hook] = ()
+    donate: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("LoopOptions", "num_steps", self.num_steps)
@@ -377,6 +387,7 @@ class LoopOptions:
         check_bool("LoopOptions", "progress", self.progress)
         check_bool("LoopOptions", "resume", self.resume)
         check_bool("LoopOptions", "host_steps", self.host_steps)
+        check_bool("LoopOptions", "donate", self.donate)
 
 
 class LoopResult(NamedTuple):
@@ -448,13 +459,14 @@ def train_loop(
         else:
             runner = jax.jit(
                 functools.partial(scan_chunk, keyed_step(step), length=length),
+                donate_argnums=(1,) if options.donate else (),
                 compiler_options=compiler_options(),
             )
         if bar is not None:
             bar.open()
         report = SkipReport(say if bar is None else bar.write)
         hooks = [*options.checks, report, keep, *options.hooks, *([bar] if bar is not None else [])]
-        state = train_chunks(runner, (key, frozen), state, plan, hooks)
+        state = train_chunks(runner, (key, frozen), state, plan, hooks, overlap=not options.donate)
     finally:
         store.close()
         if bar is not None:

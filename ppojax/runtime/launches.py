@@ -102,6 +102,14 @@ class Block:
     def total_bytes(self) -> int:
         return (self.trips or 1) * self.bytes_per_trip()
 
+    def collective_bytes(self) -> int:
+        """Bytes the collectives of every trip read and write (all-gathers, reduce-scatters,
+        all-reduces, all-to-alls, permutes; an async one counted at its start), nested loops
+        times their trips: what crosses the interconnect rather than stays in HBM."""
+        own = sum(launch.bytes for launch in self.launches if is_collective(launch.opcode))
+        nested = sum(loop.collective_bytes() for loop in self.loops)
+        return (self.trips or 1) * (own + nested)
+
     def walk(self) -> list[Block]:
         """This block and every loop inside it, outermost first, in schedule order."""
         return [self] + [inner for loop in self.loops for inner in loop.walk()]
@@ -115,6 +123,16 @@ class Block:
             for opcode, number in loop.by_opcode().items():
                 counts[opcode] = counts.get(opcode, 0) + (loop.trips or 1) * number
         return dict(sorted(counts.items()))
+
+
+COLLECTIVES = frozenset(
+    {"all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute"}
+)
+
+
+def is_collective(opcode: str) -> bool:
+    """A collective's launch; an async pair counts at its ``-start`` (its ``-done`` waits)."""
+    return opcode.removesuffix("-start") in COLLECTIVES
 
 
 def shape_bytes(shape: str) -> int:

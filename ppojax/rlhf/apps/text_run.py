@@ -18,6 +18,7 @@ The steps run through ``ppojax.runs.loop.train_loop``: a resumed run continues b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -54,6 +55,23 @@ def save_final(lm: PretrainedLM, params: dict, run_dir: Path) -> Path:
     return final
 
 
+def unshared(state: Any, frozen: Any) -> Any:
+    """``state`` with a copy of each leaf that is also a leaf of ``frozen`` or an earlier leaf
+    of ``state`` (a float32 policy is its reference's arrays at step 0, a DPO policy its
+    frozen reference's): a donated buffer must be donated once and read by nothing else."""
+    import jax.numpy as jnp
+
+    seen = {id(leaf) for leaf in jax.tree.leaves(frozen)}
+
+    def own(leaf: Any) -> Any:
+        if id(leaf) in seen:
+            return jnp.copy(leaf)
+        seen.add(id(leaf))
+        return leaf
+
+    return jax.tree.map(own, state)
+
+
 def train_job(
     run_dir: Path,
     lm: PretrainedLM,
@@ -66,7 +84,11 @@ def train_job(
     and the summary. ``RunDiverged`` (after curves.png, before ``final/``) when its last step
     skipped all its updates for a NaN or inf: an untrained model is not saved as trained."""
     run_dir = Path(run_dir)
-    result = train_loop(run_dir, job.step, job.state, job.frozen, key, options)
+    # donating: the step's peak is the loop's, the one ppojax plan judges (job.state is
+    # consumed; the result's state is the one to read)
+    options = dataclasses.replace(options, donate=True)
+    state = unshared(job.state, job.frozen)
+    result = train_loop(run_dir, job.step, state, job.frozen, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
     diverged = never_recovered(result.metrics)
     if diverged is not None:
