@@ -24,7 +24,13 @@ from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.logprobs import computing
-from ppojax.rlhf.core.sharding import MIN_SHARD_SIZE, batch_sharding, constrain, shard_state
+from ppojax.rlhf.core.sharding import (
+    MIN_SHARD_SIZE,
+    batch_sharding,
+    constrain,
+    rows_on,
+    shard_state,
+)
 from ppojax.rlhf.core.trainer import (
     RLHFState,
     Trainer,
@@ -215,7 +221,8 @@ def rlhf_job(
         (tokens, mask), _ = draw_batch(frozen["prompts"], prompt_key, batch_size)
         if mesh is not None:  # each device samples and scores its own prompts' rows
             tokens, mask = jax.lax.with_sharding_constraint((tokens, mask), batch_sharding(mesh))
-        return trainer(frozen).step(state, tokens, mask, step_key)
+        with rows_on(mesh):
+            return trainer(frozen).step(state, tokens, mask, step_key)
 
     def model_params(state: RLHFState, frozen: dict) -> dict:
         full = policy_params_fn(config, state.reference)(state.params)

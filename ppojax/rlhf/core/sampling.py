@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ppojax.rlhf.core import sharding
+
 PolicyApply = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
 
@@ -126,6 +128,7 @@ def sample_responses(
         start = hook.prefill(params, prompts, prompt_mask, total_len)
         if group_size > 1:
             start = jax.tree.map(lambda x: jnp.repeat(x, group_size, axis=0), start)
+            start = sharding.rows_split(start)  # over a mesh, as the prompts' rows are
         batch_size = prompts.shape[0] * group_size
 
         def logits_of(state, index):

@@ -25,7 +25,10 @@ The sharded step computes the single-device step's numbers up to float32 reducti
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -122,6 +125,32 @@ def check_rows(mesh: Mesh, rows: int, name: str) -> None:
         )
 
 
+# The mesh whose ("data", "fsdp") axes split a step's rows while that step is traced (set by
+# ``shard_trainer``'s step, read by ``rows_split``): the rows the step makes itself, such as
+# a group's copies of its prompt's prefilled cache, are laid out as the prompts' are.
+_ROWS_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("rows", default=None)
+
+
+@contextlib.contextmanager
+def rows_on(mesh: Mesh | None) -> Iterator[None]:
+    """While open (and tracing), ``rows_split`` splits rows over ``mesh``."""
+    token = _ROWS_MESH.set(mesh)
+    try:
+        yield
+    finally:
+        _ROWS_MESH.reset(token)
+
+
+def rows_split(tree: Any) -> Any:
+    """Inside jit: every leaf of ``tree`` split along its rows (first axis) over the mesh of
+    ``rows_on``, as the prompts are; ``tree`` as it is outside one. Without it XLA's
+    partitioner may lay such rows out by another axis and replicate them to get back."""
+    mesh = _ROWS_MESH.get()
+    if mesh is None:
+        return tree
+    return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
+
+
 def constrain(tree: Any, mesh: Mesh, min_size: int) -> Any:
     """Inside jit: every leaf of ``tree`` laid out as ``state_shardings`` says."""
     return jax.lax.with_sharding_constraint(tree, state_shardings(tree, mesh, min_size))
@@ -149,7 +178,8 @@ def shard_trainer(trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> A
         prompts = jax.lax.with_sharding_constraint(prompts, rows)
         prompt_mask = jax.lax.with_sharding_constraint(prompt_mask, rows)
         state = constrain(state, mesh, min_size)
-        state, metrics = trainer.step(state, prompts, prompt_mask, key)
+        with rows_on(mesh):
+            state, metrics = trainer.step(state, prompts, prompt_mask, key)
         return constrain(state, mesh, min_size), metrics
 
     return trainer._replace(init=jax.jit(init), step=jax.jit(step, donate_argnums=0))
