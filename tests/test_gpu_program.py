@@ -401,5 +401,16 @@ def test_on_two_h100s_the_sharded_leaves_halve_and_three_cannot_split_them():
         assert e.memory == pytest.approx((found.bytes_moved - collective) / 3.35232e12)
         assert e.launches == pytest.approx(found.launches * 2e-6) and found.launches > 0
         assert e.step == pytest.approx(max(e.compute, e.memory, e.launches) + e.collectives)
+    # decoding per token: the sampling loop (one trip a response token) divided by its trips,
+    # against the weights read once (18,768 float32 parameters: the 1024 x 16 embedding, one
+    # layer's 2,368, the final norm's 16) and the KV cache read once (4 rows x 7 positions x
+    # keys and values of 1 head x 8, float32)
+    decode = next(loop for loop in one.loops if loop.trips == GRPO.response_len)
+    d = one.decoding
+    assert (d.launches, d.bytes) == (decode.launches / 3, decode.bytes / 3) and d.layers == 1
+    assert d.minimum == 18768 * 4 + 4 * 7 * 2 * 8 * 4
+    # on two devices each reads every weight (gathered) and half the rows' cache
+    assert two.decoding.minimum == 18768 * 4 + 4 * 7 * 2 * 8 * 4 / 2
+    assert "decoding, per token" in one.report()
     with pytest.raises(PlanError, match="--devices 3: tensor .*embed.* of shape \\(1024, 16\\)"):
         plan(config, replace(GRPO, prompts=3, num_minibatches=3), "h100", 3)

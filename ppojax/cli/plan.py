@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ppojax.cli.values import Parser, parse_float, parse_int
+from ppojax.cli.values import Parser, parse_bool, parse_float, parse_int
 
 STEP_FLAGS = (
     "algorithm",
@@ -62,6 +62,13 @@ def build_parser() -> Parser:
         "--remat-layers",
         action="store_true",
         help="rematerialize each decoder layer in the loss (RLHFConfig.remat_layers)",
+    )
+    parser.add_argument(
+        "--master-weights",
+        type=parse_bool,
+        default=True,
+        help="float32 params and Adam moments under --dtype bfloat16, as the commands keep "
+        "them (true); false: the bf16-only state, which loses small updates",
     )
     parser.add_argument("--target", default="h100", help="h100, h200 or cpu (h100)")
     parser.add_argument("--devices", type=parse_int, default=1, help="GPUs in one FSDP mesh (1)")
@@ -123,6 +130,7 @@ def run(args) -> int:
         **{name: getattr(args, name) for name in STEP_FLAGS},
         lora_targets=tuple(part for part in args.lora_targets.split(",") if part),
         remat_layers=args.remat_layers,
+        master_weights=args.master_weights,
     )
     memory = None if args.memory_gib is None else int(args.memory_gib * GIB)
     found = plan(

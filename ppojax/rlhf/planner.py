@@ -68,7 +68,7 @@ class StepShape:
     fine-tuning, else adapters on ``lora_targets``; ``dtype``: params and compute;
     ``update_epochs``, ``num_minibatches``, ``remat_layers`` and ``logit_chunk`` (ppo, grpo,
     rloo: response tokens whose LM-head logits are computed at once, 0 all): RLHFConfig's,
-    which the commands default to."""
+    which the commands default to; ``master_weights``: the commands' flag of that name."""
 
     algorithm: str = "grpo"
     prompts: int = 8
@@ -82,6 +82,7 @@ class StepShape:
     num_minibatches: int = 4
     remat_layers: bool = False
     logit_chunk: int = RLHFConfig.logit_chunk
+    master_weights: bool = True  # float32 params and moments (False: in ``dtype``)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -206,6 +207,7 @@ def rl_config(step: StepShape, config: DecoderConfig) -> RLHFConfig:
         num_minibatches=step.num_minibatches,
         remat_layers=step.remat_layers,
         logit_chunk=step.logit_chunk,
+        master_weights=step.master_weights,
         **lora,
     )
 
@@ -252,7 +254,9 @@ def supervised_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program
         params = jax.eval_shape(lm.init_value_head, lm.params)
         update = make_reward_model_step(critic, adam)
         batch = PairData(*prompts, *answer, *answer)
-    params = on_state(jax.eval_shape(precision.widened, params), mesh)
+    if step.master_weights:
+        params = jax.eval_shape(precision.widened, params)
+    params = on_state(params, mesh)
     opt_state = on_state(jax.eval_shape(adam.init, params), mesh)
     min_size = 1 << 14
 

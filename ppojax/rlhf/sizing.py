@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from ppojax.rlhf.core.sharding import bytes_per_device
 from ppojax.rlhf.models.config import DecoderConfig
-from ppojax.rlhf.models.shapes import model_config
+from ppojax.rlhf.models.shapes import abstract_params, model_config
 from ppojax.rlhf.planner import (
     PARTS,
     RL_ALGORITHMS,
@@ -113,6 +115,27 @@ class Loop:
 
 
 @dataclasses.dataclass(frozen=True)
+class Decoding:
+    """Sampling's decode loop per decoded token, per device: its ``launches`` and the
+    ``bytes`` they move, and the ``minimum`` bytes a token must move: the policy's weights
+    in the compute dtype read once (all of them on every device: FSDP gathers them) and the
+    device's rows of the KV cache read once."""
+
+    launches: float
+    bytes: float
+    minimum: float
+    layers: int
+
+    @property
+    def launches_per_layer(self) -> float:
+        return self.launches / self.layers
+
+    @property
+    def over_minimum(self) -> float:
+        return self.bytes / self.minimum
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """A step sized on a target: ``memory`` per device, ``launches`` and ``bytes_moved`` per
     step (per device) and the ``loops`` that hold them, ``estimate`` (None on "cpu"), whether
@@ -132,6 +155,7 @@ class Plan:
     headroom: float
     compile_seconds: float
     largest_prompts: int | None = None
+    decoding: Decoding | None = None  # sampling's cost per decoded token (RL steps)
 
     @property
     def usable(self) -> int:
@@ -161,6 +185,33 @@ class Plan:
 
     def report(self) -> str:
         return report(self)
+
+
+def decoding(
+    config: DecoderConfig, step: StepShape, devices: int, loops: tuple[Loop, ...]
+) -> Decoding | None:
+    """The decode loop of an RL step's program, told by its trips (one a response token: the
+    sampling loop is the step's only top-level loop of that many), per token; None for sft,
+    dpo, rm or a program without it."""
+    if step.algorithm not in RL_ALGORITHMS:
+        return None
+    loop = next((loop for loop in loops if loop.trips == step.response_len), None)
+    if loop is None:
+        return None
+    item = 2 if step.dtype == "bfloat16" else 4
+    # every device reads all the weights for its rows (FSDP gathers them), its rows' cache
+    weights = parameter_count(config) * item
+    kv = config.num_layers * 2 * config.num_kv_heads * config.head_dim * item
+    cache = step.rows * (step.prompt_len + step.response_len) * kv / devices
+    trips = loop.trips
+    return Decoding(loop.launches / trips, loop.bytes / trips, weights + cache, config.num_layers)
+
+
+def parameter_count(config: DecoderConfig) -> int:
+    """The decoder's parameter count, from its abstract params."""
+    return sum(
+        math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_params(config, "float32"))
+    )
 
 
 def step_flops(config: DecoderConfig, step: StepShape) -> float:
@@ -356,6 +407,7 @@ def plan(
         headroom,
         seconds,
     )
+    found = dataclasses.replace(found, decoding=decoding(config, step, devices, loops))
     if not search:
         return found
 
@@ -384,6 +436,8 @@ def report(p: Plan) -> str:
     plural = "s" if s.group_size > 1 else ""
     group = f" x {s.group_size} response{plural}" if s.algorithm in RL_ALGORITHMS else ""
     lora = f", LoRA r{s.lora_rank}" if s.lora_rank else ", full fine-tuning"
+    if s.dtype != "float32":
+        lora += ", float32 master weights" if s.master_weights else f", {s.dtype}-only state"
     lines = [
         f"{p.model}: {s.algorithm}, {s.prompts} prompts{group}, {s.prompt_len} + "
         f"{s.response_len} tokens, {s.dtype}{lora}",
@@ -403,6 +457,14 @@ def report(p: Plan) -> str:
         lines.append(
             f"  in a loop of {loop.trips} trips: {loop.launches} launches, "
             f"{size_text(loop.bytes).strip()}"
+        )
+    if p.decoding is not None:
+        d = p.decoding
+        lines.append(
+            f"  decoding, per token: {d.launches:,.0f} launches ({d.launches_per_layer:.1f} a "
+            f"layer), {size_text(int(d.bytes)).strip()}: {d.over_minimum:.2f}x the minimum "
+            f"{size_text(int(d.minimum)).strip()} (the weights and the KV cache read once; "
+            "counted without autotuning, a GPU's program may differ)"
         )
     if p.estimate is not None:
         e = p.estimate
