@@ -607,3 +607,18 @@ def test_rlhf_in_bf16_on_two_devices_runs_and_resumes_bit_exactly(files, tmp_pat
     ppojax_process(files.root, "rlhf", "--resume", str(killed), "--no-progress")
     for name in ("final/model.safetensors", "metrics.csv"):
         assert (killed / name).read_bytes() == (run_dir / name).read_bytes(), name
+
+
+def test_a_run_folder_from_before_dtype_and_devices_resumes_as_float32_on_one_device(
+    files, tmp_path
+):
+    argv = ["sft", "--model", str(files.model), "--data", str(files.sft), *FAST]
+    run_dir = run(argv, tmp_path / "runs")
+    killed = kill_after_first_checkpoint(run_dir, tmp_path / "old")
+    config = json.loads((killed / "config.json").read_text())
+    for name in ("dtype", "devices", "master_weights"):  # what older versions did not write
+        del config[name]
+    (killed / "config.json").write_text(json.dumps(config))
+    assert main(["sft", "--resume", str(killed), "--no-progress"]) == 0
+    for name in ("final/model.safetensors", "metrics.csv"):
+        assert (killed / name).read_bytes() == (run_dir / name).read_bytes(), name
