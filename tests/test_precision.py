@@ -81,6 +81,7 @@ def one_step(dtype, master_weights):
     return state, new
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_step_at_lr_1e6_moves_the_masters_as_float32_does_and_bf16_state_loses_it(dtype):
     state, new = one_step(dtype, master_weights=True)

@@ -555,6 +555,7 @@ def ppojax_process(root: Path, *argv: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.heavy
 def test_bf16_on_two_devices_is_recorded_saves_bf16_and_resumes_bit_exactly(files, tmp_path):
     def ppojax(*argv: str) -> None:
         ppojax_process(files.root, *argv)
