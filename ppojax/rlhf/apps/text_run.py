@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ppojax.rlhf.apps.jobs import Job
@@ -59,8 +60,6 @@ def unshared(state: Any, frozen: Any) -> Any:
     """``state`` with a copy of each leaf that is also a leaf of ``frozen`` or an earlier leaf
     of ``state`` (a float32 policy is its reference's arrays at step 0, a DPO policy its
     frozen reference's): a donated buffer must be donated once and read by nothing else."""
-    import jax.numpy as jnp
-
     seen = {id(leaf) for leaf in jax.tree.leaves(frozen)}
 
     def own(leaf: Any) -> Any:

@@ -30,6 +30,7 @@ from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core import lora, remat
 from ppojax.rlhf.core.advantages import update_kl_coef
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.objective import LossParts, rlhf_loss
 from ppojax.rlhf.core.rollout import Roles, collect, rollout_metrics
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
@@ -121,10 +122,9 @@ def compute_params(state: RLHFState) -> dict:
 
 
 def in_compute_dtype(loss: Callable[..., Any], reference: Any) -> Callable[..., Any]:
-    """``loss(params, ...)`` on the params cast to the reference's dtype: the cast is inside
-    what is differentiated, so the float32 masters get float32 gradients."""
-    dtype = precision.compute_dtype(reference)
-    return lambda params, *args, **kwargs: loss(precision.cast(params, dtype), *args, **kwargs)
+    """``loss(params, ...)`` on the params cast to the reference's dtype (``computing``): the
+    cast is inside what is differentiated, so the float32 masters get float32 gradients."""
+    return computing(loss, precision.compute_dtype(reference))
 
 
 def policy_weight(config: RLHFConfig, step: jax.Array) -> jax.Array:
