@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -117,12 +117,30 @@ def purejaxrl_config(config: ppojax.PPOConfig) -> dict[str, Any]:
     }
 
 
+def module_from_file(name: str, path: Path) -> types.ModuleType:
+    """The Python file ``path`` run as the module ``name``, registered in ``sys.modules`` under
+    that name (where an import of that name finds it); a file that fails leaves no entry."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 @functools.cache
 def purejaxrl_module(folder: Path) -> types.ModuleType:
-    """PureJaxRL's ``ppo`` module from its checkout (it imports its ``wrappers`` by that name,
-    so its folder goes on the path), its ``gymnax.make`` giving the five-value step."""
-    sys.path.insert(0, str(folder / "purejaxrl"))
-    ppo = importlib.import_module("ppo")
+    """PureJaxRL's ``purejaxrl/ppo.py`` loaded from its checkout by path, its ``gymnax.make``
+    giving the five-value step. ppo.py imports its sibling by name (``from wrappers import
+    ...``), so ``purejaxrl/wrappers.py`` is loaded first as the module ``wrappers``."""
+    source = folder / "purejaxrl"
+    module_from_file("wrappers", source / "wrappers.py")
+    ppo = module_from_file("purejaxrl_ppo", source / "ppo.py")
     gymnax = ppo.gymnax
 
     def make(env_id: str, **kwargs: Any) -> tuple[Any, Any]:
@@ -291,6 +309,21 @@ def header(argv: list[str]) -> dict[str, Any]:
     return report
 
 
+def guarded(count: Callable[[], dict], key: dict) -> dict:
+    """The row ``count()`` makes, or ``key`` with the error where it raises: one row's failure
+    must not lose the others."""
+    try:
+        return count()
+    except Exception as error:
+        return {**key, "error": failure(error)}
+
+
+def replaced(rows: list[dict], row: dict, key: tuple[str, ...]) -> list[dict]:
+    """``rows`` without the old row whose ``key`` fields equal ``row``'s, then ``row``."""
+    same = [row[name] for name in key]
+    return [old for old in rows if [old[name] for name in key] != same] + [row]
+
+
 def candidate_row(variant: str, work: str, spec: tuple[int, int, int], target: str) -> dict:
     """ppojax's program with ``VARIANTS[variant]``, traced with those candidates on and CUDA's
     defaults not among them off, compiled for ``target`` and counted."""
@@ -307,22 +340,16 @@ def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
     for target in args.targets:
         for work, spec in args.works.items():
             for variant in args.candidates:
-                try:
-                    row = candidate_row(variant, work, spec, target)
-                except Exception as error:  # one row's failure must not lose the others
-                    row = {"variant": variant, "work": work, "target": target}
-                    row["error"] = failure(error)
-                    failed += 1
+                row = guarded(
+                    functools.partial(candidate_row, variant, work, spec, target),
+                    {"variant": variant, "work": work, "target": target},
+                )
+                failed += "error" in row
                 report = json.loads(args.out.read_text()) if args.out.exists() else header(argv)
                 section = report.setdefault("candidates", {"commands": [], "rows": []})
                 command = command_line(__file__, argv)
                 section["commands"] = list(dict.fromkeys([*section["commands"], command]))
-                key = (variant, work, target)
-                section["rows"] = [
-                    old
-                    for old in section["rows"]
-                    if (old["variant"], old["work"], old["target"]) != key
-                ] + [row]
+                section["rows"] = replaced(section["rows"], row, ("variant", "work", "target"))
                 section["date"] = now()
                 write_json(args.out, report)
                 print(json.dumps({"variant": variant, "per_update": row.get("per_update")}))
@@ -418,19 +445,13 @@ def main(argv: list[str] | None = None) -> int:
     for target in args.targets:
         for work, spec in args.works.items():
             for program in args.programs:
-                try:
-                    row = count_row(program, makers[program], work, spec, target)
-                except Exception as error:  # one row's failure must not lose the others
-                    row = {"program": program, "work": work, "target": target}
-                    row["error"] = failure(error)
-                    failed += 1
+                row = guarded(
+                    functools.partial(count_row, program, makers[program], work, spec, target),
+                    {"program": program, "work": work, "target": target},
+                )
+                failed += "error" in row
                 row["ppojax_commit"] = commit
-                key = (program, work, target)
-                report["rows"] = [
-                    old
-                    for old in report["rows"]
-                    if (old["program"], old["work"], old["target"]) != key
-                ] + [row]
+                report["rows"] = replaced(report["rows"], row, ("program", "work", "target"))
                 write_json(args.out, report)
                 brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
                 print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
