@@ -41,7 +41,15 @@ from typing import Any
 
 import jax
 import numpy as np
-from common import RESULTS, markdown_table, record, rounded, write_json
+from common import (
+    RESULTS,
+    add_size_flags,
+    markdown_table,
+    record,
+    rounded,
+    with_size_flags,
+    write_json,
+)
 
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.agents import EpisodeLayout, rollout_episodes
@@ -371,8 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
     parser.add_argument("--table", action="store_true", help="print the results as markdown")
-    for field in dataclasses.fields(Sizes):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default))
+    add_size_flags(parser, Sizes)
     args = parser.parse_args(argv)
     if args.table:
         ppo = json.loads(RESULT_PPO.read_text()) if RESULT_PPO.exists() else None
@@ -382,8 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.plot_only:
         plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
         return
-    chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(Sizes)}
-    sizes = dataclasses.replace(Sizes(), **{k: v for k, v in chosen.items() if v is not None})
+    sizes = with_size_flags(Sizes(), args)
     run(args.seeds, sizes, args.algorithm, args.envs, args.out, argv)
 
 

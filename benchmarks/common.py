@@ -1,6 +1,7 @@
 """What the benchmark scripts share: the record of when, where and how a result was made,
-result files written whole, rows merged into them, markdown tables and README blocks built
-from them, NaN-aware numbers, and rejax set up as ppojax's opponent.
+a dataclass of sizes as flags, result files written whole, rows merged into them, markdown
+tables and README blocks built from them, NaN-aware numbers, and rejax set up as ppojax's
+opponent.
 
 Scripts run as ``python benchmarks/NAME.py`` from the repository root; Python then puts
 benchmarks/ first on the path, so ``import common`` (and a sibling script) needs nothing more.
@@ -8,6 +9,8 @@ benchmarks/ first on the path, so ``import common`` (and a sibling script) needs
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import datetime
 import importlib.metadata
 import math
@@ -111,6 +114,22 @@ def record(script: str, argv: Sequence[str], *packages: str) -> dict[str, Any]:
         "versions": versions(*packages),
         "command": command_line(script, argv),
     }
+
+
+def add_size_flags(parser: argparse.ArgumentParser, sizes: type) -> None:
+    """A flag ``--NAME`` for each number of the dataclass ``sizes`` (its switches get none)."""
+    for field in size_fields(sizes):
+        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default))
+
+
+def with_size_flags(sizes: Any, args: argparse.Namespace) -> Any:
+    """``sizes`` with the numbers given by ``add_size_flags``'s flags in place of its own."""
+    given = {f.name: getattr(args, f.name) for f in size_fields(type(sizes))}
+    return dataclasses.replace(sizes, **{k: v for k, v in given.items() if v is not None})
+
+
+def size_fields(sizes: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(sizes) if not isinstance(f.default, bool)]
 
 
 def failure(error: Exception) -> str:

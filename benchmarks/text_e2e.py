@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import RESULTS, record, write_json
+from common import RESULTS, add_size_flags, record, with_size_flags, write_json
 from tokenizers import Tokenizer, decoders, models
 
 from ppojax.cli import main as ppojax_main
@@ -410,16 +410,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, help="keep the run folders here (a temp folder)")
     parser.add_argument("--toy", action="store_true", help="the CI test's sizes")
     parser.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
-    numbers = [f for f in dataclasses.fields(Sizes) if not isinstance(f.default, bool)]
-    for field in numbers:
-        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default))
+    add_size_flags(parser, Sizes)
     args = parser.parse_args(argv)
     if args.plot_only:
         plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
         return
-    sizes = TOY if args.toy else Sizes()
-    chosen = {f.name: getattr(args, f.name) for f in numbers}
-    sizes = dataclasses.replace(sizes, **{k: v for k, v in chosen.items() if v is not None})
+    sizes = with_size_flags(TOY if args.toy else Sizes(), args)
     seeds = list(range(args.seeds))
     if args.work is not None:
         run(seeds, sizes, args.work, args.out, argv)
