@@ -45,6 +45,8 @@ from common import (
     RESULTS,
     add_size_flags,
     markdown_table,
+    moving_mean,
+    pyplot,
     record,
     rounded,
     with_size_flags,
@@ -279,20 +281,15 @@ def summary(task: Task, sizes: Sizes, demos: Any, out: dict, seconds: float) -> 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     algorithm = result.get("algorithm", "grpo").upper()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for row, name in zip(axes, ("guessing", "calculator"), strict=True):
         part = result[name]
         for ax, metric in zip(row, ("success", "turns"), strict=True):
             for seed, curve in enumerate(part["rl_curves"][metric]):
-                curve = np.asarray(curve)
-                window = max(1, len(curve) // 20)
-                smooth = np.convolve(curve, np.ones(window) / window, mode="valid")
-                (line,) = ax.plot(np.arange(len(smooth)) + window, smooth, label=f"seed {seed}")
+                steps, means = moving_mean(curve, max(1, len(curve) // 20))
+                (line,) = ax.plot(steps, means, label=f"seed {seed}")
                 ends = [part["held_out"]["sft"][metric][seed], part["held_out"]["rl"][metric][seed]]
                 ax.plot([0, len(curve)], ends, "o", color=line.get_color())
             ax.set_title(f"{name}: {metric}", fontsize=10)

@@ -205,6 +205,23 @@ def with_block(text: str, start: str, end: str, block: str) -> str:
 # Numbers
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot drawing into files (the Agg backend: no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def moving_mean(values: Any, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, means): the mean of each ``window`` consecutive values, at the step (counted
+    from 1) that ends it."""
+    means = np.convolve(np.asarray(values), np.ones(window) / window, mode="valid")
+    return np.arange(len(means)) + window, means
+
+
 def timed(function: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     """(result, seconds) of ``function(*args)``, waiting for every array to be ready."""
     import jax

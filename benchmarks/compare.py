@@ -57,7 +57,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import env_alone, keys_for, record, rejax_algo, timed, with_block, write_json
+from common import env_alone, keys_for, pyplot, record, rejax_algo, timed, with_block, write_json
 
 import ppojax
 from ppojax.ppo.rollout import collect_rollout, rollout_start
@@ -407,10 +407,7 @@ def config_record(config: ppojax.PPOConfig) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = [(name, result) for name, block in report["configs"].items() for result in block["runs"]]
     labels = [f"{name}\n{result['seeds']} seed(s)" for name, result in rows]

@@ -66,6 +66,7 @@ from common import (
     keys_for,
     nanmean,
     now,
+    pyplot,
     record,
     rejax_algo,
     result_path,
@@ -315,10 +316,7 @@ def header(argv: list[str]) -> dict[str, Any]:
 
 def plot(report: dict, path: Path) -> None:
     """Grouped bars: ppojax and rejax env steps/s per work (log scale), env ceilings dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     works = [work for work in report["works"] if "ppojax_steps_per_s" in work]
     if not works:

@@ -53,6 +53,7 @@ from common import (
     markdown_table,
     merge_row,
     nanmean,
+    pyplot,
     read_rows,
     record,
     result_path,
@@ -385,10 +386,7 @@ def save_row(path: Path, row: dict, mirror: Path | None) -> None:
 def plot(path: Path, figure_path: Path) -> None:
     """One panel per task: the training return's mean over seeds, min-max band, final
     evaluations as points, the published figure dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = read_results(path)["tasks"]
     if not rows:

@@ -298,10 +298,7 @@ def plot(path: Path, figure_path: Path) -> None:
     min-max band), the same over the second half of training (where the two are close), then
     repetition 0's PBT schedules, one line per member coloured by final rank (darkest: the
     best)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = common.pyplot()
     import matplotlib.ticker
 
     rows = read_results(path)["tasks"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from common import command_line, machine, now, versions, write_json
+from common import command_line, machine, moving_mean, now, pyplot, versions, write_json
 from rlhf import GROUP, ROWS, rlhf_config
 
 from ppojax.engine import precision
@@ -83,16 +83,11 @@ def run(task: DigitTask, sft: dict, dtype: str, master: bool, lr: float, steps: 
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, entry in result["runs"].items():
-        curve = np.asarray(entry["curve"])
-        smooth = np.convolve(curve, np.ones(10) / 10, mode="valid")
-        ax.plot(np.arange(len(smooth)) + 10, smooth, label=name)
+        ax.plot(*moving_mean(entry["curve"], 10), label=name)
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("checker score (10-step mean)")
     ax.set_title(f"reversal, lr {result['settings']['learning_rate']:g}")

@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import command_line, machine, now, timed, versions, write_json
+from common import command_line, machine, now, pyplot, timed, versions, write_json
 
 from ppojax.rlhf import (
     RLHFConfig,
@@ -309,10 +309,7 @@ def lora_stage(seed: int, repeats: int = 10) -> dict:
 def plot(path: Path, document: dict) -> None:
     """Reversal: checker score and KL per algorithm. Sorting (mean over seeds): gold and
     reward-model score per step at each beta, KL per step, held-out gold per seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     figure, axes = plt.subplots(3, 2, figsize=(11, 10))
     if "reversal" in document:  # a part that did not run: its panels stay empty

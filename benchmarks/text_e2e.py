@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import RESULTS, add_size_flags, record, with_size_flags, write_json
+from common import RESULTS, add_size_flags, moving_mean, pyplot, record, with_size_flags, write_json
 from tokenizers import Tokenizer, decoders, models
 
 from ppojax.cli import main as ppojax_main
@@ -344,18 +344,13 @@ def transformers_reload(model: Path, rows: list[dict], ours: np.ndarray) -> dict
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for row in result["seeds"]:
         left.plot(range(3), [row["accuracy"][s] for s in STAGES], "o-", label=f"seed {row['seed']}")
-        scores = np.asarray(row["grpo_scores"])
-        window = max(1, len(scores) // 15)
-        smooth = np.convolve(scores, np.ones(window) / window, mode="valid")
-        right.plot(np.arange(len(smooth)) + window, smooth, label=f"seed {row['seed']}")
+        scores = row["grpo_scores"]
+        right.plot(*moving_mean(scores, max(1, len(scores) // 15)), label=f"seed {row['seed']}")
     left.set_xticks(range(3), ["SFT", "SFT + GRPO", "SFT + DPO"])
     left.set_ylabel(f"greedy accuracy, {result['sizes']['held_out']} held-out sums")
     left.set_ylim(0, 1)
