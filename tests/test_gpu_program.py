@@ -357,6 +357,37 @@ def test_the_readme_table_is_the_one_gpu_program_py_makes_from_the_result_file(t
     assert not [row for row in report["rows"] if "error" in row]
 
 
+FAKE_PPO = """import sys
+
+import gymnax
+from wrappers import SIBLING
+
+
+def make_train(config):
+    env, _ = gymnax.make(config["ENV_NAME"])
+    on_path = any(entry.endswith("purejaxrl") for entry in sys.path)
+    raise RuntimeError(f"loaded {SIBLING} {type(env).__name__} on_path={on_path}")
+"""
+
+
+def test_purejaxrl_s_ppo_py_loads_by_path_with_its_sibling_and_the_five_value_step(tmp_path):
+    """``--purejaxrl DIR``: DIR/purejaxrl/ppo.py is loaded from its file, finds its sibling
+    wrappers.py by the name it imports it by, and its ``gymnax.make`` gives gymnax's legacy
+    step; the checkout's folder never goes on sys.path. (Its ``make_train`` here fails on
+    purpose, before any compile: the row records the error, so no CUDA plugin is needed.)"""
+    source = tmp_path / "checkout" / "purejaxrl"
+    source.mkdir(parents=True)
+    (source / "wrappers.py").write_text('SIBLING = "wrappers.py"\n')
+    (source / "ppo.py").write_text(FAKE_PPO)
+    out = tmp_path / "gpu_program.json"
+    args = ["--purejaxrl", str(tmp_path / "checkout"), "--programs", "purejaxrl", "--smoke"]
+    args += ["--targets", "h200", "--works", "1 agent x 4 envs", "--out", str(out)]
+    done = run_benchmark("gpu_program", *args, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["error"] == "RuntimeError: loaded wrappers.py LegacyStep on_path=False"
+
+
 # A Qwen2-shaped model of one layer whose embedding (1024 x 16 = 16Ki elements) is the one
 # leaf large enough for FSDP to split
 TINY_QWEN2 = {
