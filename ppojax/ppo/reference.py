@@ -1,7 +1,8 @@
 """PPO on a gymnax env with discrete actions, the whole algorithm in one file, top to bottom.
 
-The classic case only: an MLP actor and an MLP critic apart, PPO-Clip, no normalization of
-observations or rewards, no early stop, no divergence guard, no evaluation. The library's
+The classic case only: float32 vector observations, an MLP actor and an MLP critic apart,
+GAE, PPO-Clip, no normalization of observations or rewards, no early stop, no divergence
+guard, no evaluation (``check_classic``). The library's
 ``ppojax.train`` computes the same run through its layers (``ppojax.ppo.rollout``,
 ``ppojax.engine.gae``, ``ppojax.engine.epochs``, ``ppojax.ppo.loss``), with speed forms that
 swap in behind plain calls; this file writes the math out in plain JAX so that a reader sees
@@ -69,6 +70,7 @@ class RunState(NamedTuple):
 def check_classic(config: PPOConfig) -> None:
     """``ConfigError`` for a setting this file does not implement."""
     classic = {
+        "advantage_estimator": "gae",
         "policy_objective": "clip",
         "encoder": "mlp",
         "recurrent": None,
