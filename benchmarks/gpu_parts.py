@@ -40,7 +40,7 @@ from common import timed
 
 import ppojax
 from ppojax.engine.epochs import EpochCarry, OptimizerCarry, gradient_step, shuffle_into_minibatches
-from ppojax.ppo import pallas_loss
+from ppojax.ppo.kernels import pallas_loss
 from ppojax.ppo.rollout import collect_rollout, rollout_start
 from ppojax.ppo.train import init_state, make_agent, make_batch, update_step
 from ppojax.ppo.update import make_optimizer, ppo_loss_function, ppo_update
@@ -159,7 +159,7 @@ def candidates_on(names: tuple[str, ...]) -> Iterator[None]:
 
 
 def pallas_tile(tile: tuple[int, int, int] | None) -> Iterator[None]:
-    """``ppojax.ppo.pallas_loss``'s tile (read while tracing) set to ``tile`` inside."""
+    """``ppojax.ppo.kernels.pallas_loss``'s tile (read while tracing) set to ``tile`` inside."""
     if tile is None:
         yield
         return

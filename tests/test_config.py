@@ -204,3 +204,20 @@ def test_both_configs_are_frozen_pytree_dataclasses_of_one_kind():
             config.replace(lerning_rate=1.0)
     static = RLHFConfig(response_len=12)
     assert jax.tree.structure(static) != jax.tree.structure(RLHFConfig())
+
+
+def test_an_unknown_advantage_estimator_names_the_field_and_the_known_ones():
+    with pytest.raises(ConfigError, match="PPOConfig.advantage_estimator") as error:
+        ppojax.PPOConfig(advantage_estimator="gea")
+    assert error.value.field == "advantage_estimator"
+    assert "'gae'" in str(error.value) and "'monte_carlo'" in str(error.value)
+    assert ppojax.PPOConfig(advantage_estimator="monte_carlo").advantage_estimator == "monte_carlo"
+
+
+def test_a_config_json_from_before_advantage_estimator_reads_as_gae():
+    from ppojax.runs import folder
+
+    saved = folder.config_to_dict(ppojax.PPOConfig(num_envs=8))
+    del saved["advantage_estimator"]
+    assert folder.config_from_dict(saved) == ppojax.PPOConfig(num_envs=8)
+    assert folder.config_from_dict(saved).advantage_estimator == "gae"

@@ -1,3 +1,4 @@
+import jax
 import numpy as np
 import pytest
 
@@ -115,3 +116,50 @@ def test_associative_form_computes_the_reverse_scan_recurrence():
             rewards, values, values, done, np.zeros_like(done), gamma=0.99, gae_lambda=0.95
         )
     np.testing.assert_array_equal(advantages, associative)
+
+
+def test_monte_carlo_returns_bootstrap_only_where_an_episode_leaves_the_rollout():
+    # gamma 0.9, G_t = r_t + 0.9 G_{t+1}, and G_2 = 3 + 0.9 V(final obs) = 6.6 at the rollout's
+    # end; next_values 0.5 and 0.7 mid-episode are not read (GAE with lambda 1 would).
+    advantages, returns = gae.monte_carlo_advantages(
+        REWARDS, VALUES, NEXT_VALUES, NONE, NONE, gamma=0.9, gae_lambda=0.3
+    )
+    np.testing.assert_allclose(returns[:, 0], [8.146, 7.94, 6.6], rtol=1e-6)
+    np.testing.assert_allclose(advantages[:, 0], [7.646, 7.44, 6.1], rtol=1e-6)
+    # truncated at t=1: G_1 = 2 + 0.9 V(final obs) = 2.63, G_0 = 1 + 0.9 * 2.63
+    _, returns = gae.monte_carlo_advantages(
+        REWARDS, VALUES, NEXT_VALUES, NONE, AT_1, gamma=0.9, gae_lambda=0.3
+    )
+    np.testing.assert_allclose(returns[:, 0], [3.367, 2.63, 6.6], rtol=1e-6)
+    # terminated at t=1: G_1 = 2, no bootstrap
+    _, returns = gae.monte_carlo_advantages(
+        REWARDS, VALUES, NEXT_VALUES, AT_1, NONE, gamma=0.9, gae_lambda=0.3
+    )
+    np.testing.assert_allclose(returns[:, 0], [2.8, 2.0, 6.6], rtol=1e-6)
+
+
+def test_make_batch_takes_the_configs_estimator_and_gae_by_default(tiny_config):
+    from ppojax.ppo.rollout import collect_rollout, rollout_start
+    from ppojax.ppo.train import init_state, make_agent, make_batch, next_values
+
+    assert tiny_config.advantage_estimator == "gae"
+    assert gae.ADVANTAGE_ESTIMATORS["gae"] is gae.compute_gae
+    agent = make_agent(tiny_config)
+    state = init_state(tiny_config, jax.random.key(0))
+    _, transitions = collect_rollout(agent, tiny_config, state.params, rollout_start(state))
+    assert transitions.terminated.any()
+    inputs = (
+        transitions.reward,
+        transitions.value,
+        next_values(agent, state.params, transitions),
+        transitions.terminated,
+        transitions.truncated,
+    )
+    batches = {}
+    for name, estimator in [("gae", gae.compute_gae), ("monte_carlo", gae.monte_carlo_advantages)]:
+        config = tiny_config if name == "gae" else tiny_config.replace(advantage_estimator=name)
+        batches[name] = make_batch(agent, config, state.params, transitions)
+        advantages, targets = estimator(*inputs, gamma=config.gamma, gae_lambda=config.gae_lambda)
+        np.testing.assert_array_equal(batches[name].advantage, advantages.reshape(-1))
+        np.testing.assert_array_equal(batches[name].target, targets.reshape(-1))
+    assert not np.allclose(batches["gae"].advantage, batches["monte_carlo"].advantage)

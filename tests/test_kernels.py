@@ -16,7 +16,7 @@ from tolerance import (
 )
 
 import ppojax
-from ppojax.ppo import pallas_loss
+from ppojax.ppo.kernels import pallas_loss
 from ppojax.ppo.train import init_state, make_agent
 from ppojax.ppo.types import Batch
 from ppojax.ppo.update import ppo_loss_function

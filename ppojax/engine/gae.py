@@ -1,6 +1,10 @@
-"""Truncation-aware generalised advantage estimation, time-major [T, B]."""
+"""Env PPO's advantage estimators, time-major [T, B], truncation-aware: generalised advantage
+estimation (the default) and Monte-Carlo returns, in a registry that ``PPOConfig``'s
+``advantage_estimator`` names (``ADVANTAGE_ESTIMATORS``)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -67,3 +71,47 @@ def associative_reverse_scan(deltas: jax.Array, decays: jax.Array) -> jax.Array:
 
     _, advantages = jax.lax.associative_scan(compose, (decays, deltas), reverse=True)
     return advantages
+
+
+def monte_carlo_advantages(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    *,
+    gamma: float | jax.Array,
+    gae_lambda: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Advantages G - values and returns G, all [T, B], from the rewards actually received
+    (``gae_lambda`` is unused):
+
+        G_t = r_t + gamma * (1 - terminated_t) * (next_values_t if done_t or t = T - 1
+                                                  else G_{t+1})
+
+    The value function enters only where an episode leaves the rollout, truncated or cut by
+    its end: an unbiased return of higher variance than GAE's (GAE with lambda 1 where
+    ``next_values_t`` is V(obs_{t+1}), as in a rollout)."""
+    not_terminated = 1.0 - terminated.astype(rewards.dtype)
+    done = jnp.logical_or(terminated, truncated)
+
+    def backward(later_return: jax.Array, step: tuple[jax.Array, ...]):
+        reward, next_value, not_terminal, step_done = step
+        bootstrap = jnp.where(step_done, next_value, later_return)
+        step_return = reward + gamma * not_terminal * bootstrap
+        return step_return, step_return
+
+    steps = (rewards, next_values, not_terminated, done)
+    _, returns = jax.lax.scan(backward, next_values[-1], steps, reverse=True)
+    return returns - values, returns
+
+
+AdvantageEstimator = Callable[..., tuple[jax.Array, jax.Array]]
+
+# Name -> estimator: (rewards, values, next_values, terminated, truncated, *, gamma,
+# gae_lambda) -> (advantages, returns), all [T, B]. ``PPOConfig.advantage_estimator`` names
+# one; a new entry here is a new name the config accepts.
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "gae": compute_gae,
+    "monte_carlo": monte_carlo_advantages,
+}

@@ -25,6 +25,7 @@ from ppojax.checks import (
     show,
     static,
 )
+from ppojax.engine.gae import ADVANTAGE_ESTIMATORS
 from ppojax.envs.registry import check_env_id as check_registry_id
 from ppojax.ppo.presets import PRESETS
 
@@ -42,14 +43,17 @@ class PPOConfig:
 
     Static fields (shapes and program structure): env_id, num_envs, num_steps,
     total_timesteps, update_epochs, num_minibatches, anneal_lr, normalize_advantages,
-    hidden_sizes, activation, policy_objective, adaptive_penalty, normalize_observations,
-    normalize_rewards, divergence_guard, env_kwargs, reset_pool, eval_every, eval_episodes,
-    eval_deterministic, and the network's fields. Traced fields (sweepable with vmap): every
-    float but init_log_std (it sets the initial parameters, which the network's settings fix)
-    and action_noise_correlation (0.0 leaves the rollout's program as it was). The optional
-    ones (vf_clip_eps, target_kl, reward_clip, eval_every, reset_pool) switch their feature off
-    with ``None``, which changes the program.
+    hidden_sizes, activation, advantage_estimator, policy_objective, adaptive_penalty,
+    normalize_observations, normalize_rewards, divergence_guard, env_kwargs, reset_pool,
+    eval_every, eval_episodes, eval_deterministic, and the network's fields. Traced fields
+    (sweepable with vmap): every float but init_log_std (it sets the initial parameters,
+    which the network's settings fix) and action_noise_correlation (0.0 leaves the rollout's
+    program as it was). The optional ones (vf_clip_eps, target_kl, reward_clip, eval_every,
+    reset_pool) switch their feature off with ``None``, which changes the program.
 
+    advantage_estimator: a name in ``ppojax.engine.gae.ADVANTAGE_ESTIMATORS``: "gae"
+    (generalised advantage estimation with gae_lambda) or "monte_carlo" (the discounted
+    return to the episode's or the rollout's end, minus the value).
     policy_objective: "clip" (PPO-Clip), "penalty" (PPO-Penalty: E[r A] - beta KL(pi_old||pi)
     with the analytic KL) or "clip_penalty" (both terms). beta starts at penalty_coef and, when
     adaptive_penalty, doubles after an update whose KL exceeds 1.5 * penalty_target and halves
@@ -131,6 +135,7 @@ class PPOConfig:
     learning_rate: float = 2.5e-4
     gamma: float = 0.99
     gae_lambda: float = 0.95
+    advantage_estimator: str = static("gae")
     clip_eps: float = 0.2
     ent_coef: float = 0.01
     vf_coef: float = 0.5
@@ -374,6 +379,8 @@ def validate(config: PPOConfig) -> None:
     check_network(config)
     check_choice("PPOConfig", "activation", config.activation, ACTIVATIONS)
     check_choice("PPOConfig", "policy_objective", config.policy_objective, POLICY_OBJECTIVES)
+    estimators = tuple(ADVANTAGE_ESTIMATORS)
+    check_choice("PPOConfig", "advantage_estimator", config.advantage_estimator, estimators)
     check_range("PPOConfig", "learning_rate", config.learning_rate, 0.0, math.inf, open_low=True)
     check_range("PPOConfig", "gamma", config.gamma, 0.0, 1.0, open_low=False)
     check_range("PPOConfig", "gae_lambda", config.gae_lambda, 0.0, 1.0, open_low=False)

@@ -10,7 +10,7 @@ import optax
 from jax.sharding import Mesh
 
 from ppojax.engine.epochs import OptimizerCarry
-from ppojax.engine.gae import compute_gae
+from ppojax.engine.gae import ADVANTAGE_ESTIMATORS
 from ppojax.engine.losses import explained_variance
 from ppojax.envs import make_env
 from ppojax.envs.normalize import RewardNormalizer, observation_stats
@@ -100,10 +100,11 @@ def make_batch(
     transitions: Transition,
     start_hidden: jax.Array | None = None,
 ) -> Batch | SequenceBatch:
-    """GAE over the rollout [T, B], flattened to [T * B] samples; for a recurrent policy the
-    env sequences [T, B] with their reset marks and ``start_hidden`` [B, S], the hidden state
-    the rollout started from."""
-    advantages, targets = compute_gae(
+    """Advantages over the rollout [T, B] by ``config.advantage_estimator`` (GAE by default),
+    flattened to [T * B] samples; for a recurrent policy the env sequences [T, B] with their
+    reset marks and ``start_hidden`` [B, S], the hidden state the rollout started from."""
+    estimator = ADVANTAGE_ESTIMATORS[config.advantage_estimator]
+    advantages, targets = estimator(
         transitions.reward,
         transitions.value,
         next_values(agent, params, transitions),
@@ -112,7 +113,7 @@ def make_batch(
         gamma=config.gamma,
         gae_lambda=config.gae_lambda,
     )
-    # Every Batch field but the GAE outputs is the rollout's field of the same name.
+    # Every Batch field but the estimator's outputs is the rollout's field of the same name.
     carried = {k: v for k, v in transitions._asdict().items() if k in Batch._fields}
     batch = Batch(**carried, advantage=advantages, target=targets)
     if start_hidden is not None:

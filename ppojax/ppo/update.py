@@ -18,8 +18,8 @@ import optax
 
 from ppojax.engine.epochs import LossFn, OptimizerCarry, run_epochs, shuffle_into_minibatches
 from ppojax.engine.optim import clipped_adam
-from ppojax.ppo import pallas_loss
 from ppojax.ppo.config import PPOConfig
+from ppojax.ppo.kernels import loss_or_kernel
 from ppojax.ppo.loss import ppo_loss
 from ppojax.ppo.types import Agent, Batch, SequenceBatch
 from ppojax.runtime import kernels
@@ -81,15 +81,9 @@ def shuffle_any(key: jax.Array, batch: Any, num_minibatches: int) -> Any:
 
 
 def ppo_loss_function(agent: Agent, config: PPOConfig, kl_coef: jax.Array) -> LossFn:
-    """``ppo_loss`` of this agent and config as a function of (params, minibatch); where the
-    kernels candidate "pallas_ppo_loss" fits the config, the same loss and gradient from one
-    Pallas kernel (``ppojax.ppo.pallas_loss``) when it is chosen, and by default in programs
-    lowered for CUDA (``kernels.by_platform``)."""
-    plain = functools.partial(ppo_loss, agent, config, kl_coef)
-    if not pallas_loss.fits(agent, config):
-        return plain
-    fused = functools.partial(pallas_loss.env_ppo_loss, agent, config)
-    return kernels.by_platform("pallas_ppo_loss", plain, fused)
+    """``ppo_loss`` of this agent and config as a function of (params, minibatch), or its
+    Pallas kernel where that swaps in (``ppojax.ppo.kernels.loss_or_kernel``)."""
+    return loss_or_kernel(agent, config, functools.partial(ppo_loss, agent, config, kl_coef))
 
 
 def ppo_update(

@@ -31,9 +31,9 @@ computes what its plain form computes (tests/test_kernels.py):
   block-diagonal layers (``ppojax.networks.fused``): one matrix product per layer for both
   instead of two, in the forward and the backward pass (the same parameters and outputs);
 - "pallas_ppo_loss": PPO-Clip's loss and its gradient for two MLP torsos and a Categorical
-  or a Gaussian head in one Pallas kernel per block of rows (``ppojax.ppo.pallas_loss``),
-  activations kept on chip, instead of XLA's kernels per layer and loss term (the same loss
-  and gradient);
+  or a Gaussian head in one Pallas kernel per block of rows
+  (``ppojax.ppo.kernels.pallas_loss``), activations kept on chip, instead of XLA's kernels
+  per layer and loss term (the same loss and gradient);
 - "associative_gae": GAE's recurrence A_t = delta_t + decay_t * A_{t+1} in log2(T) levels of
   ``jax.lax.associative_scan`` instead of a loop of T trips (``ppojax.engine.gae``; the same
   sum, added in another order);

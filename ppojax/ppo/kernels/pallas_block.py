@@ -1,5 +1,5 @@
 """PPO-Clip's loss and its gradient on one block of rows, in jax.numpy: what each program of
-the Pallas kernel in ``ppojax.ppo.pallas_loss`` computes (that module pads the inputs,
+the Pallas kernel in ``ppojax.ppo.kernels.pallas_loss`` computes (that module pads the inputs,
 calls the kernel over blocks and sums what the blocks give).
 
 A block goes forward through the actor's and the critic's MLP torsos and heads, takes the

@@ -36,7 +36,13 @@ from ppojax.engine import losses
 from ppojax.networks import flatten_observation
 from ppojax.networks.fused import actor_critic_layers
 from ppojax.ppo.config import PPOConfig
-from ppojax.ppo.pallas_block import ACTIVATIONS, METRICS, Coefficients, LossSettings, block
+from ppojax.ppo.kernels.pallas_block import (
+    ACTIVATIONS,
+    METRICS,
+    Coefficients,
+    LossSettings,
+    block,
+)
 from ppojax.ppo.types import Agent, Batch, Params
 from ppojax.runtime import kernels
 
