@@ -291,19 +291,21 @@ def add_config_flags(
             )
     for old, new in RENAMED.items():  # hidden from --help
         if new not in skip:
-            action = _DeprecatedFlag if old in DEPRECATED else _TargetKLFlag
             parser.add_argument(
                 "--" + old.replace("_", "-"),
                 dest=new if old in DEPRECATED else argparse.SUPPRESS,
                 type=field_type(FIELDS[new]),
                 default=None if old in DEPRECATED else argparse.SUPPRESS,
-                action=functools.partial(action, new_flag="--" + new.replace("_", "-")),
+                action=functools.partial(_RenamedFlag, new_flag="--" + new.replace("_", "-")),
                 help=argparse.SUPPRESS,
             )
 
 
-class _DeprecatedFlag(argparse.Action):
-    """An old flag that still sets its field, after one warning line naming the new flag."""
+class _RenamedFlag(argparse.Action):
+    """An old flag (``RENAMED``): a deprecated one (``DEPRECATED``) still sets its field, after
+    one warning line naming the new flag; ``--target-kl`` of ppojax rlhf is an error naming
+    ``--kl-target`` (``parser.error``, exit status 2), for the same flag of ppojax train stops
+    an update early."""
 
     def __init__(self, *args: Any, new_flag: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -316,25 +318,13 @@ class _DeprecatedFlag(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        if self.dest == argparse.SUPPRESS:  # not DEPRECATED: refused
+            parser.error(
+                f"{option_string} is now {self.new_flag} (the adaptive-KL controller's target, "
+                f"nats per sequence); {option_string} means early stopping on approximate KL, "
+                "which ppojax train has and ppojax rlhf does not"
+            )
         sys.stderr.write(
             f"{parser.prog}: warning: {option_string} is deprecated; use {self.new_flag}\n"
         )
         setattr(namespace, self.dest, values)
-
-
-class _TargetKLFlag(_DeprecatedFlag):
-    """``--target-kl`` of ppojax rlhf: an error naming ``--kl-target`` (``parser.error``, exit
-    status 2), for the same flag of ppojax train stops an update early."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        parser.error(
-            f"{option_string} is now {self.new_flag} (the adaptive-KL controller's target, nats "
-            f"per sequence); {option_string} means early stopping on approximate KL, which "
-            "ppojax train has and ppojax rlhf does not"
-        )
