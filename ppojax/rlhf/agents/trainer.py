@@ -24,9 +24,10 @@ With a Python env (``host``) the step plays on the host, a compiled call per tur
 the compiled update: it is not jittable as a whole.
 
 The update's batch, advantages and loss are in ``update`` (each episode's model tokens in
-slots, [N, M]); LoRA, the KL controller and the critic's warm-up are the one-turn trainer's
-(``core.trainer``), so the step of a one-turn env (``one_turn.OneTurnEnv``) is
-``make_trainer``'s, bit for bit.
+slots, [N, M]); LoRA, the critic's warm-up and the update itself (``run_update``: the epochs,
+then the KL controller of ``core.kl``) are the one-turn trainer's (``core.trainer``), and the
+loss is assembled by the same ``core.objective.assemble_loss``, so the step of a one-turn env
+(``one_turn.OneTurnEnv``) is ``make_trainer``'s, bit for bit.
 
 Not yet: PPO with ``turn_weight`` (refused). ``missing_eos_penalty`` is not read.
 """
