@@ -21,7 +21,7 @@ import pytest
 
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig, make_trainer
-from ppojax.rlhf.core.advantages import kl_estimate
+from ppojax.rlhf.core.kl import kl_estimate
 from ppojax.rlhf.core.logprobs import SplitPolicy, chunk_positions, policy_stats
 from ppojax.rlhf.core.sampling import Sequences
 from ppojax.rlhf.models.config import parse_config

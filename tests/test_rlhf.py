@@ -27,10 +27,10 @@ from ppojax.rlhf import (
 )
 from ppojax.rlhf.apps.run import rlhf_config_from_dict
 from ppojax.rlhf.core.config import config_names
+from ppojax.rlhf.core.kl import update_kl
 from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
 from ppojax.rlhf.core.objective import RLHFBatch
 from ppojax.rlhf.core.rollout import advantages_and_returns, score
-from ppojax.rlhf.core.trainer import update_kl
 from ppojax.rlhf.post.reward_model import pair_margins
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets

@@ -10,16 +10,16 @@ the commands) and ``tasks`` (the digit demos) sit on top; the library never impo
 
 from ppojax.rlhf.core.advantages import (
     group_advantages,
-    kl_estimate,
     leave_one_out_advantages,
     token_advantages,
     token_rewards,
-    update_kl_coef,
 )
+from ppojax.rlhf.core.aggregation import aggregate
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.kl import kl_estimate, update_kl_coef
 from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.lora import tree_bytes
-from ppojax.rlhf.core.objective import RLHFBatch, aggregate
+from ppojax.rlhf.core.objective import RLHFBatch
 from ppojax.rlhf.core.sampling import (
     KVCacheHook,
     Samples,

@@ -46,25 +46,12 @@ def masked_group_advantages(
     divide_by_std: bool,
     eps: float = 1e-6,
 ) -> jax.Array:
-    """GRPO or RLOO advantages of ``values`` [N, T] per column, each group of ``group_size``
-    adjacent rows restricted to its ``members`` [N, T]: GRPO (v - mean) / (std + eps) (ddof 0,
-    no division without ``divide_by_std``), RLOO v - the mean of the other members (0 with no
-    other member); 0 off ``members``."""
-    shape = (-1, group_size, values.shape[1])
-    v, m = values.reshape(shape), members.reshape(shape)
-    count = m.sum(axis=1, keepdims=True)
-    total = jnp.where(m, v, 0.0).sum(axis=1, keepdims=True)
-    if algorithm == "grpo":
-        mean = total / jnp.maximum(count, 1)
-        centered = v - mean
-        if divide_by_std:
-            var = jnp.where(m, centered**2, 0.0).sum(axis=1, keepdims=True) / jnp.maximum(count, 1)
-            centered = centered / (jnp.sqrt(var) + eps)
-        result = centered
-    else:
-        others = (total - v) / jnp.maximum(count - 1, 1)
-        result = jnp.where(count > 1, v - others, 0.0)
-    return jnp.where(m, result, 0.0).reshape(values.shape)
+    """``algorithm``'s group advantages of ``values`` [N, T] per column, each group of
+    ``group_size`` adjacent rows restricted to its ``members`` [N, T] (``core.advantages``'s
+    ``masked`` baseline: GRPO (v - mean) / (std + eps), RLOO v - the mean of the other
+    members); 0 off ``members``."""
+    baseline = adv.critic_free(algorithm).masked
+    return baseline(values, members, group_size, divide_by_std, eps)
 
 
 def per_turn(values: jax.Array, turn_index: np.ndarray, num_turns: int) -> jax.Array:

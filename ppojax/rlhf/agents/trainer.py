@@ -24,9 +24,10 @@ With a Python env (``host``) the step plays on the host, a compiled call per tur
 the compiled update: it is not jittable as a whole.
 
 The update's batch, advantages and loss are in ``update`` (each episode's model tokens in
-slots, [N, M]); LoRA, the KL controller and the critic's warm-up are the one-turn trainer's
-(``core.trainer``), so the step of a one-turn env (``one_turn.OneTurnEnv``) is
-``make_trainer``'s, bit for bit.
+slots, [N, M]); LoRA, the critic's warm-up and the update itself (``run_update``: the epochs,
+then the KL controller of ``core.kl``) are the one-turn trainer's (``core.trainer``), and the
+loss is assembled by the same ``core.objective.assemble_loss``, so the step of a one-turn env
+(``one_turn.OneTurnEnv``) is ``make_trainer``'s, bit for bit.
 
 Not yet: PPO with ``turn_weight`` (refused). ``missing_eos_penalty`` is not read.
 """
@@ -40,7 +41,6 @@ from typing import Any, NamedTuple
 import jax
 
 from ppojax.checks import ConfigError
-from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.agents.env import TextEnv
 from ppojax.rlhf.agents.episodes import (
@@ -53,20 +53,19 @@ from ppojax.rlhf.agents.episodes import (
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
 from ppojax.rlhf.agents.turns import check_context, check_end_of_turn
 from ppojax.rlhf.agents.update import collect_episodes, episode_loss
-from ppojax.rlhf.core import remat
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.objective import LossParts
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 from ppojax.rlhf.core.trainer import (
     CriticApply,
     RLHFState,
+    check_critic,
     compute_params,
-    in_compute_dtype,
     initial_policy,
     initial_state,
     policy_params_fn,
     policy_weight,
-    update_kl,
+    run_update,
 )
 
 
@@ -87,17 +86,13 @@ def check_config(
     turn_weight: Any = None,
 ) -> None:
     """ConfigError for what episodes cannot train yet, or a batch that does not split."""
-    if config.needs_critic and critic_apply is None:
-        raise ConfigError(
-            "critic_apply",
-            "algorithm='ppo' needs critic_apply(params, tokens, mask) -> values [B, L]; pass "
-            "one, or choose algorithm='grpo' or 'rloo', which need no critic.",
-        )
+    check_critic(config, critic_apply)
     if config.needs_critic and turn_weight is not None:
         raise ConfigError(
             "algorithm",
-            "turn_weight mixes critic-free group advantages; with algorithm='ppo' the critic's "
-            "GAE assigns credit per token: leave turn_weight None.",
+            f"turn_weight mixes critic-free group advantages; with algorithm="
+            f"{config.algorithm!r} the critic's GAE assigns credit per token: leave "
+            "turn_weight None.",
         )
     if config.reward_weights is not None:
         raise ConfigError(
@@ -199,33 +194,13 @@ def make_episode_trainer(
         batch, metrics = collect_episodes(
             config, parts, episodes, computing, num_slots, turn_weight, turn_index, start
         )
-        loss = functools.partial(episode_loss, config, parts, start=start)
-        loss = in_compute_dtype(loss, state.reference)
-        if config.remat_layers:
-            loss = remat.with_rematerialized_layers(loss)
-        carry, update_metrics = run_epochs(
-            loss,
-            optimizer,
-            OptimizerCarry(state.params, state.opt_state),
-            batch,
-            key,
-            num_epochs=config.update_epochs,
-            num_minibatches=config.num_minibatches,
-            stop_kl=None,
-            divergence_guard=config.divergence_guard,
-        )
         # the model's vocabulary, for the env's ids, from its logits' shape: nothing runs
         logits = jax.eval_shape(policy_apply, full_policy(state.params), episodes.tokens,
                                 episodes.mask)  # fmt: skip
         faults = env_faults(episodes, layout, logits.shape[-1])
-        metrics = {**metrics, **update_metrics, **faults}
-        kl_coef = state.kl_coef
-        if config.adaptive_kl:
-            kl_coef = update_kl(config, kl_coef, metrics["objective/kl"], batch)
-        state = state.replace(
-            params=carry.params, opt_state=carry.opt_state, kl_coef=kl_coef, step=state.step + 1
-        )
-        return state, metrics
+        loss = functools.partial(episode_loss, config, parts, start=start)
+        state, metrics = run_update(config, optimizer, state, loss, batch, key, metrics)
+        return state, {**metrics, **faults}
 
     compiled_learn = jax.jit(learn)
 

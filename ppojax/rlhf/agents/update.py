@@ -26,8 +26,9 @@ from ppojax.rlhf.agents.credit import (
 from ppojax.rlhf.agents.episodes import Episodes, previous_real
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.kl import kl_estimate, reward_coef
 from ppojax.rlhf.core.logprobs import SplitPolicy, chunked_token_stats
-from ppojax.rlhf.core.objective import LossParts, clipped_policy_loss
+from ppojax.rlhf.core.objective import LossParts, assemble_loss
 from ppojax.rlhf.core.rollout import critic_free_advantages
 from ppojax.rlhf.core.sampling import PolicyApply, TokenStats, token_stats
 from ppojax.rlhf.core.trainer import RLHFState
@@ -112,25 +113,12 @@ def episode_loss(
     stats = slot_stats(
         parts.policy_apply, policy, batch, config.temperature, start, config.logit_chunk
     )
-    loss, metrics = clipped_policy_loss(
-        config,
-        parts.kl_coef,
-        stats.log_probs,
-        stats.entropy,
-        batch.log_probs,
-        batch.ref_log_probs,
-        batch.advantages,
-        batch.slot_mask,
-    )
-    total = parts.policy_on * loss
-    if parts.critic_apply is None:
-        return total, metrics
-    critic_params = params["critic"] if "critic" in params else policy
-    values = slot_outputs(parts.critic_apply(critic_params, batch.tokens, batch.mask), batch, start)
-    value_loss = losses.value_loss(
-        values, batch.values, batch.returns, config.vf_clip_eps, batch.slot_mask
-    )
-    return total + config.vf_coef * value_loss, {**metrics, "loss/value_avg": value_loss}
+
+    def critic_values(critic_params: Any) -> jax.Array:
+        values = parts.critic_apply(critic_params, batch.tokens, batch.mask)
+        return slot_outputs(values, batch, start)
+
+    return assemble_loss(config, parts, params, stats, batch, batch.slot_mask, critic_values)
 
 
 def credit(
@@ -149,7 +137,7 @@ def credit(
     episode = episode_advantages(config, scores, penalty_kl, slots.mask, kl_coef)
     if turn_weight is None:
         return episode
-    beta = kl_coef if config.kl_in == "reward" else 0.0
+    beta = reward_coef(config, kl_coef)
     model_mask = episodes.model_mask
     turn = turn_advantages(
         config.algorithm,
@@ -176,7 +164,7 @@ def ppo_advantages(
     """PPO's advantages and returns [N, M] in slots (``credit.slot_gae``), whitened over the
     filled slots when ``config.whiten_advantages``: the one-turn trainer's steps after its
     token rewards, whose score at the end becomes each turn's reward at the turn's end."""
-    beta = kl_coef if config.kl_in == "reward" else 0.0
+    beta = reward_coef(config, kl_coef)
     model_mask = episodes.model_mask
     full_kl = slots.scatter(penalty_kl, model_mask.shape[1])
     rewards = episode_token_rewards(episodes.rewards, full_kl, model_mask, turn_index, beta)
@@ -214,7 +202,7 @@ def collect_episodes(
     chunk = config.logit_chunk
     stats = slot_stats(parts.policy_apply, policy, batch, temperature, start, chunk)
     reference = slot_stats(parts.policy_apply, state.reference, batch, temperature, start, chunk)
-    estimate = adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator)
+    estimate = kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator)
     penalty_kl = jnp.where(slots.mask, estimate, 0.0)
     scores = episodes.rewards.sum(axis=1)
     if parts.critic_apply is None:

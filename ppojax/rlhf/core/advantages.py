@@ -1,27 +1,24 @@
-"""KL estimates, rewards and advantages of PPO (token-level GAE), GRPO and RLOO.
+"""Rewards and advantages of PPO (token-level GAE), GRPO and RLOO, and ``ESTIMATORS``: each
+algorithm's advantage by name, which ``RLHFConfig.algorithm`` names.
 
 Responses are rows [N, R] with a mask of real tokens; for GRPO and RLOO the N rows are
 ``N / G`` prompts times ``G = group_size`` samples, the samples of one prompt adjacent.
+An algorithm is one ``Estimator`` in ``ESTIMATORS``: whether it learns a critic (PPO's GAE on
+its values), or the group baselines of a critic-free one, over a response's score and over
+the turns of the episodes that reached them (``masked``, for the episode trainer's
+turn-level credit).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from ppojax.engine import losses
 from ppojax.engine.gae import compute_gae
-
-
-def kl_estimate(log_probs: jax.Array, ref_log_probs: jax.Array, estimator: str) -> jax.Array:
-    """Per-token KL(pi || pi_ref) estimate from samples of pi, any shape; log_rho = ref - pi:
-    k1 = -log_rho;  k2 = 0.5 log_rho^2;  k3 = (rho - 1) - log_rho."""
-    log_rho = ref_log_probs - log_probs
-    if estimator == "k1":
-        return -log_rho
-    if estimator == "k2":
-        return 0.5 * jnp.square(log_rho)
-    return jnp.expm1(log_rho) - log_rho
 
 
 def last_token(mask: jax.Array) -> jax.Array:
@@ -101,10 +98,9 @@ def rounded(x: jax.Array) -> jax.Array:
 def sequence_advantages(
     algorithm: str, rewards: jax.Array, group_size: int, divide_by_std: bool
 ) -> jax.Array:
-    """The critic-free advantage [N] of each response: GRPO's or RLOO's."""
-    if algorithm == "grpo":
-        return group_advantages(rewards, group_size, divide_by_std)
-    return leave_one_out_advantages(rewards, group_size)
+    """The critic-free advantage [N] of each response: ``algorithm``'s group baseline
+    (``ESTIMATORS``)."""
+    return critic_free(algorithm).sequence(rewards, group_size, divide_by_std)
 
 
 def whiten(advantages: jax.Array, mask: jax.Array) -> jax.Array:
@@ -112,13 +108,93 @@ def whiten(advantages: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.where(mask, losses.normalize(advantages, mask), 0.0)
 
 
-def update_kl_coef(
-    kl_coef: jax.Array,
-    kl: jax.Array,
-    kl_target: jax.Array | float,
-    horizon: jax.Array | float,
-    batch_size: int,
+def masked_group_mean(
+    values: jax.Array, members: jax.Array, group_size: int, divide_by_std: bool, eps: float = 1e-6
 ) -> jax.Array:
-    """Adaptive KL controller: e = clip(KL / target - 1, -0.2, 0.2); beta *= 1 + e * n / horizon."""
-    error = jnp.clip(kl / kl_target - 1.0, -0.2, 0.2)
-    return kl_coef * (1.0 + error * batch_size / horizon)
+    """GRPO over ``values`` [N, T] per column, each group of ``group_size`` adjacent rows
+    restricted to its ``members`` [N, T]: (v - mean) / (std + eps) (ddof 0, no division
+    without ``divide_by_std``); 0 off ``members``."""
+    shape = (-1, group_size, values.shape[1])
+    v, m = values.reshape(shape), members.reshape(shape)
+    count = m.sum(axis=1, keepdims=True)
+    total = jnp.where(m, v, 0.0).sum(axis=1, keepdims=True)
+    centered = v - total / jnp.maximum(count, 1)
+    if divide_by_std:
+        var = jnp.where(m, centered**2, 0.0).sum(axis=1, keepdims=True) / jnp.maximum(count, 1)
+        centered = centered / (jnp.sqrt(var) + eps)
+    return jnp.where(m, centered, 0.0).reshape(values.shape)
+
+
+def masked_leave_one_out(
+    values: jax.Array, members: jax.Array, group_size: int, divide_by_std: bool, eps: float = 1e-6
+) -> jax.Array:
+    """RLOO over ``values`` [N, T] per column, as ``masked_group_mean``: v - the mean of the
+    other members of its group (0 with no other member); 0 off ``members``.
+    ``divide_by_std`` and ``eps`` are GRPO's and unused."""
+    del divide_by_std, eps
+    shape = (-1, group_size, values.shape[1])
+    v, m = values.reshape(shape), members.reshape(shape)
+    count = m.sum(axis=1, keepdims=True)
+    total = jnp.where(m, v, 0.0).sum(axis=1, keepdims=True)
+    others = (total - v) / jnp.maximum(count - 1, 1)
+    result = jnp.where(count > 1, v - others, 0.0)
+    return jnp.where(m, result, 0.0).reshape(values.shape)
+
+
+def leave_one_out(rewards: jax.Array, group_size: int, divide_by_std: bool) -> jax.Array:
+    """``leave_one_out_advantages`` with the group baselines' signature (``divide_by_std``
+    is GRPO's and unused)."""
+    del divide_by_std
+    return leave_one_out_advantages(rewards, group_size)
+
+
+SequenceBaseline = Callable[[jax.Array, int, bool], jax.Array]
+MaskedBaseline = Callable[..., jax.Array]
+
+
+class Estimator(NamedTuple):
+    """One algorithm's advantage. ``needs_critic``: token GAE on a learned value (the trainers
+    then take a ``critic_apply`` and add the value loss). Otherwise the group baselines over
+    ``group_size`` samples of a prompt: ``sequence(rewards [N], group_size, divide_by_std)
+    -> [N]`` and ``masked(values [N, T], members [N, T], group_size, divide_by_std) ->
+    [N, T]``."""
+
+    needs_critic: bool
+    sequence: SequenceBaseline | None = None
+    masked: MaskedBaseline | None = None
+
+    @property
+    def min_group_size(self) -> int:
+        """A critic-free baseline compares a sample with the others of its prompt."""
+        return 1 if self.needs_critic else 2
+
+
+# name -> the algorithm's advantage; RLHFConfig.algorithm is one of these names
+ESTIMATORS: dict[str, Estimator] = {
+    "ppo": Estimator(needs_critic=True),
+    "grpo": Estimator(False, group_advantages, masked_group_mean),
+    "rloo": Estimator(False, leave_one_out, masked_leave_one_out),
+}
+
+
+def estimator(name: str) -> Estimator:
+    """The algorithm registered as ``name``; a ``ValueError`` naming the known ones."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ESTIMATORS)}")
+    return ESTIMATORS[name]
+
+
+def critic_free(name: str) -> Estimator:
+    """``estimator(name)``, which must have group baselines (not learn a critic)."""
+    entry = estimator(name)
+    if entry.needs_critic:
+        raise ValueError(
+            f"algorithm {name!r} learns a critic: its advantages are token GAE, with no group "
+            f"baseline; critic-free: {', '.join(critic_free_names())}"
+        )
+    return entry
+
+
+def critic_free_names() -> tuple[str, ...]:
+    """The registered algorithms that need no critic."""
+    return tuple(name for name, entry in ESTIMATORS.items() if not entry.needs_critic)

@@ -28,13 +28,10 @@ from ppojax.checks import (
     register_config,
     static,
 )
+from ppojax.rlhf.core.advantages import ESTIMATORS
+from ppojax.rlhf.core.aggregation import AGGREGATIONS
+from ppojax.rlhf.core.kl import KL_ESTIMATORS, KL_PLACES
 
-ALGORITHMS = ("ppo", "grpo", "rloo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-KL_PLACES = ("reward", "loss")
-# "grpo" is the per-sequence mean (GRPO's 1/|o_i|), "dapo" the per-token mean over the batch
-# (DAPO), "dr_grpo" the sum over tokens / (rows * response_len) (Dr. GRPO's constant).
-LOSS_AGGREGATIONS = ("token", "sequence", "grpo", "dapo", "dr_grpo")
 # Fields renamed so that a name means one thing in PPOConfig and RLHFConfig alike: the old
 # name -> the field. ppo_epochs is PPOConfig's update_epochs. target_kl was the adaptive-KL
 # controller's target; in PPOConfig target_kl stops an update early on approximate KL, so
@@ -62,14 +59,14 @@ class RLHFConfig:
     pad_id: int = static(0)  # the token after EOS and on the left of short prompts
     eos_id: int = static(2)  # a response ends at its first eos_id (included)
     response_len: int = static(10)  # sampled positions per response
-    algorithm: str = static("ppo")  # "ppo" (critic, token GAE), "grpo", "rloo" (no critic)
+    algorithm: str = static("ppo")  # advantages.ESTIMATORS: "ppo" (critic), "grpo", "rloo"
     group_size: int = static(1)  # samples per prompt; grpo and rloo need >= 2
     update_epochs: int = static(4)  # epochs over each step's responses (PPOConfig's name)
     num_minibatches: int = static(4)  # must divide prompts * group_size
     kl_in: str = static("reward")  # "reward": -beta KL_t per token; "loss": + beta KL_t
-    kl_estimator: str = static("k1")  # k1 log(pi/ref), k2 0.5 log^2, k3 (rho - 1) - log rho
+    kl_estimator: str = static("k1")  # kl.KL_ESTIMATORS: k1, k2, k3
     adaptive_kl: bool = static(False)  # False: beta stays kl_coef
-    loss_aggregation: str = static("token")  # see LOSS_AGGREGATIONS
+    loss_aggregation: str = static("token")  # aggregation.AGGREGATIONS
     whiten_advantages: bool = static(True)  # ppo: normalize advantages over real tokens
     group_std: bool = static(True)  # grpo: divide by the group's std (Dr. GRPO: False)
     critic_warmup_steps: int = static(0)  # ppo: first steps train the critic only
@@ -131,8 +128,8 @@ class RLHFConfig:
 
     @property
     def needs_critic(self) -> bool:
-        """Only PPO learns a value function."""
-        return self.algorithm == "ppo"
+        """Whether the algorithm's estimator learns a value function (PPO's does)."""
+        return ESTIMATORS[self.algorithm].needs_critic
 
 
 _dataclass_init = RLHFConfig.__init__
@@ -192,10 +189,11 @@ def _check_ints(config: RLHFConfig) -> None:
             raise ConfigError(name, f"RLHFConfig.{name} must be an int >= 0, got {value!r}.")
     if config.pad_id == config.eos_id:
         raise ConfigError("eos_id", "RLHFConfig.eos_id must differ from pad_id.")
-    if config.algorithm != "ppo" and config.group_size < 2:
+    least = ESTIMATORS[config.algorithm].min_group_size
+    if config.group_size < least:
         raise ConfigError(
             "group_size",
-            f"RLHFConfig.group_size must be >= 2 for algorithm={config.algorithm!r} (its "
+            f"RLHFConfig.group_size must be >= {least} for algorithm={config.algorithm!r} (its "
             f"baseline is the other samples of the same prompt), got {config.group_size}.",
         )
     for name in ("lora_targets", "lora_full"):
@@ -233,11 +231,13 @@ def _check_weights(config: RLHFConfig) -> None:
 
 
 def validate(config: RLHFConfig) -> None:
-    """Raise ``ConfigError`` naming the field and the fix for any invalid setting."""
-    check_choice("RLHFConfig", "algorithm", config.algorithm, ALGORITHMS)
+    """Raise ``ConfigError`` naming the field and the fix for any invalid setting. The names
+    algorithm, kl_estimator and loss_aggregation may take are their registries' keys
+    (``advantages.ESTIMATORS``, ``kl.KL_ESTIMATORS``, ``aggregation.AGGREGATIONS``)."""
+    check_choice("RLHFConfig", "algorithm", config.algorithm, tuple(ESTIMATORS))
     check_choice("RLHFConfig", "kl_in", config.kl_in, KL_PLACES)
-    check_choice("RLHFConfig", "kl_estimator", config.kl_estimator, KL_ESTIMATORS)
-    check_choice("RLHFConfig", "loss_aggregation", config.loss_aggregation, LOSS_AGGREGATIONS)
+    check_choice("RLHFConfig", "kl_estimator", config.kl_estimator, tuple(KL_ESTIMATORS))
+    check_choice("RLHFConfig", "loss_aggregation", config.loss_aggregation, tuple(AGGREGATIONS))
     _check_ints(config)
     _check_weights(config)
     flags = ("adaptive_kl", "whiten_advantages", "group_std", "divergence_guard", "remat_layers")
@@ -291,19 +291,21 @@ def add_config_flags(
             )
     for old, new in RENAMED.items():  # hidden from --help
         if new not in skip:
-            action = _DeprecatedFlag if old in DEPRECATED else _TargetKLFlag
             parser.add_argument(
                 "--" + old.replace("_", "-"),
                 dest=new if old in DEPRECATED else argparse.SUPPRESS,
                 type=field_type(FIELDS[new]),
                 default=None if old in DEPRECATED else argparse.SUPPRESS,
-                action=functools.partial(action, new_flag="--" + new.replace("_", "-")),
+                action=functools.partial(_RenamedFlag, new_flag="--" + new.replace("_", "-")),
                 help=argparse.SUPPRESS,
             )
 
 
-class _DeprecatedFlag(argparse.Action):
-    """An old flag that still sets its field, after one warning line naming the new flag."""
+class _RenamedFlag(argparse.Action):
+    """An old flag (``RENAMED``): a deprecated one (``DEPRECATED``) still sets its field, after
+    one warning line naming the new flag; ``--target-kl`` of ppojax rlhf is an error naming
+    ``--kl-target`` (``parser.error``, exit status 2), for the same flag of ppojax train stops
+    an update early."""
 
     def __init__(self, *args: Any, new_flag: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -316,25 +318,13 @@ class _DeprecatedFlag(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        if self.dest == argparse.SUPPRESS:  # not DEPRECATED: refused
+            parser.error(
+                f"{option_string} is now {self.new_flag} (the adaptive-KL controller's target, "
+                f"nats per sequence); {option_string} means early stopping on approximate KL, "
+                "which ppojax train has and ppojax rlhf does not"
+            )
         sys.stderr.write(
             f"{parser.prog}: warning: {option_string} is deprecated; use {self.new_flag}\n"
         )
         setattr(namespace, self.dest, values)
-
-
-class _TargetKLFlag(_DeprecatedFlag):
-    """``--target-kl`` of ppojax rlhf: an error naming ``--kl-target`` (``parser.error``, exit
-    status 2), for the same flag of ppojax train stops an update early."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        parser.error(
-            f"{option_string} is now {self.new_flag} (the adaptive-KL controller's target, nats "
-            f"per sequence); {option_string} means early stopping on approximate KL, which "
-            "ppojax train has and ppojax rlhf does not"
-        )

@@ -4,16 +4,17 @@ asked, entropy, and for PPO the clipped value loss; aggregated per token or per 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 
 from ppojax.engine import losses
-from ppojax.rlhf.core.advantages import kl_estimate
+from ppojax.rlhf.core.aggregation import aggregate
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.kl import loss_penalty
 from ppojax.rlhf.core.logprobs import policy_stats
-from ppojax.rlhf.core.sampling import PolicyApply, Sequences, response_values
+from ppojax.rlhf.core.sampling import PolicyApply, Sequences, TokenStats, response_values
 
 
 class RLHFBatch(NamedTuple):
@@ -32,18 +33,6 @@ class RLHFBatch(NamedTuple):
     @property
     def sequences(self) -> Sequences:
         return Sequences(self.prompts, self.prompt_mask, self.responses, self.mask)
-
-
-def aggregate(per_token: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
-    """A scalar from per-token terms [N, R]: "token"/"dapo" sum / real tokens; "sequence"/
-    "grpo" mean over rows of (row sum / row length); "dr_grpo" sum / (N * R)."""
-    mask = mask.astype(per_token.dtype)
-    if mode in ("token", "dapo"):
-        return losses.masked_mean(per_token, mask)
-    if mode in ("sequence", "grpo"):
-        lengths = jnp.maximum(mask.sum(axis=1), 1.0)
-        return ((per_token * mask).sum(axis=1) / lengths).mean()
-    return (per_token * mask).sum() / per_token.size
 
 
 class LossParts(NamedTuple):
@@ -74,9 +63,9 @@ def clipped_policy_loss(
     per_token = -losses.clipped_objective(
         log_ratio, advantages, config.clip_eps, config.upper_clip_eps
     )
-    if config.kl_in == "loss":
-        kl = kl_estimate(log_probs, ref_log_probs, config.kl_estimator)
-        per_token = per_token + kl_coef * kl
+    penalty = loss_penalty(config, kl_coef, log_probs, ref_log_probs)
+    if penalty is not None:
+        per_token = per_token + penalty
     policy_loss = aggregate(per_token, mask, config.loss_aggregation)
     mean_entropy = losses.entropy_bonus(entropy, mask)
     ratio = jnp.exp(log_ratio)
@@ -91,15 +80,31 @@ def clipped_policy_loss(
     return policy_loss - config.ent_coef * mean_entropy, metrics
 
 
-def policy_terms(
-    config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
+class Targets(Protocol):
+    """What a minibatch holds for the loss beside its tokens ([N, X] each: X the response's
+    positions, or an episode's slots): the sampling policy's and the reference's log-probs,
+    the advantages, the critic's values at sampling time and the returns."""
+
+    log_probs: jax.Array
+    ref_log_probs: jax.Array
+    advantages: jax.Array
+    values: jax.Array
+    returns: jax.Array
+
+
+def assemble_loss(
+    config: RLHFConfig,
+    parts: LossParts,
+    params: dict,
+    stats: TokenStats,
+    batch: Targets,
+    mask: jax.Array,
+    critic_values: Callable[[Any], jax.Array],
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The policy's part of the loss (``clipped_policy_loss`` over the response tokens), and
-    its metrics."""
-    policy = parts.policy_params(params)
-    stats = policy_stats(
-        parts.policy_apply, policy, batch.sequences, config.temperature, config.logit_chunk
-    )
+    """The loss of both trainers' minibatches from the policy's ``stats`` over the tokens of
+    ``mask``: policy_on * ``clipped_policy_loss``, plus for PPO (``parts.critic_apply``)
+    vf_coef * the clipped value loss of ``critic_values(critic params)`` (the critic's own
+    params, or the policy's when the critic is a value head on it); and its metrics."""
     loss, metrics = clipped_policy_loss(
         config,
         parts.kl_coef,
@@ -108,22 +113,27 @@ def policy_terms(
         batch.log_probs,
         batch.ref_log_probs,
         batch.advantages,
-        batch.mask,
+        mask,
     )
-    return parts.policy_on * loss, metrics
+    total = parts.policy_on * loss
+    if parts.critic_apply is None:
+        return total, metrics
+    critic_params = params["critic"] if "critic" in params else parts.policy_params(params)
+    values = critic_values(critic_params)
+    value_loss = losses.value_loss(values, batch.values, batch.returns, config.vf_clip_eps, mask)
+    return total + config.vf_coef * value_loss, {**metrics, "loss/value_avg": value_loss}
 
 
 def rlhf_loss(
     config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Total loss of a minibatch: policy terms, plus vf_coef * clipped value loss for PPO
-    (the critic's own params, or the policy's when the critic is a value head on it)."""
-    total, metrics = policy_terms(config, parts, params, batch)
-    if parts.critic_apply is None:
-        return total, metrics
-    critic_params = params["critic"] if "critic" in params else parts.policy_params(params)
-    values = response_values(parts.critic_apply, critic_params, batch.sequences)
-    value_loss = losses.value_loss(
-        values, batch.values, batch.returns, config.vf_clip_eps, batch.mask
+    """Total loss of a minibatch of responses (``assemble_loss`` over the response tokens)."""
+    policy = parts.policy_params(params)
+    stats = policy_stats(
+        parts.policy_apply, policy, batch.sequences, config.temperature, config.logit_chunk
     )
-    return total + config.vf_coef * value_loss, {**metrics, "loss/value_avg": value_loss}
+
+    def critic_values(critic_params: Any) -> jax.Array:
+        return response_values(parts.critic_apply, critic_params, batch.sequences)
+
+    return assemble_loss(config, parts, params, stats, batch, batch.mask, critic_values)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from ppojax.engine import losses
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.kl import kl_estimate, reward_coef
 from ppojax.rlhf.core.logprobs import policy_stats
 from ppojax.rlhf.core.objective import RLHFBatch
 from ppojax.rlhf.core.sampling import (
@@ -104,7 +105,7 @@ def advantages_and_returns(
     """[N, R] each. PPO: GAE of r_t = -beta KL_t (kl_in="reward") + score at the end, then
     whitened when asked. GRPO / RLOO: the sequence advantage of score - beta sum_t KL_t (or of
     the score alone with kl_in="loss") on every real token; returns are unused (0)."""
-    beta = kl_coef if config.kl_in == "reward" else 0.0
+    beta = reward_coef(config, kl_coef)
     if config.needs_critic:
         rewards = adv.token_rewards(scores, penalty_kl, mask, beta)
         advantages, returns = adv.token_advantages(
@@ -128,7 +129,7 @@ def critic_free_advantages(
     [N, X] over the real tokens (beta = 0 with kl_in="loss"), on every real token, 0
     elsewhere; X is a response's positions, or an episode's columns or slots (the episode
     trainer calls this too, so a one-turn episode gets the same bits)."""
-    beta = kl_coef if config.kl_in == "reward" else 0.0
+    beta = reward_coef(config, kl_coef)
     rewards = adv.sequence_rewards(scores, penalty_kl, mask, beta)
     per_row = adv.sequence_advantages(
         config.algorithm, rewards, config.group_size, config.group_std
@@ -167,7 +168,7 @@ def collect(
         values = jnp.zeros(mask.shape, jnp.float32)
     rewards, scores, emitted_eos = score(config, reward_fns, sequences)
     penalty_kl = jnp.where(
-        mask, adv.kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator), 0.0
+        mask, kl_estimate(stats.log_probs, reference.log_probs, config.kl_estimator), 0.0
     )
     advantages, returns = advantages_and_returns(
         config, scores, penalty_kl, values, mask, state.kl_coef

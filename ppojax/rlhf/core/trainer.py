@@ -28,8 +28,9 @@ from ppojax.engine import precision
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
 from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core import lora, remat
-from ppojax.rlhf.core.advantages import update_kl_coef
+from ppojax.rlhf.core.advantages import critic_free_names
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.kl import next_kl_coef
 from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.objective import LossParts, rlhf_loss
 from ppojax.rlhf.core.rollout import Roles, collect, rollout_metrics
@@ -87,11 +88,17 @@ def check_inputs(
             f"RLHFConfig.reward_weights has {len(weights)} weights for {len(reward_fns)} "
             "reward functions; give one weight per function.",
         )
+    check_critic(config, critic_apply)
+
+
+def check_critic(config: RLHFConfig, critic_apply: CriticApply | None) -> None:
+    """ConfigError when the algorithm learns a critic and ``critic_apply`` is None."""
     if config.needs_critic and critic_apply is None:
+        others = " or ".join(repr(name) for name in critic_free_names())
         raise ConfigError(
             "critic_apply",
-            "algorithm='ppo' needs critic_apply(params, tokens, mask) -> values [B, L]; pass "
-            "one, or choose algorithm='grpo' or 'rloo', which need no critic.",
+            f"algorithm={config.algorithm!r} needs critic_apply(params, tokens, mask) -> values "
+            f"[B, L]; pass one, or choose algorithm={others}, which need no critic.",
         )
 
 
@@ -213,36 +220,45 @@ def train_step(
     parts = LossParts(
         policy_apply, critic_apply, full_policy, state.kl_coef, policy_weight(config, state.step)
     )
-    loss = in_compute_dtype(functools.partial(rlhf_loss, config, parts), state.reference)
+    metrics = rollout_metrics(config, rollout, state.kl_coef, reward_names(reward_fns))
+    loss = functools.partial(rlhf_loss, config, parts)
+    return run_update(config, optimizer, state, loss, rollout.batch, update_key, metrics)
+
+
+def run_update(
+    config: RLHFConfig,
+    optimizer: optax.GradientTransformation,
+    state: RLHFState,
+    loss: Callable[..., Any],
+    batch: Any,
+    key: jax.Array,
+    metrics: dict[str, jax.Array],
+) -> tuple[RLHFState, dict[str, jax.Array]]:
+    """The update of both trainers: ``update_epochs`` x ``num_minibatches`` steps of
+    ``loss(params, minibatch)`` (in the compute dtype, its layers rematerialized when asked)
+    over ``batch`` through ``run_epochs``, then beta (``kl.next_kl_coef`` on the rollout's
+    ``metrics["objective/kl"]``) and the step count. The state after, and ``metrics`` with the
+    update's."""
+    loss = in_compute_dtype(loss, state.reference)
     if config.remat_layers:
         loss = remat.with_rematerialized_layers(loss)
     carry, update_metrics = run_epochs(
         loss,
         optimizer,
         OptimizerCarry(state.params, state.opt_state),
-        rollout.batch,
-        update_key,
+        batch,
+        key,
         num_epochs=config.update_epochs,
         num_minibatches=config.num_minibatches,
         stop_kl=None,
         divergence_guard=config.divergence_guard,
     )
-    names = reward_names(reward_fns)
-    metrics = {**rollout_metrics(config, rollout, state.kl_coef, names), **update_metrics}
-    kl_coef = state.kl_coef
-    if config.adaptive_kl:
-        kl_coef = update_kl(config, kl_coef, metrics["objective/kl"], rollout.batch)
+    metrics = {**metrics, **update_metrics}
+    kl_coef = next_kl_coef(config, state.kl_coef, metrics["objective/kl"], batch)
     state = state.replace(
         params=carry.params, opt_state=carry.opt_state, kl_coef=kl_coef, step=state.step + 1
     )
     return state, metrics
-
-
-def update_kl(config: RLHFConfig, kl_coef: jax.Array, kl: jax.Array, batch: Any) -> jax.Array:
-    """The adaptive controller on this step's sequence KL, n = the rows of the batch (an
-    ``RLHFBatch``, or any pytree of [n, ...] leaves: the episode trainer's)."""
-    rows = jax.tree.leaves(batch)[0].shape[0]
-    return update_kl_coef(kl_coef, kl, config.kl_target, config.kl_horizon, rows)
 
 
 def run_steps(
