@@ -60,7 +60,7 @@ SORTING_BETAS = (0.0, 0.1)  # no KL leash against the proxy, and the usual one
 PARTS = ("lora", "reversal", "sorting")
 LEGACY = ("date", "command", "settings", "machine", "wall_s", "load_average_1_5_15_min")
 EVAL_PROMPTS = 1024
-LORA_TARGETS = ("qkv", "out", "mlp_in", "mlp_out", "lm_head")
+LORA_TARGETS = ("c_attn", "c_proj", "c_fc", "lm_head")
 CURVES = ("objective/scores", "objective/kl")
 
 

@@ -69,12 +69,12 @@ def test_the_episode_form_is_picked_by_its_flags_and_refuses_a_mix(tmp_path, cap
 
 @pytest.mark.slow
 def test_grpo_on_the_guessing_game_writes_the_run_folder_and_resumes_exactly(tmp_path, capsys):
-    """A 2-step run (LoRA adapters on the attention's qkv) writes the RLHF layout; a copy
+    """A 2-step run (LoRA adapters on the attention's c_attn) writes the RLHF layout; a copy
     killed after step 1 (its checkpoint 2 gone) resumed to step 3 writes step 2's metrics
     row as the uninterrupted run did, then step 3; summary.json holds the held-out episodes."""
     out = tmp_path / "runs"
     argv = ["rlhf", *GUESSING, "--checkpoint-every", "1", "--ent-coef", "0.1", "--steps", "2",
-            "--lora-rank", "2", "--lora-targets", "qkv"]  # fmt: skip
+            "--lora-rank", "2", "--lora-targets", "c_attn"]  # fmt: skip
     assert main([*argv, "--out", str(out)]) == 0
     whole = only_run(out)
     files = {path.name for path in whole.iterdir()}

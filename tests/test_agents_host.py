@@ -90,7 +90,8 @@ def test_python_env_plays_the_jax_envs_episodes():
     # float32 log-softmaxes of O(1) logits from programs compiled apart
     np.testing.assert_allclose(host.log_probs, one_program.log_probs, atol=2e-5)
     turns, ended = np.asarray(host.num_turns), np.asarray(host.terminated)
-    assert set(turns[ended].tolist()) == {1, 3} and not ended.all()  # wins, env limit, budget
+    # wins at the first turn, the env's limit of 3, and episodes cut by the budget
+    assert {1, 3} <= set(turns[ended].tolist()) and not ended.all()
     assert np.asarray(host.rewards).sum() >= 1
     other = rollout(params, jax.random.key(2))
     assert not np.array_equal(other.tokens, host.tokens)

@@ -227,7 +227,7 @@ def test_chunked_slot_stats_on_multi_turn_episodes_equal_the_full_logits():
 
 
 def test_lora_and_the_adaptive_kl_controller_on_multi_turn_episodes():
-    """The guessing game, GRPO with LoRA adapters on the attention's qkv kernels and the
+    """The guessing game, GRPO with LoRA adapters on the attention's c_attn kernels and the
     adaptive controller: only the adapters train (the base, which is the reference, stays
     bit-identical, and the merged policy moves); beta follows beta * (1 + clip(KL / target -
     1, -0.2, 0.2) * n / horizon) with n = 8 episodes, horizon 40: step 1 plays the base
@@ -237,7 +237,7 @@ def test_lora_and_the_adaptive_kl_controller_on_multi_turn_episodes():
     config = RLHFConfig(
         pad_id=g.PAD, eos_id=g.EOS, response_len=2, algorithm="grpo", group_size=2,
         update_epochs=1, num_minibatches=2, learning_rate=3e-2, ent_coef=0.05,
-        lora_rank=2, lora_targets=("qkv",), adaptive_kl=True, kl_target=1e-6,
+        lora_rank=2, lora_targets=("c_attn",), adaptive_kl=True, kl_target=1e-6,
         kl_horizon=40.0,
     )  # fmt: skip
     length = EpisodeLayout(1, 2, 1, 2).length
@@ -252,7 +252,7 @@ def test_lora_and_the_adaptive_kl_controller_on_multi_turn_episodes():
         betas.append(float(state.kl_coef))
         kls.append(float(metrics["objective/kl"]))
     adapters = state.params["policy"]
-    assert set(adapters) and all("qkv" in name for name in adapters)
+    assert set(adapters) and all("c_attn" in name for name in adapters)
     assert differences(state.reference, params) == []  # the base: bit-identical
     scale = config.lora_alpha / config.lora_rank
     assert differences(merge(state.reference, adapters, scale), params) != []

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import pathlib
 import shutil
 import socket
 import types
@@ -184,3 +185,24 @@ def test_a_task_run_that_never_recovers_exits_3_without_a_summary(tmp_path, caps
     assert "ppojax rlhf: error: the run diverged and never recovered: from step 1 on" in error
     assert (run_dir / "curves.png").exists() and not (run_dir / "summary.json").exists()
     assert sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir()) == [2, 4]
+
+
+LEGACY_RUN = pathlib.Path(__file__).parent / "fixtures" / "legacy_rlhf_run"
+
+
+@pytest.mark.slow
+def test_a_run_folder_of_the_earlier_builtin_transformer_resumes_to_the_same_state(tmp_path):
+    """tests/fixtures/legacy_rlhf_run was written by ``TINY_RUN`` when the built-in
+    transformer had parameter names of its own (Block_0/CausalSelfAttention_0/qkv, ...). Its
+    frozen SFT params and checkpoints read back in the decoder's names; killed after step 2,
+    it trains steps 3 and 4 to the state it saved at step 4. The decoder computes each of the
+    earlier module's ops in the same order, so the states agree to float32 rounding: a few
+    ulps of parameters of order 1 after two Adam steps (atol 1e-5)."""
+    killed = tmp_path / "legacy"
+    shutil.copytree(LEGACY_RUN, killed)
+    shutil.rmtree(killed / "checkpoints" / "4")
+    folder.truncate_metrics(killed / "metrics.csv", 2)
+    assert main(["--resume", str(killed), "--no-progress"]) == 0
+    resumed = restore_state(killed, 4)
+    assert {"wte", "wpe", "layers_0", "ln_f", "lm_head"} <= set(resumed.params["policy"]["params"])
+    chex.assert_trees_all_close(resumed, restore_state(LEGACY_RUN, 4), atol=1e-5)

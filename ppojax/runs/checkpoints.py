@@ -10,7 +10,7 @@ import datetime
 import hashlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +182,24 @@ class Checkpoints:
                 self.manager.delete(old)
 
     def restore(self, step: int, template: Any) -> Any:
-        """The state saved at ``step``; ``CheckpointError`` naming the file if it is damaged."""
+        """The state saved at ``step``; ``CheckpointError`` naming the file if it is damaged.
+        A checkpoint that does not read back under ``template`` is tried under each earlier
+        layout of it (``register_layout``) before the error is raised."""
+        try:
+            return self.restore_as(step, template)
+        except CheckpointError as error:
+            for older, newer in LAYOUTS:
+                earlier = older(template)
+                if jax.tree.structure(earlier) == jax.tree.structure(template):
+                    continue
+                try:
+                    return newer(self.restore_as(step, earlier))
+                except CheckpointError:
+                    pass
+            raise error
+
+    def restore_as(self, step: int, template: Any) -> Any:
+        """The state saved at ``step`` under exactly ``template``'s structure."""
         import orbax.checkpoint as ocp
 
         step_dir = self.shown / str(step)
@@ -206,6 +223,19 @@ class Checkpoints:
 
     def close(self) -> None:
         self.manager.close()
+
+
+# (older, newer): ``older(template)`` a state's template as an earlier ppojax saved it,
+# ``newer(state)`` a state read back under it in today's layout (``register_layout``)
+LAYOUTS: list[tuple[Callable[[Any], Any], Callable[[Any], Any]]] = []
+
+
+def register_layout(older: Callable[[Any], Any], newer: Callable[[Any], Any]) -> None:
+    """Let checkpoints saved in an earlier layout of a state resume: ``older(template)`` is
+    the template as it was saved (unchanged where it does not apply), ``newer(state)`` turns
+    what reads back under it into today's layout."""
+    if (older, newer) not in LAYOUTS:
+        LAYOUTS.append((older, newer))
 
 
 def _leaf_name(path: tuple[Any, ...]) -> str:

@@ -90,14 +90,13 @@ class EpisodeLayout:
 
 
 def model_context(model: Any) -> int | None:
-    """The positions ``model`` can read, where it says them: the built-in transformer's
-    ``max_len`` (a ``LanguageModel`` or its module), a pretrained model's
-    ``config.max_positions``; None for anything else (a bare ``policy_apply``)."""
-    module = getattr(model, "module", model)
-    for owner, name in ((module, "max_len"), (getattr(model, "config", None), "max_positions")):
-        value = getattr(owner, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+    """The positions ``model`` can read, where it says them: its decoder config's
+    ``max_positions`` (the built-in transformer, a pretrained model or their ``Decoder``);
+    None for anything else (a bare ``policy_apply``)."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "max_positions", None)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
     return None
 
 

@@ -261,7 +261,7 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
     before and after."""
     run = settings["run"]
     seed_key = jax.random.key(run["seed"])
-    env_name, vocab_size = repr(settings["env"]["id"]), prepared.lm.module.vocab_size
+    env_name, vocab_size = repr(settings["env"]["id"]), prepared.lm.config.vocab_size
 
     def check_env_output(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
         # before the chunk is kept: its checkpoint would hold what the env's output did

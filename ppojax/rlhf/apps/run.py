@@ -32,6 +32,7 @@ import numpy as np
 
 from ppojax.rlhf.core.config import RLHFConfig, stored_names
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
+from ppojax.rlhf.models import transformer
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loop import (
     LoopOptions,
@@ -42,6 +43,9 @@ from ppojax.runs.loop import (
     train_loop,
 )
 from ppojax.runs.plots import plot_metrics
+
+# run folders of the built-in transformer from before it was a DecoderConfig still resume
+checkpoints.register_layout(transformer.to_legacy, transformer.from_legacy)
 
 PLOT_FILE = "curves.png"
 FROZEN_DIR = "frozen"

@@ -8,9 +8,10 @@ folder. Its model form, a Hugging Face model on a prompt file, trains through ``
 
 The sorting task trains an SFT model and a reward model first, then RL against the reward
 model (its gold score logged with weight 0); the reversal task trains SFT, then RL against
-its checker. Every RLHFConfig field is an option (``--kl-in loss``, ``--lora-targets qkv,out``);
-the run folder is described in ``ppojax.rlhf.apps.run``. This module is the application: it is
-the one place that imports both the library and the tasks.
+its checker. Every RLHFConfig field is an option (``--kl-in loss``,
+``--lora-targets c_attn,c_proj``); the run folder is described in ``ppojax.rlhf.apps.run``.
+This module is the application: it is the one place that imports both the library and the
+tasks.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def _check_ints(config: RLHFConfig) -> None:
         raise ConfigError(
             "lora_targets",
             "RLHFConfig.lora_targets must name at least one layer (a part of a parameter path, "
-            "such as 'qkv') when lora_rank > 0.",
+            "such as 'q_proj' or 'c_attn') when lora_rank > 0.",
         )
 
 

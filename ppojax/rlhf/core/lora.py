@@ -1,11 +1,12 @@
 """LoRA: a frozen base plus low-rank adapters on chosen dense kernels, for any params pytree.
 
-A kernel W [in, out] whose parameter path contains one of ``targets`` (``"qkv"``, ``"lm_head"``)
-gets adapters A [in, r] and B [r, out]; the policy uses W + (alpha / r) A @ B. B starts at 0,
-so the adapted model starts exactly equal to its base, and the base itself serves as the
-reference: there is no second copy of the weights. The leaves whose path has a part in
-``full`` (``lora_full``: a value head the critic reads from the policy's params, which would
-otherwise stay at its initial values) are trained in full instead, each as its own copy.
+A kernel W [in, out] whose parameter path contains one of ``targets`` (``"q_proj"``,
+``"c_attn"``, ``"lm_head"``) gets adapters A [in, r] and B [r, out]; the policy uses
+W + (alpha / r) A @ B. B starts at 0, so the adapted model starts exactly equal to its base,
+and the base itself serves as the reference: there is no second copy of the weights. The
+leaves whose path has a part in ``full`` (``lora_full``: a value head the critic reads from
+the policy's params, which would otherwise stay at its initial values) are trained in full
+instead, each as its own copy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import jax.numpy as jnp
 
 
 def path_name(path: tuple) -> str:
-    """A parameter path as 'params-Block_0-qkv-kernel' (one string key per adapted kernel)."""
+    """A parameter path as 'params-layers_0-attn-c_attn-kernel' (one string key per adapted
+    kernel)."""
     return "-".join(str(getattr(part, "key", getattr(part, "idx", part))) for part in path)
 
 

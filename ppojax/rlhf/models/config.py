@@ -34,7 +34,8 @@ class DecoderConfig:
     ``sliding_layers``, on the layers marked True; ``query_scale``: the attention scores'
     factor (default head_dim ** -0.5); ``attn_softcap``/``final_softcap``: cap * tanh(x / cap)
     of the attention scores and the logits (Gemma 2); ``embed_scale``: embeddings times
-    sqrt(hidden_size); ``sandwich_norms``: norms after each sublayer too (Gemma); ``raw``: the
+    sqrt(hidden_size); ``head_bias``: a bias on the untied output layer (the built-in
+    transformer's); ``sandwich_norms``: norms after each sublayer too (Gemma); ``raw``: the
     config.json as read (JSON text, so the config stays hashable), written back on save."""
 
     model_type: str
@@ -52,6 +53,7 @@ class DecoderConfig:
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
+    head_bias: bool = False
     qk_norm: bool = False
     norm: str = "rms"
     positions: str = "rope"

@@ -153,7 +153,7 @@ class Attention(nn.Module):
         q_width = config.num_heads * config.head_dim
         kv_width = config.num_kv_heads * config.head_dim
         if config.model_type == "gpt2":
-            qkv = dense(q_width + 2 * kv_width, True, "c_attn", dtype)(x)
+            qkv = dense(q_width + 2 * kv_width, config.qkv_bias, "c_attn", dtype)(x)
             q, k, v = jnp.split(qkv, [q_width, q_width + kv_width], axis=-1)
         else:
             q = dense(q_width, config.qkv_bias, "q_proj", dtype)(x)
@@ -280,7 +280,15 @@ class Decoder(nn.Module):
             # Gemma: sqrt(hidden_size), rounded to the compute dtype as Hugging Face does
             x = x * jnp.asarray(math.sqrt(config.hidden_size), dtype)
         if config.positions == "learned":
-            table = nn.Embed(config.max_positions, config.hidden_size, dtype, dtype, name="wpe")
+            # GPT-2's initialisation (a checkpoint's table replaces it)
+            table = nn.Embed(
+                config.max_positions,
+                config.hidden_size,
+                dtype,
+                dtype,
+                embedding_init=nn.initializers.normal(0.02),
+                name="wpe",
+            )
             x = x + table(jnp.minimum(positions, config.max_positions - 1))
         slot = Slot(start, key_mask, positions)
         layer, block = Layer, self.attention_block
@@ -306,5 +314,5 @@ class Decoder(nn.Module):
         if config.tie_embeddings:
             out = embed.attend(x)
         else:
-            out = dense(config.vocab_size, False, "lm_head", dtype)(x)
+            out = dense(config.vocab_size, config.head_bias, "lm_head", dtype)(x)
         return softcap(out, config.final_softcap), cache

@@ -24,17 +24,21 @@ from jax.sharding import Mesh
 from safetensors.numpy import load_file, save_file
 
 from ppojax.rlhf.core import lora
-from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.sampling import KVCacheHook
 from ppojax.rlhf.core.sharding import shard_state
 from ppojax.rlhf.models.config import DecoderConfig, read_config
-from ppojax.rlhf.models.decoder import Decoder, KVCache, empty_cache, softcap
+from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.tokenizer import Tokenizer
+from ppojax.rlhf.models.transformer import (
+    VALUE_HEAD,
+    contract,
+    decoder_params,
+    value_head,
+)
 from ppojax.rlhf.models.weights import SINGLE, load_params, save_params
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-VALUE_HEAD = "value_head"
 
 
 class PretrainedLM(NamedTuple):
@@ -50,8 +54,7 @@ class PretrainedLM(NamedTuple):
 
     def init_value_head(self, params: dict) -> dict:
         """``params`` with a zero value head [D] -> 1 beside the decoder (V starts at 0)."""
-        hidden, dtype = self.config.hidden_size, self.module.dtype
-        head = {"kernel": jnp.zeros((hidden, 1), dtype), "bias": jnp.zeros((1,), dtype)}
+        head = value_head(self.config.hidden_size, self.module.dtype)
         return {"params": {**params["params"], VALUE_HEAD: head}}
 
 
@@ -64,66 +67,6 @@ def resolve_dtype(dtype: Any) -> Any:
             raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}.")
         return DTYPES[dtype]
     return dtype
-
-
-def decoder_params(params: dict) -> dict:
-    """The decoder's params, without the value head."""
-    inner = {name: leaf for name, leaf in params["params"].items() if name != VALUE_HEAD}
-    return {"params": inner}
-
-
-def lm_head(module: Decoder, params: dict, hidden: jax.Array) -> jax.Array:
-    """Logits [..., V] of the decoder's final hidden states [..., D] (after its final norm):
-    the ops of ``Decoder``'s head, the tied embedding table's or lm_head's kernel, then the
-    family's final softcap."""
-    config, inner, dtype = module.config, params["params"], module.dtype
-    if config.tie_embeddings:
-        table = inner["wte" if config.model_type == "gpt2" else "embed"]["embedding"]
-        out = jnp.dot(hidden.astype(dtype), table.astype(dtype).T)
-    else:
-        out = jnp.dot(hidden.astype(dtype), inner["lm_head"]["kernel"].astype(dtype))
-    return softcap(out, config.final_softcap)
-
-
-def contract(module: Decoder) -> tuple[SplitPolicy, Any, KVCacheHook]:
-    """``policy_apply`` (a ``SplitPolicy``: the logits, and the final hidden states and the
-    head apart), ``critic_apply`` and the ``KVCacheHook`` of ``module``."""
-
-    def logits(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-        return module.apply(decoder_params(params), tokens, mask)[0]
-
-    def hidden_states(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-        return module.apply(decoder_params(params), tokens, mask, logits=False)[0]
-
-    def head(params: dict, hidden: jax.Array) -> jax.Array:
-        return lm_head(module, params, hidden)
-
-    def critic_apply(params: dict, tokens: jax.Array, mask: jax.Array) -> jax.Array:
-        hidden = hidden_states(params, tokens, mask)
-        head = params["params"][VALUE_HEAD]
-        return (hidden @ head["kernel"] + head["bias"])[..., 0].astype(jnp.float32)
-
-    def prefill(
-        params: dict, prompts: jax.Array, prompt_mask: jax.Array, total_len: int
-    ) -> tuple[jax.Array, KVCache]:
-        cache = empty_cache(module.config, prompts.shape[0], total_len, module.dtype)
-        logits, cache = module.apply(decoder_params(params), prompts, prompt_mask, cache, 0)
-        return logits[:, -1], cache
-
-    def decode(
-        params: dict, cache: KVCache, tokens: jax.Array, index: Any
-    ) -> tuple[jax.Array, KVCache]:
-        mask = jnp.ones((tokens.shape[0], 1), bool)
-        logits, cache = module.apply(decoder_params(params), tokens[:, None], mask, cache, index)
-        return logits[:, 0], cache
-
-    def extend(
-        params: dict, cache: KVCache, tokens: jax.Array, mask: jax.Array, start: Any
-    ) -> tuple[jax.Array, KVCache]:
-        return module.apply(decoder_params(params), tokens, mask, cache, start)
-
-    policy_apply = SplitPolicy(logits, hidden_states, head)
-    return policy_apply, critic_apply, KVCacheHook(prefill, decode, extend)
 
 
 # "org/name" or "name", with an optional "@revision": what the Hub calls a repo id
