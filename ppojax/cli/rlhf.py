@@ -75,7 +75,7 @@ def choose_form(argv: Sequence[str], own: dict[str, set[str]]) -> str:
     """ "task", "model" or "episode" for ``argv``; a ``ValueError`` naming the flags when it
     mixes two forms', or gives the model form's without ``--model`` or the episode form's
     without ``--env`` (either without ``--resume``)."""
-    from ppojax.cli.text import is_model_run
+    from ppojax.cli.text_checks import is_model_run
 
     given = {form: [flag for flag in flags_in(argv) if flag in own[form]] for form in FORMS}
     mixed = [form for form in FORMS if given[form]]
