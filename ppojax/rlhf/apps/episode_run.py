@@ -5,6 +5,7 @@ folder.
     ppojax rlhf --env guessing --env-arg num_values=4 --turns 2 --steps 300
     ppojax rlhf --env calculator --env-arg num_digits=1 --turns 2 --turn-len 4 --algorithm ppo
     ppojax rlhf --resume runs/rlhf-guessing-grpo-<time> [--steps 600]
+    ppojax rlhf --env-module my_env.py --env mine --sft-steps 200 --steps 100
 
 A JAX env plays inside the compiled chunks of ``ppojax.runs.loop``; a Python env (the
 calculator) is stepped on the host (``HostRollout``), the loop calling the step once per step.
@@ -12,7 +13,10 @@ Everything the command can check is checked before the run folder is made
 (``episode_checks``). An episode the env never ends stops at ``--turns`` turns or
 ``--token-budget`` tokens, counted in ``episodes/truncated``. The run folder is the RLHF one
 (``ppojax.rlhf.apps.run``); summary.json adds the held-out success, return, turns and
-truncated share of ``--eval-episodes`` episodes at step 0 and after training.
+truncated share of ``--eval-episodes`` episodes at step 0, after SFT (``--sft-steps``,
+``episode_sft``) and after training, success by the env's own rule (``env.success_rule``).
+``--env-module`` imports a module that registers text envs; config.json keeps it for
+``--resume``.
 """
 
 from __future__ import annotations
