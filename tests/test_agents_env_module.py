@@ -96,6 +96,13 @@ def test_a_users_env_module_trains_after_sft_and_resumes_without_redoing_it(
     assert summary["steps"] == 3 and summary["held_out_sft"] == after_sft
 
 
+def test_ppojax_envs_lists_the_text_envs_an_env_module_registers(env_file, capsys):
+    assert main(["envs", "--env-module", str(env_file)]) == 0
+    out = capsys.readouterr().out
+    listed = out.split("text envs (ppojax rlhf --env; register_text_env, --env-module):\n")[1]
+    assert listed.startswith("  calculator\n  guessing\n  partial\n  undemonstrated\n")
+
+
 def test_a_bad_env_module_or_sft_without_demonstrations_is_exit_2_and_no_folder(
     tmp_path, env_file, capsys
 ):
