@@ -145,6 +145,9 @@ def test_success_is_the_envs_rule_and_said_when_it_has_none():
     rule = env_module.success_rule(object())
     assert rule.says == "return > 0: the env defines no success"
     assert rule.judge(rewards, turns, ended).tolist() == [True, True, False]
+    Hook.success = lambda self, rewards, terminated: rewards[5]
+    with pytest.raises(ValueError, match=r"Hook: success\(\[0.25, 0.25\], False\) of episode 0 "):
+        env_module.success_rule(Hook()).judge(rewards, turns, ended)
     Threshold.success_return = "high"
     with pytest.raises(ValueError, match="success_return must be a number"):
         env_module.success_rule(Threshold())

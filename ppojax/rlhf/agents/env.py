@@ -158,17 +158,24 @@ class SuccessRule(NamedTuple):
 def success_rule(env: Any) -> SuccessRule:
     """The success ``env`` defines (see the module): its ``success`` method, else its
     ``success_return``, else a positive return, said as the env defining none; a
-    ``ValueError`` naming the env for a ``success_return`` that is not a number."""
+    ``ValueError`` naming the env for a ``success_return`` that is not a number, and from
+    ``judge`` for a ``success`` that raises."""
     success = getattr(env, "success", None)
     if callable(success):
 
         def judge(rewards: np.ndarray, turns: np.ndarray, terminated: np.ndarray) -> np.ndarray:
-            return np.array(
-                [
-                    bool(success([float(r) for r in row[:count]], bool(ended)))
-                    for row, count, ended in zip(rewards, turns, terminated, strict=True)
-                ]
-            )
+            judged = []
+            rows = zip(rewards, turns, terminated, strict=True)
+            for episode, (row, count, ended) in enumerate(rows):
+                played = [float(r) for r in row[:count]]
+                try:
+                    judged.append(bool(success(played, bool(ended))))
+                except Exception as error:  # the env's code: named, as one line
+                    raise ValueError(
+                        f"text env {type(env).__name__}: success({played}, {bool(ended)}) of "
+                        f"episode {episode} raised {type(error).__name__}: {error}"
+                    ) from error
+            return np.array(judged, bool)
 
         return SuccessRule(judge, "the env's success()")
     threshold = getattr(env, "success_return", None)
