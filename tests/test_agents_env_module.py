@@ -61,6 +61,8 @@ def env_file(tmp_path):
     path.write_text(textwrap.dedent(ENV_FILE))
     yield path
     sys.modules.pop("partial_env", None)
+    if str(tmp_path) in sys.path:  # where the import found it: another test's file is new
+        sys.path.remove(str(tmp_path))
     for env_id in ("partial", "undemonstrated"):
         env_module._FACTORIES.pop(env_id, None)
 
