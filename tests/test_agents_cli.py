@@ -80,7 +80,8 @@ def test_grpo_on_the_guessing_game_writes_the_run_folder_and_resumes_exactly(tmp
     files = {path.name for path in whole.iterdir()}
     assert files == {"config.json", "metrics.csv", "curves.png", "checkpoints", "summary.json"}
     config = json.loads((whole / "config.json").read_text())
-    assert config["env"] == {"id": "guessing", "args": {"num_values": 4}}
+    assert config["env"] == {"id": "guessing", "args": {"num_values": 4}, "modules": []}
+    assert config["sft"] is None
     assert config["rlhf"]["algorithm"] == "grpo" and config["rlhf"]["eos_id"] == g.EOS
     assert all(float(r["grad_norm"]) > 0 for r in rows(whole))  # the entropy bonus: it trained
     killed = tmp_path / "killed"
@@ -99,6 +100,7 @@ def test_grpo_on_the_guessing_game_writes_the_run_folder_and_resumes_exactly(tmp
     for part in ("held_out_start", "held_out"):
         held = summary[part]
         assert held["episodes"] == 8 and 0 <= held["success"] <= 1
+        assert held["success_rule"] == "return >= 1"  # the game's success_return
         assert 1 <= held["turns"] <= 2 and held["truncated"] == 0  # the game ends itself
 
 

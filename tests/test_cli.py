@@ -488,7 +488,8 @@ def test_rlhf_picks_its_form_by_the_flags_and_refuses_a_mix(tmp_path, capsys):
     from ppojax.cli import rlhf
 
     own = rlhf.own_flags(rlhf.form_parsers())
-    assert own["task"] == {"--task", "--sft-steps", "--rm-steps", "--small"}
+    assert own["task"] == {"--task", "--rm-steps", "--small"}
+    assert "--sft-steps" not in own["episode"]  # the task and episode forms share it
     assert {"--model", "--prompts", "--reward", "--response-len"} <= own["model"]
     assert rlhf.choose_form(["--steps", "4", "--kl-coef", "0.1"], own) == "task"  # the default
     assert rlhf.choose_form(["--task=reversal"], own) == "task"

@@ -322,7 +322,7 @@ def test_resume_of_another_commands_run_folder_is_refused(tmp_path, capsys):
 
 
 def test_ppojax_rlhf_tells_a_model_run_from_a_digit_task(tmp_path):
-    from ppojax.cli.text import is_model_run
+    from ppojax.cli.text_checks import is_model_run
 
     (tmp_path / "config.json").write_text(json.dumps({"command": "rlhf"}))
     assert is_model_run(["--model", "m", "--prompts", "p.jsonl"])

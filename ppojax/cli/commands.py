@@ -405,15 +405,20 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def list_env_ids() -> int:
-    """gymnax's ids, the registered ones (after --env-module) and the adapter suites, each
-    with whether it is installed or the extra that installs it."""
+    """gymnax's ids, the registered ones (after --env-module), the text envs of ``ppojax rlhf
+    --env`` (built in and registered) and the adapter suites, each with whether it is
+    installed or the extra that installs it."""
     from ppojax.envs.registry import SUITES, gymnax_envs, registered_envs, suite_installed
+    from ppojax.rlhf.agents.env import text_env_ids
 
     print("gymnax:")
     for env_id in gymnax_envs():
         print(f"  {env_id}" + ("  (preset)" if env_id in PRESETS else ""))
     print("registered (ppojax.register_env, --env-module):")
     for env_id in registered_envs() or ["(none)"]:
+        print(f"  {env_id}")
+    print("text envs (ppojax rlhf --env; register_text_env, --env-module):")
+    for env_id in text_env_ids():
         print(f"  {env_id}")
     print("suites (suite/name):")
     for name, suite in SUITES.items():

@@ -28,7 +28,7 @@ from ppojax.rlhf.core.config import config_names
 FORMS = ("task", "model", "episode")
 USAGE = """ppojax rlhf [--task {sorting,reversal}] [options]
        ppojax rlhf --model FOLDER --prompts FILE.jsonl --reward MODULE:FUNCTION [options]
-       ppojax rlhf --env ID [--turns N] [--turn-len N] [options]
+       ppojax rlhf --env ID [--env-module MODULE] [--sft-steps N] [--turns N] [options]
        ppojax rlhf --resume RUN_DIR"""
 DESCRIPTION = """\
 PPO, GRPO or RLOO for language models, in one of three forms:
@@ -36,8 +36,9 @@ PPO, GRPO or RLOO for language models, in one of three forms:
                 reversal: SFT, then RL against its checker); the default
   model form    a Hugging Face folder on a JSONL file of prompts, scored by text rewards
                 (--reward) and/or a reward model (--reward-model)
-  episode form  the built-in model, from random weights, on multi-turn episodes of a text
-                env (--env: {ids})
+  episode form  the built-in model, from random weights (or SFT on the env's demonstrations,
+                --sft-steps), on multi-turn episodes of a text env
+                (--env: {ids}, or one that --env-module registers)
 The form is the one whose own flags are given (below); flags of two forms are an error.
 --resume RUN_DIR continues a run folder of any form. ppojax rlhf --task sorting --help,
 ppojax rlhf --model FOLDER --help or ppojax rlhf --env ID --help lists one form's options
@@ -75,7 +76,7 @@ def choose_form(argv: Sequence[str], own: dict[str, set[str]]) -> str:
     """ "task", "model" or "episode" for ``argv``; a ``ValueError`` naming the flags when it
     mixes two forms', or gives the model form's without ``--model`` or the episode form's
     without ``--env`` (either without ``--resume``)."""
-    from ppojax.cli.text import is_model_run
+    from ppojax.cli.text_checks import is_model_run
 
     given = {form: [flag for flag in flags_in(argv) if flag in own[form]] for form in FORMS}
     mixed = [form for form in FORMS if given[form]]

@@ -28,6 +28,7 @@ from ppojax.cli.flags import add_repeatable
 from ppojax.cli.text_checks import (
     as_flag,
     check_batch,
+    check_devices,
     check_flags,
     check_resume_flags,
     load_reward,
@@ -394,17 +395,6 @@ def make_job(
     return jobs.reward_model_job(lm, train, size, rate, held, master), None
 
 
-def check_devices(settings: dict[str, Any], rows: int) -> None:
-    """A ValueError naming both flags unless --batch-size's rows split evenly over --devices
-    (each device works on its own rows)."""
-    devices = settings.get("devices", 1)
-    if rows % devices:
-        raise ValueError(
-            f"--batch-size {rows} (x --group-size) must be a multiple of --devices {devices}: "
-            "each device takes its own rows"
-        )
-
-
 def load_examples(settings: dict[str, Any], lm: Any) -> Any:
     """The completions (sft) or pairs (rm, dpo) of the run's JSONL file, checked to fit the
     model's context."""
@@ -496,19 +486,3 @@ def rlhf_job(
         mesh,
     )
     return job, prompts
-
-
-def is_model_run(argv: Sequence[str]) -> bool:
-    """Whether ``ppojax rlhf`` ``argv`` trains a model folder (``--model``, or ``--resume`` of
-    such a run) rather than one of ``python -m ppojax.rlhf``'s built-in tasks."""
-    from ppojax.runs import folder
-
-    if "--model" in argv or any(word.startswith("--model=") for word in argv):
-        return True
-    if "--resume" in argv[:-1]:
-        config = Path(argv[argv.index("--resume") + 1]) / folder.CONFIG_FILE
-        try:
-            return folder.read_json(config).get("command") == "rlhf"
-        except (ValueError, AttributeError):
-            return False
-    return False

@@ -1,7 +1,9 @@
 """The checks of ``ppojax sft | rm | dpo | rlhf --model``'s input that run before a run folder
 is made: the flags (named as flags, not config fields), each ``--reward`` imported and tried
 on the first prompts, a ``--resume`` folder and the flags given beside it, the batch against
-the data. Each failure is a ``ValueError`` whose text is the one line the command prints."""
+the data and --devices. Each failure is a ``ValueError`` whose text is the one line the command
+prints. ``is_model_run`` tells ``ppojax rlhf`` whether its arguments (or the folder they
+resume) are the model form's."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import argparse
 import importlib
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +183,30 @@ def reward_check(specs: list[str], job: Any, failures: list, run_dir: Path) -> R
     failed; the job's curves name each reward's metric, the text rewards first."""
     fns = [load_reward(spec) for spec in specs]  # the job's own: a module is imported once
     return RewardCheck(list(specs), fns, list(job.curves[1 : 1 + len(specs)]), failures, run_dir)
+
+
+def check_devices(settings: dict[str, Any], rows: int) -> None:
+    """A ValueError naming both flags unless --batch-size's rows split evenly over --devices
+    (each device works on its own rows)."""
+    devices = settings.get("devices", 1)
+    if rows % devices:
+        raise ValueError(
+            f"--batch-size {rows} (x --group-size) must be a multiple of --devices {devices}: "
+            "each device takes its own rows"
+        )
+
+
+def is_model_run(argv: Sequence[str]) -> bool:
+    """Whether ``ppojax rlhf`` ``argv`` trains a model folder (``--model``, or ``--resume`` of
+    such a run) rather than one of ``python -m ppojax.rlhf``'s built-in tasks."""
+    from ppojax.runs import folder
+
+    if "--model" in argv or any(word.startswith("--model=") for word in argv):
+        return True
+    if "--resume" in argv[:-1]:
+        config = Path(argv[argv.index("--resume") + 1]) / folder.CONFIG_FILE
+        try:
+            return folder.read_json(config).get("command") == "rlhf"
+        except (ValueError, AttributeError):
+            return False
+    return False

@@ -12,6 +12,7 @@ from ppojax.rlhf.agents.chat import ChatFormat
 from ppojax.rlhf.agents.demos import (
     consistent_guesser,
     demo_loss,
+    env_script,
     play_demos,
     tool_then_answer,
     train_on_demos,
@@ -21,6 +22,7 @@ from ppojax.rlhf.agents.env import (
     Tokens,
     make_text_env,
     register_text_env,
+    success_rule,
     text_env_ids,
 )
 from ppojax.rlhf.agents.episodes import (
@@ -59,6 +61,7 @@ __all__ = [
     "check_env_faults",
     "consistent_guesser",
     "demo_loss",
+    "env_script",
     "rollout_host_episodes",
     "EpisodeLayout",
     "EpisodeSettings",
@@ -75,6 +78,7 @@ __all__ = [
     "play_demos",
     "register_text_env",
     "rollout_episodes",
+    "success_rule",
     "text_env_ids",
     "tool_then_answer",
     "train_on_demos",

@@ -85,6 +85,8 @@ class Calculator(PythonTextEnv):
     vocab_size = VOCAB_SIZE
     pad_id = PAD
     eos_id = EOS
+    # A success is a right answer: the return it brings.
+    success_return = 1.0
 
     def __init__(
         self,

@@ -12,6 +12,9 @@ directly), and the episode ends when the env says done or after ``max_turns`` tu
 env's tokens (prompt, replies) are context: ``demo_loss`` reads the log-probs of the
 ``model_mask`` tokens only, through ``episode_stats`` as the episode trainer does, so SFT and
 RL train the same positions. Training reuses ``post.sft.train_sft`` with that loss.
+
+An env offers its own demonstrations with a method ``demonstrate(rng, prompt, history)``, a
+script (``env_script``), which ``ppojax rlhf --env ID --sft-steps N`` plays.
 """
 
 from __future__ import annotations
@@ -61,6 +64,20 @@ def tool_then_answer(rng: np.random.Generator, prompt: list[int], history: list)
     if not history:
         return [*calc.encode(calc.decode(prompt[1:]) + "="), calc.EOS]
     return [*history[-1][1], calc.EOS]
+
+
+def env_script(env: Any) -> Script | None:
+    """The script that plays ``env``'s demonstrations: the env's own ``demonstrate(rng,
+    prompt, history) -> response`` (a ``Script``), else the built-in one of the guessing game
+    or the calculator; None for an env without one."""
+    own = getattr(env, "demonstrate", None)
+    if callable(own):
+        return own
+    if isinstance(env, guessing.NumberGuessing):
+        return consistent_guesser(env.num_values)
+    if isinstance(env, calc.Calculator):
+        return tool_then_answer
+    return None
 
 
 def padded(ids: list[int], width: int, pad_id: int, left: bool) -> tuple[list[int], list[bool]]:

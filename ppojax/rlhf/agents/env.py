@@ -16,6 +16,11 @@ its padding anywhere, the rollout attends to its real tokens only. A JAX environ
 A Python environment (``host.PythonTextEnv``: lists of ids, floats and bools instead of
 arrays) has the same methods and runs on the host between compiled turns (``host``).
 
+An env may say what a successful episode is, apart from its return (``success_rule``): a
+method ``success(rewards, terminated) -> bool`` of one episode (its per-turn rewards, the
+turns played only, and whether the env ended it), or a number ``success_return`` that the
+return must reach. Without either, success is a positive return.
+
 ``register_text_env(env_id, factory)`` names a factory ``factory(**kwargs) -> env``;
 ``make_text_env(env_id, **kwargs)`` builds one. The built-in ids are registered on first use.
 """
@@ -29,6 +34,7 @@ from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class Tokens(NamedTuple):
@@ -139,3 +145,51 @@ def check_scalar(env_name: str, name: str, value: Any, dtype: Any) -> jax.Array:
             "a scalar (the rollout vmaps the env over episodes)"
         )
     return value.astype(dtype)
+
+
+class SuccessRule(NamedTuple):
+    """Which episodes an env counts a success: ``judge(rewards [N, T], turns [N], terminated
+    [N]) -> bool [N]`` (numpy), and the rule in words (for what a command prints)."""
+
+    judge: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    says: str
+
+
+def success_rule(env: Any) -> SuccessRule:
+    """The success ``env`` defines (see the module): its ``success`` method, else its
+    ``success_return``, else a positive return, said as the env defining none; a
+    ``ValueError`` naming the env for a ``success_return`` that is not a number, and from
+    ``judge`` for a ``success`` that raises."""
+    success = getattr(env, "success", None)
+    if callable(success):
+
+        def judge(rewards: np.ndarray, turns: np.ndarray, terminated: np.ndarray) -> np.ndarray:
+            judged = []
+            rows = zip(rewards, turns, terminated, strict=True)
+            for episode, (row, count, ended) in enumerate(rows):
+                played = [float(r) for r in row[:count]]
+                try:
+                    judged.append(bool(success(played, bool(ended))))
+                except Exception as error:  # the env's code: named, as one line
+                    raise ValueError(
+                        f"text env {type(env).__name__}: success({played}, {bool(ended)}) of "
+                        f"episode {episode} raised {type(error).__name__}: {error}"
+                    ) from error
+            return np.array(judged, bool)
+
+        return SuccessRule(judge, "the env's success()")
+    threshold = getattr(env, "success_return", None)
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise ValueError(
+                f"text env {type(env).__name__}: success_return must be a number (the return "
+                f"a successful episode reaches), got {threshold!r}"
+            )
+        return SuccessRule(
+            lambda rewards, turns, terminated: rewards.sum(axis=1) >= threshold,
+            f"return >= {threshold:g}",
+        )
+    return SuccessRule(
+        lambda rewards, turns, terminated: rewards.sum(axis=1) > 0,
+        "return > 0: the env defines no success",
+    )

@@ -55,6 +55,8 @@ class NumberGuessing:
     vocab_size = VOCAB_SIZE
     pad_id = PAD
     eos_id = EOS
+    # A success is a right guess: the return a correct guess brings.
+    success_return = 1.0
 
     def __post_init__(self) -> None:
         for name in ("num_values", "max_turns"):

@@ -5,6 +5,7 @@ folder.
     ppojax rlhf --env guessing --env-arg num_values=4 --turns 2 --steps 300
     ppojax rlhf --env calculator --env-arg num_digits=1 --turns 2 --turn-len 4 --algorithm ppo
     ppojax rlhf --resume runs/rlhf-guessing-grpo-<time> [--steps 600]
+    ppojax rlhf --env-module my_env.py --env mine --sft-steps 200 --steps 100
 
 A JAX env plays inside the compiled chunks of ``ppojax.runs.loop``; a Python env (the
 calculator) is stepped on the host (``HostRollout``), the loop calling the step once per step.
@@ -12,7 +13,10 @@ Everything the command can check is checked before the run folder is made
 (``episode_checks``). An episode the env never ends stops at ``--turns`` turns or
 ``--token-budget`` tokens, counted in ``episodes/truncated``. The run folder is the RLHF one
 (``ppojax.rlhf.apps.run``); summary.json adds the held-out success, return, turns and
-truncated share of ``--eval-episodes`` episodes at step 0 and after training.
+truncated share of ``--eval-episodes`` episodes at step 0, after SFT (``--sft-steps``,
+``episode_sft``) and after training, success by the env's own rule (``env.success_rule``).
+``--env-module`` imports a module that registers text envs; config.json keeps it for
+``--resume``.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import jax
 import numpy as np
 
 from ppojax.checks import ConfigError
-from ppojax.rlhf.agents.env import text_env_ids
+from ppojax.envs.registry import import_env_modules, module_reference
+from ppojax.rlhf.agents.env import success_rule, text_env_ids
 from ppojax.rlhf.agents.episodes import EnvOutputError, check_env_faults, rollout_episodes
 from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
 from ppojax.rlhf.apps import episode_checks as checks
+from ppojax.rlhf.apps import episode_sft
 from ppojax.rlhf.apps.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
 from ppojax.rlhf.core.trainer import RLHFState, policy_params_fn
@@ -76,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     ids = ", ".join(text_env_ids())
     parser.add_argument("--env", metavar="ID", help=f"the text env: {ids}")
     parser.add_argument(
+        "--env-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a module name such as mypackage.envs, or the path of a .py file) "
+        "first, which registers text envs with register_text_env; repeatable; config.json "
+        "keeps where it is, so --resume imports it again",
+    )
+    parser.add_argument(
         "--env-arg",
         action="append",
         default=[],
@@ -113,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile every program afresh instead of loading it from the compilation cache "
         "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
     )
+    episode_sft.add_sft_flags(parser)
     helps = {name: f"default {value!r} (this form's)" for name, value in DEFAULTS.items()}
     add_config_flags(parser, ENV_FIELDS, helps)
     return parser
@@ -133,7 +149,8 @@ def check_counts(args: argparse.Namespace) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Everything a run folder's config.json holds, from fresh command-line arguments (the
-    env built, to read its vocabulary)."""
+    env built, to read its vocabulary); ``--env-module`` imported first."""
+    import_env_modules(args.env_module, "--env-module")
     if args.env is None:
         raise ValueError(f"give --env ID, a text env: {', '.join(text_env_ids())}")
     check_counts(args)
@@ -153,7 +170,11 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     )
     return {
         "rlhf": config_dict(config),
-        "env": {"id": args.env, "args": env_args},
+        "env": {
+            "id": args.env,
+            "args": env_args,
+            "modules": [module_reference(module) for module in args.env_module],
+        },
         "episodes": {
             "turns": args.turns,
             "token_budget": args.token_budget,
@@ -171,6 +192,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "checkpoint_every": args.checkpoint_every,
         },
+        "sft": episode_sft.sft_settings(args),
     }
 
 
@@ -201,6 +223,7 @@ def prepare(settings: dict[str, Any]) -> Prepared:
     layout = EpisodeLayout(env.prompt_len, config.response_len, env.reply_len, turn.max_turns)
     lm = transformer(vocab.vocab_size, layout.length, **settings["model"])
     checks.check_env(env_id, env, lm.kv_cache, turn, vocab)
+    success_rule(env)  # a success_return that is not a number fails here
     critic = lm.critic_apply if config.needs_critic else None
     trainer = make_episode_trainer(
         config, lm.policy_apply, env, run["batch_size"] * config.group_size, turn.max_turns,
@@ -228,9 +251,11 @@ def evaluator(
     prepared: Prepared, count: int, greedy: bool = False
 ) -> Callable[[Any, jax.Array], dict[str, float]]:
     """``evaluate(params, key)``: ``count`` episodes of the policy ``params`` from ``key``
-    (compiled once for every call), argmax tokens with ``greedy``: the share with a positive
-    return (``success``), the mean return and turns, the share truncated."""
+    (compiled once for every call), argmax tokens with ``greedy``: the share of successes as
+    the env defines them (``success``, its rule in ``success_rule``: ``env.success_rule``),
+    the mean return and turns, the share truncated."""
     env, lm = prepared.env, prepared.lm
+    rule = success_rule(env)
     settings = dataclasses.replace(prepared.trainer.settings, greedy=greedy)
     if runs_on_host(env):
         play = HostRollout(lm.kv_cache, env, count, settings)
@@ -242,25 +267,41 @@ def evaluator(
 
     def evaluate(params: Any, key: jax.Array) -> dict[str, float]:
         episodes = play(params, key)
-        returns = np.asarray(episodes.rewards).sum(axis=1)
+        rewards, terminated = np.asarray(episodes.rewards), np.asarray(episodes.terminated)
+        returns, turns = rewards.sum(axis=1), np.asarray(episodes.num_turns)
         return {
             "episodes": count,
-            "success": round(float(np.mean(returns > 0)), 4),
+            "success": round(float(np.mean(rule.judge(rewards, turns, terminated))), 4),
+            "success_rule": rule.says,
             "return": round(float(np.mean(returns)), 4),
-            "turns": round(float(np.mean(episodes.num_turns)), 4),
-            "truncated": round(float(np.mean(~np.asarray(episodes.terminated))), 4),
+            "turns": round(float(np.mean(turns)), 4),
+            "truncated": round(float(np.mean(~terminated)), 4),
             "greedy": greedy,
         }
 
     return evaluate
 
 
-def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any) -> int:
-    """Train the run folder ``run_dir`` to its steps through ``train_loop``, write curves.png
-    and, unless the run diverged (``RunDiverged``), summary.json with the held-out episodes
-    before and after."""
-    run = settings["run"]
+def train(
+    settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any, demos: Any = None
+) -> int:
+    """Train the run folder ``run_dir`` to its steps through ``train_loop`` (after SFT on
+    ``demos`` when the settings ask for it: ``episode_sft``), write curves.png and, unless the
+    run diverged (``RunDiverged``), summary.json with the held-out episodes at step 0, after
+    SFT and at the end."""
+    run, episodes = settings["run"], settings["episodes"]
     seed_key = jax.random.key(run["seed"])
+    # a folder from before --eval-greedy sampled its held-out episodes
+    evaluate = evaluator(prepared, episodes["eval_episodes"], episodes.get("eval_greedy", False))
+    eval_key = jax.random.fold_in(seed_key, 3)  # apart from init (1) and training (2)
+    config = prepared.trainer.config
+    policy = policy_params_fn(config, prepared.state.reference)  # LoRA: merged
+    held_out = {"held_out_start": evaluate(policy(prepared.state.params), eval_key)}
+    if settings.get("sft"):  # a folder from before --sft-steps has none
+        prepared, record = episode_sft.trained_before_rl(
+            settings, prepared, run_dir, demos, lambda params: evaluate(params, eval_key)
+        )
+        held_out["held_out_sft"] = record["held_out"]
     env_name, vocab_size = repr(settings["env"]["id"]), prepared.lm.config.vocab_size
 
     def check_env_output(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
@@ -287,21 +328,31 @@ def train(settings: dict[str, Any], prepared: Prepared, run_dir: Path, args: Any
     diverged = never_recovered(result.metrics)
     if diverged is not None:
         raise RunDiverged(diverged.replace("No final/ is written: its", "Its"))
-    episodes = settings["episodes"]
-    # a folder from before --eval-greedy sampled its held-out episodes
-    evaluate = evaluator(prepared, episodes["eval_episodes"], episodes.get("eval_greedy", False))
-    eval_key = jax.random.fold_in(seed_key, 3)  # apart from init (1) and training (2)
-    policy = policy_params_fn(prepared.trainer.config, prepared.state.reference)  # LoRA: merged
-    start = evaluate(policy(prepared.state.params), eval_key)
-    end = evaluate(policy(result.state.params), eval_key)
-    summary = summarize(result, held_out_start=start, held_out=end)
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    policy = policy_params_fn(config, result.state.reference)  # a resumed run's own reference
+    held_out["held_out"] = evaluate(policy(result.state.params), eval_key)
+    folder.write_json(run_dir / folder.SUMMARY_FILE, summarize(result, **held_out))
     print(f"run folder: {run_dir}")
-    print(
-        f"step {run['steps']}: held-out success {end['success']:.3f} (step 0: "
-        f"{start['success']:.3f}), turns {end['turns']:.2f}"
-    )
+    print_held_out(held_out, run["steps"])
     return 0
+
+
+def print_held_out(held_out: dict[str, dict[str, Any]], steps: int) -> None:
+    """The held-out table: success (by the env's rule, said), mean return and turns at step
+    0, after SFT (when it ran) and at ``steps``."""
+    end = held_out["held_out"]
+    played = "argmax" if end["greedy"] else "sampled"
+    print(
+        f"held-out success ({end['success_rule']}), mean return and turns of "
+        f"{end['episodes']} episodes ({played}):"
+    )
+    labels = {"held_out_start": "step 0", "held_out_sft": "after SFT", "held_out": f"step {steps}"}
+    for part, label in labels.items():
+        if part in held_out:
+            row = held_out[part]
+            print(
+                f"  {label:<11} success {row['success']:.3f}  return {row['return']:.3f}  "
+                f"turns {row['turns']:.2f}"
+            )
 
 
 def check_resume_flags(run_dir: Path, argv: Sequence[str]) -> None:
@@ -317,9 +368,10 @@ def check_resume_flags(run_dir: Path, argv: Sequence[str]) -> None:
 
 
 def resumed_settings(run_dir: Path, steps: int | None) -> dict[str, Any]:
-    """The settings of the run folder ``run_dir``, ``steps`` (if given) its new step count;
-    a ``ValueError`` for a folder of another form."""
-    settings = folder.read_json(run_dir / folder.CONFIG_FILE)
+    """The settings of the run folder ``run_dir``, ``steps`` (if given) its new step count,
+    its env modules imported again; a ``ValueError`` for a folder of another form."""
+    config_path = run_dir / folder.CONFIG_FILE
+    settings = folder.read_json(config_path)
     if not isinstance(settings, dict) or "env" not in settings:
         raise ValueError(f"--resume {run_dir}: not a run folder of ppojax rlhf --env")
     missing = [part for part in SECTIONS if not isinstance(settings.get(part), dict)]
@@ -330,6 +382,7 @@ def resumed_settings(run_dir: Path, steps: int | None) -> dict[str, Any]:
         )
     if steps is not None:
         settings["run"]["steps"] = steps
+    import_env_modules(settings["env"].get("modules", []), str(config_path))
     return settings
 
 
@@ -343,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.no_compile_cache and not cache.disabled_by_environment():
         cache.enable_compile_cache()
+    demos = None
     with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
         if args.resume is not None:
             run_dir = args.resume
@@ -355,12 +409,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             settings = settings_from_args(args)
             prepared = prepare(settings)
+            if settings["sft"]:  # played now: a script that fails makes no folder
+                demos = episode_sft.demonstrations(settings, prepared)
             name = f"rlhf-{settings['env']['id']}-{settings['rlhf']['algorithm']}"
             run_dir = folder.new_run_dir(args.out, name)
             stack.enter_context(run_lock(run_dir))
         folder.write_json(run_dir / folder.CONFIG_FILE, settings)
         try:
-            return train(settings, prepared, run_dir, args)
+            return train(settings, prepared, run_dir, args, demos)
         except (HostEnvError, EnvOutputError) as error:
             sys.stderr.write(
                 f"ppojax rlhf: error: {error}; the run stopped there, {run_dir} keeps its last "
