@@ -14,7 +14,7 @@ On the machine's first GPU it builds the program ``ppojax.rlhf.plan`` sizes
 - measured: ``memory_stats()["peak_bytes_in_use"]`` after ``--steps`` steps (its growth over
   the bytes in use before the first step, and the total), and the median seconds of a step
   after the first, each waited for with ``block_until_ready``;
-- the planner's time ESTIMATE (``sizing.estimate``: FLOPs at the dense peak, bytes at the
+- the planner's time ESTIMATE (``estimate.estimate``: FLOPs at the dense peak, bytes at the
   memory bandwidth) for the same program, beside the measured step.
 
 No weights are needed: every floating-point input is zeros (the program and the bytes it
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from common import record, result_path, write_json
 
-from ppojax.rlhf import planner, sizing
+from ppojax.rlhf import estimate, planner, sizing
 from ppojax.rlhf.core.sharding import make_mesh
 from ppojax.rlhf.models.config import DecoderConfig, parse_config
 from ppojax.runtime import launches
@@ -142,7 +142,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     aliased, temporaries = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
     moved = launches.count(compiled.as_text()).total_bytes()
     kind = device.device_kind.lower()
-    target = next((name for name in sizing.PEAK_FLOPS if name in kind), None)
+    target = next((name for name in estimate.PEAK_FLOPS if name in kind), None)
 
     state, *rest = concrete(prog.args, 0, config.vocab_size)
     before = in_use()
@@ -153,7 +153,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         jax.block_until_ready((state, metrics))
         seconds.append(time.perf_counter() - began)
     peak = peak_in_use()
-    estimate = sizing.estimate(config, step, target, 1, moved) if target else None
+    estimated = estimate.estimate(config, step, target, 1, moved) if target else None
     return {
         "model": SMOKE_CONFIG if args.smoke else args.model,
         "step": {
@@ -184,10 +184,10 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
                 round(statistics.median(seconds[1:]), 4) if len(seconds) > 1 else None
             ),
         },
-        "estimate_s": None if estimate is None else round(estimate.seconds, 4),
+        "estimate_s": None if estimated is None else round(estimated.step, 4),
         "estimate_bound": None
-        if estimate is None
-        else ("memory" if estimate.memory >= estimate.compute else "compute"),
+        if estimated is None
+        else ("memory" if estimated.memory >= estimated.compute else "compute"),
         "finite_metrics": all(
             bool(np.isfinite(np.asarray(value)).all()) for value in jax.tree.leaves(metrics)
         ),

@@ -23,8 +23,8 @@ from benchmark_script import run_benchmark
 
 import ppojax
 from ppojax.rlhf import PlanError, StepShape, plan
+from ppojax.rlhf.estimate import step_flops
 from ppojax.rlhf.models.config import parse_config
-from ppojax.rlhf.sizing import step_flops
 from ppojax.runtime import compiling, deviceless, kernels, launches
 
 ROOT = Path(__file__).resolve().parents[1]

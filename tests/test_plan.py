@@ -19,10 +19,11 @@ import pytest
 from ppojax.cli.commands import main
 from ppojax.rlhf import PlanError, StepShape, make_trainer, plan
 from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
+from ppojax.rlhf.estimate import step_flops, token_flops
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.shapes import abstract_params, model_config
 from ppojax.rlhf.planner import abstract_lm, rl_config, token_reward
-from ppojax.rlhf.sizing import largest_fitting, step_flops, token_flops
+from ppojax.rlhf.sizing import largest_fitting
 
 TINY = {
     "model_type": "qwen2",
@@ -149,6 +150,25 @@ def test_the_search_finds_the_largest_step_by_compiling(tiny_json):
     assert "largest prompts per step that fit: 2" in found.report()
     roomy = plan(tiny_json, sft, "cpu", device_memory=2 * memory, headroom=0.5, search=True)
     assert roomy.largest_prompts == 2  # headroom 0.5 of twice the memory: the same bytes
+
+
+@pytest.mark.heavy
+def test_the_search_compiles_each_lever_of_a_step_that_does_not_fit(tiny_json):
+    """One byte short of GRPO's peak: the search compiles each lever (the largest prompts,
+    remat, LoRA) and tells which fit; two devices cannot be planned in a one-CPU process."""
+    peak = plan(tiny_json, GRPO, "cpu").memory.peak
+    short = plan(tiny_json, GRPO, "cpu", device_memory=peak - 1, headroom=0.0, search=True)
+    assert not short.fits and short.largest_prompts == 1
+    checked = {c.lever.split("  ")[0]: c for c in short.checked}
+    assert set(checked) == {"--remat-layers", "--prompts 1", "--lora-rank 16", "--devices 2"}
+    assert checked["--prompts 1"].fits and checked["--prompts 1"].peak < peak
+    assert checked["--lora-rank 16"].peak < peak  # no Adam moments or gradients of the weights
+    for lever in ("--remat-layers", "--lora-rank 16", "--prompts 1"):
+        assert checked[lever].fits == (checked[lever].peak <= peak - 1)
+    assert "this process has 1 CPU device" in checked["--devices 2"].error
+    text = short.report()
+    assert "add one of (each compiled, --search)" in text
+    assert "  --prompts 1  (the largest that fits, searched): fits, peak" in text
 
 
 def test_errors_name_the_flag(tiny_json, tmp_path):

@@ -214,9 +214,9 @@ def test_a_step_that_does_not_fit_names_the_flags_to_try():
 
 
 def test_the_estimate_costs_launches_and_collectives_and_remat_costs_a_forward():
+    from ppojax.rlhf.estimate import estimate, step_flops, token_flops
     from ppojax.rlhf.models.shapes import model_config
     from ppojax.rlhf.planner import StepShape
-    from ppojax.rlhf.sizing import estimate, step_flops, token_flops
 
     config = model_config("qwen2.5-0.5b")
     step = StepShape("grpo", 8, 8, 512, 1024)

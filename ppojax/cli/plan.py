@@ -81,7 +81,12 @@ def build_parser() -> Parser:
         help="share of the memory kept free, in [0, 1) (0.1: a training command preallocates "
         "0.9 of it, or XLA_PYTHON_CLIENT_MEM_FRACTION where that is set)",
     )
-    parser.add_argument("--search", action="store_true", help="find the largest --prompts")
+    parser.add_argument(
+        "--search",
+        action="store_true",
+        help="find the largest --prompts and, for a step that does not fit, compile each "
+        "lever that could make it fit",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the plan as JSON")
     return parser
 
