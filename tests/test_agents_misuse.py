@@ -101,7 +101,7 @@ def test_greedy_play_takes_the_argmax_and_reports_its_finite_log_probs():
 
 
 def test_the_command_can_play_its_held_out_episodes_greedily():
-    from ppojax.rlhf.apps import episode_run
+    from ppojax.runs.lm import episode_run
 
     args = episode_run.build_parser().parse_args(["--env", "guessing", "--eval-greedy"])
     settings = episode_run.settings_from_args(args)

@@ -129,3 +129,19 @@ def test_rlhf_builds_on_the_shared_engine_not_on_env_ppo():
     )
     assert into_ppo == [], "move what both halves need into ppojax/engine/"
     assert any(target.startswith("ppojax.engine") for target in graph["ppojax.rlhf.core.trainer"])
+
+
+def test_rlhf_is_library_code_below_the_host_side():
+    """ppojax.rlhf imports nothing of the host side (ppojax.runs) or the command line: its run
+    folders live in ppojax.runs.lm, above both halves. ``python -m ppojax.rlhf`` (its
+    ``__main__``, an entry point) is the one exception."""
+    _, graph = package_imports()
+    upward = sorted(
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        if source.startswith("ppojax.rlhf") and source != "ppojax.rlhf.__main__"
+        for target in targets
+        if target.startswith(("ppojax.runs", "ppojax.cli"))
+    )
+    assert upward == [], "move host-side code into ppojax/runs/lm/"
+    assert any(target.startswith("ppojax.rlhf") for target in graph["ppojax.runs.lm.jobs"])

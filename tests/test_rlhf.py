@@ -25,7 +25,6 @@ from ppojax.rlhf import (
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.apps.run import rlhf_config_from_dict
 from ppojax.rlhf.core.config import config_names
 from ppojax.rlhf.core.kl import update_kl
 from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
@@ -42,6 +41,7 @@ from ppojax.rlhf.tasks.sorting import (
     sorting_targets,
     train_reward_model,
 )
+from ppojax.runs.lm.run import rlhf_config_from_dict
 
 
 def test_kl_estimators_hand_values():
@@ -375,18 +375,19 @@ def test_task_config_names_the_field():
 
 
 def test_library_never_imports_a_task():
-    """Every module of ppojax.rlhf, in every tier, imports without a task module coming along,
-    but the task app (apps/task_run.py and ``python -m ppojax.rlhf``, which runs it)."""
-    root = Path(ppojax.rlhf.__file__).parent
-    apps = (root / "tasks", root / "apps" / "task_run.py", root / "__main__.py")
+    """Every module of ppojax.rlhf, in every tier, and of the language-model runs
+    (ppojax.runs.lm) imports without a task module coming along, but the task app
+    (runs/lm/task_run.py and ``python -m ppojax.rlhf``, which runs it)."""
+    package = Path(ppojax.rlhf.__file__).parents[1]
+    rlhf, lm = package / "rlhf", package / "runs" / "lm"
+    apps = (rlhf / "tasks", lm / "task_run.py", rlhf / "__main__.py")
     names = [
-        ".".join(("ppojax", "rlhf", *path.relative_to(root).with_suffix("").parts))
+        ".".join(("ppojax", *path.relative_to(package).with_suffix("").parts))
+        for root in (rlhf, lm)
         for path in sorted(root.rglob("*.py"))
         if not any(path == app or app in path.parents for app in apps)
     ]
-    assert {"ppojax.rlhf.core.trainer", "ppojax.rlhf.post.sft", "ppojax.rlhf.apps.jobs"} <= set(
-        names
-    )
+    assert {"ppojax.rlhf.core.trainer", "ppojax.rlhf.post.sft", "ppojax.runs.lm.jobs"} <= set(names)
     code = (
         "import importlib, sys\n"
         f"for name in {names!r}:\n"

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from ppojax.rlhf import RLHFConfig, make_trainer, run_steps
-from ppojax.rlhf.apps.task_run import frozen_params, main, prepare
 from ppojax.rlhf.models.transformer import zero_value_head
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask
 from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.runs import checkpoints, folder, loop
+from ppojax.runs.lm.task_run import frozen_params, main, prepare
 
 TINY_RUN = [
     "--small",

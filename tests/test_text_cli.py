@@ -19,9 +19,9 @@ import pytest
 
 from ppojax.cli import main
 from ppojax.rlhf import from_pretrained, save_pretrained
-from ppojax.rlhf.apps.text_run import drop_lines_after
 from ppojax.rlhf.models.pretrained import load_value_head
 from ppojax.runs import folder
+from ppojax.runs.lm.text_run import drop_lines_after
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "hf" / "llama"
 SUMS = [(a, b) for a in range(1, 5) for b in range(1, 3)]

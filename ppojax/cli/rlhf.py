@@ -4,10 +4,10 @@
     ppojax rlhf --model FOLDER --prompts FILE.jsonl --reward M:F    the model form
     ppojax rlhf --env ID [options]                                  the episode form
 
-The task form trains the built-in model on a digit task (``ppojax.rlhf.apps.task_run``, also
+The task form trains the built-in model on a digit task (``ppojax.runs.lm.task_run``, also
 ``python -m ppojax.rlhf``); the model form trains a Hugging Face folder on a prompt file
 (``ppojax.cli.text``); the episode form trains the built-in model from random weights on
-multi-turn episodes of a text env (``ppojax.rlhf.apps.episode_run``). A flag that only one
+multi-turn episodes of a text env (``ppojax.runs.lm.episode_run``). A flag that only one
 form has (``--model``, ``--prompts``, ...; ``--task``, ``--small``, ...; ``--env``,
 ``--turns``, ...) picks that form, and flags of two forms are an error naming them. With
 none, ``--resume RUN_DIR`` follows what made the folder, and anything else is the task form.
@@ -48,7 +48,7 @@ with its defaults."""
 def form_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each form's own parser."""
     from ppojax.cli import text
-    from ppojax.rlhf.apps import episode_run, task_run
+    from ppojax.runs.lm import episode_run, task_run
 
     return {
         "task": task_run.build_parser(),
@@ -176,8 +176,8 @@ def main(argv: Sequence[str]) -> int:
     """``ppojax rlhf [options]`` in the form its flags pick (bad input: one line, exit status
     2, before any run folder is made)."""
     from ppojax.cli import text
-    from ppojax.rlhf.apps.episode_run import main as episode_main
-    from ppojax.rlhf.apps.task_run import main as task_main
+    from ppojax.runs.lm.episode_run import main as episode_main
+    from ppojax.runs.lm.task_run import main as task_main
 
     argv = list(argv)
     parsers = form_parsers()

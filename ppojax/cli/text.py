@@ -1,5 +1,5 @@
 """``ppojax sft | rm | dpo`` and ``ppojax rlhf --model``: a Hugging Face model folder trained
-on a JSONL file into a run folder (``ppojax.rlhf.apps.text_run``), its final model in ``final/``.
+on a JSONL file into a run folder (``ppojax.runs.lm.text_run``), its final model in ``final/``.
 
     ppojax sft --model FOLDER --data sft.jsonl --steps 200            # prompt, completion
     ppojax rm  --model FOLDER --pairs pairs.jsonl --steps 200 --held-out 64
@@ -250,9 +250,9 @@ def start(
     made), then train into a new run folder under ``out``, or on in ``run_dir``."""
     import jax
 
-    from ppojax.rlhf.apps.text_run import train_job
     from ppojax.rlhf.models.pretrained import from_pretrained
     from ppojax.runs import folder
+    from ppojax.runs.lm.text_run import train_job
     from ppojax.runs.lock import run_lock
     from ppojax.runs.loggers import WandbRun, options_from_settings
     from ppojax.runs.loop import LoopOptions
@@ -266,7 +266,7 @@ def start(
         failures: list[Any] = []  # the text rewards' errors inside the compiled step
         job, prompts = make_job(settings, lm, jax.random.fold_in(key, 1), failures, mesh)
         if mesh is not None:
-            from ppojax.rlhf.apps.jobs import sharded
+            from ppojax.runs.lm.jobs import sharded
 
             job = sharded(job, mesh)
         options = LoopOptions(
@@ -334,7 +334,7 @@ def sample_writer(
     """The hook that writes samples.jsonl (and a W&B table) every ``sample_every`` steps."""
     import jax
 
-    from ppojax.rlhf.apps.text_run import SampleWriter
+    from ppojax.runs.lm.text_run import SampleWriter
 
     config = rlhf_config(settings, lm)
     return SampleWriter(
@@ -369,8 +369,8 @@ def make_job(
 ) -> tuple[Any, Any]:
     """The run's ``Job`` and, for rlhf, its prompts (for the samples), its text rewards'
     errors kept in ``failures``; the data checked."""
-    from ppojax.rlhf.apps import jobs
     from ppojax.rlhf.data import split_held_out
+    from ppojax.runs.lm import jobs
 
     command, path = settings["command"], Path(settings["data"])
     size, rate = settings["batch_size"], settings.get("learning_rate")
@@ -424,9 +424,9 @@ def rlhf_job(
     settings: dict[str, Any], lm: Any, key: Any, failures: list, mesh: Any = None
 ) -> tuple[Any, Any]:
     """The RLHF job of ``settings``: the prompts, text rewards and reward model it names."""
-    from ppojax.rlhf.apps import jobs
     from ppojax.rlhf.data import load_prompts
     from ppojax.rlhf.models.pretrained import from_pretrained, load_value_head
+    from ppojax.runs.lm import jobs
 
     config, path = rlhf_config(settings, lm), Path(settings["data"])
     limit = settings["max_len"] or lm.config.max_positions - config.response_len

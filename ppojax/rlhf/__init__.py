@@ -5,8 +5,9 @@ step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply
 In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
 ``models`` (the built-in transformer, Hugging Face families), ``data`` and ``text_rewards``
 (text as arrays, rewards on text), ``post`` (SFT, reward models, DPO), ``planner`` and
-``sizing`` (``plan``: a step sized on GPUs before they are rented). ``apps`` (run folders,
-the commands) and ``tasks`` (the digit demos) sit on top; the library never imports them."""
+``sizing`` (``plan``: a step sized on GPUs before they are rented). ``tasks`` (the digit
+demos) sits on top, and the run folders of the commands above in ``ppojax.runs.lm``; the
+library never imports them, nor anything of ``ppojax.runs`` or ``ppojax.cli``."""
 
 from ppojax.rlhf.core.advantages import (
     group_advantages,

@@ -233,13 +233,13 @@ def rl_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program:
 
 
 def supervised_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program:
-    """The optimizer step ``ppojax sft | dpo | rm`` take on one batch (``apps.jobs``)."""
+    """The optimizer step ``ppojax sft | dpo | rm`` take on one batch (``ppojax.runs.lm.jobs``)."""
     adam = clipped_adam(1e-5, 1.0)
     rows, prompt, response = step.prompts, step.prompt_len, step.response_len
     prompts = (rows_of((rows, prompt), jnp.int32, mesh), rows_of((rows, prompt), bool, mesh))
     answer = (rows_of((rows, response), jnp.int32, mesh), rows_of((rows, response), bool, mesh))
     params, extra, held = lm.params, (), {}
-    # float32 masters, the model's functions casting them to its dtype (as apps.jobs does)
+    # float32 masters, the model's functions casting them to its dtype (as runs.lm.jobs does)
     policy, critic = (
         computing(lm.policy_apply, lm.module.dtype),
         computing(lm.critic_apply, lm.module.dtype),

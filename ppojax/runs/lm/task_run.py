@@ -9,7 +9,7 @@ folder. Its model form, a Hugging Face model on a prompt file, trains through ``
 The sorting task trains an SFT model and a reward model first, then RL against the reward
 model (its gold score logged with weight 0); the reversal task trains SFT, then RL against
 its checker. Every RLHFConfig field is an option (``--kl-in loss``,
-``--lora-targets c_attn,c_proj``); the run folder is described in ``ppojax.rlhf.apps.run``.
+``--lora-targets c_attn,c_proj``); the run folder is described in ``ppojax.runs.lm.run``.
 This module is the application: it is the one place that imports both the library and the
 tasks.
 """
@@ -26,13 +26,6 @@ from typing import Any
 
 import jax
 
-from ppojax.rlhf.apps.run import (
-    config_dict,
-    load_frozen,
-    rlhf_config_from_dict,
-    save_frozen,
-    train_run,
-)
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
 from ppojax.rlhf.core.trainer import make_trainer
 from ppojax.rlhf.models.transformer import zero_value_head
@@ -42,6 +35,13 @@ from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_sft
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
 from ppojax.runs import folder
+from ppojax.runs.lm.run import (
+    config_dict,
+    load_frozen,
+    rlhf_config_from_dict,
+    save_frozen,
+    train_run,
+)
 from ppojax.runs.lock import run_lock
 from ppojax.runs.loop import RunDiverged
 from ppojax.runtime import cache

@@ -1,6 +1,6 @@
-"""A ``Job`` (``ppojax.rlhf.apps.jobs``) trained into a run folder, from a Hugging Face folder to a
+"""A ``Job`` (``ppojax.runs.lm.jobs``) trained into a run folder, from a Hugging Face folder to a
 Hugging Face folder. A run folder has the layout of every RLHF run folder
-(``ppojax.rlhf.apps.run``) with ``final/`` and ``samples.jsonl`` added::
+(``ppojax.runs.lm.run``) with ``final/`` and ``samples.jsonl`` added::
 
     config.json        the command's settings (what --resume reads back)
     metrics.csv        one row per step
@@ -30,14 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.rlhf.apps.jobs import Job
-from ppojax.rlhf.apps.run import PLOT_FILE, summarize
 from ppojax.rlhf.core.sampling import response_mask
 from ppojax.rlhf.data import PromptData
 from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
 from ppojax.runs import folder
+from ppojax.runs.lm.jobs import Job
+from ppojax.runs.lm.run import PLOT_FILE, summarize
 from ppojax.runs.loop import LoopOptions, LoopResult, RunDiverged, never_recovered, train_loop
 from ppojax.runs.plots import plot_metrics
 

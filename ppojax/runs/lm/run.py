@@ -12,7 +12,7 @@ Every run folder of ``ppojax rlhf`` (both forms), ``sft``, ``rm`` and ``dpo`` ho
 
 and one kind adds ``frozen/0/`` (the task form: an orbax checkpoint of what it trained before
 RL, the SFT params and a reward model's; ``save_frozen``) or ``final/`` and ``samples.jsonl``
-(a model folder's run: ``ppojax.rlhf.apps.text_run``). docs/rlhf.md has the table.
+(a model folder's run: ``ppojax.runs.lm.text_run``). docs/rlhf.md has the table.
 
 Step n draws its prompts and samples from ``fold_in(key, n)``, so a run's numbers do not
 depend on where its chunks end, and a resumed run computes exactly what the uninterrupted

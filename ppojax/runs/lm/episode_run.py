@@ -12,7 +12,7 @@ calculator) is stepped on the host (``HostRollout``), the loop calling the step 
 Everything the command can check is checked before the run folder is made
 (``episode_checks``). An episode the env never ends stops at ``--turns`` turns or
 ``--token-budget`` tokens, counted in ``episodes/truncated``. The run folder is the RLHF one
-(``ppojax.rlhf.apps.run``); summary.json adds the held-out success, return, turns and
+(``ppojax.runs.lm.run``); summary.json adds the held-out success, return, turns and
 truncated share of ``--eval-episodes`` episodes at step 0, after SFT (``--sft-steps``,
 ``episode_sft``) and after training, success by the env's own rule (``env.success_rule``).
 ``--env-module`` imports a module that registers text envs; config.json keeps it for
@@ -40,13 +40,13 @@ from ppojax.rlhf.agents.episodes import EnvOutputError, check_env_faults, rollou
 from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
 from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
 from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
-from ppojax.rlhf.apps import episode_checks as checks
-from ppojax.rlhf.apps import episode_sft
-from ppojax.rlhf.apps.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
 from ppojax.rlhf.core.trainer import RLHFState, policy_params_fn
 from ppojax.rlhf.models.transformer import LanguageModel, transformer, zero_value_head
 from ppojax.runs import folder
+from ppojax.runs.lm import episode_checks as checks
+from ppojax.runs.lm import episode_sft
+from ppojax.runs.lm.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
 from ppojax.runs.lock import run_lock
 from ppojax.runs.loop import LoopOptions, RunDiverged, never_recovered, train_loop
 from ppojax.runs.plots import plot_metrics

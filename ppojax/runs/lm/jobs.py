@@ -1,7 +1,7 @@
 """What ``ppojax sft | rm | dpo | rlhf --model`` train, each as a ``Job``: its state at step 0,
 what every step reads but never changes (the data, a reference, a reward model's params: an
 argument of the compiled chunk, never checkpointed), a pure step, and the params its run
-folder's ``final/`` holds. ``ppojax.rlhf.apps.text_run`` trains a job into a run folder.
+folder's ``final/`` holds. ``ppojax.runs.lm.text_run`` trains a job into a run folder.
 
     job = sft_job(lm, load_completions("sft.jsonl", lm.tokenizer), batch_size=8, learning_rate=1e-4)
     state, metrics = job.step(job.frozen, job.state, key)
