@@ -8,7 +8,8 @@ The model, deliberately plain:
   that does work: each fusion, custom call, copy, sort, collective; not parameters, constants,
   tuples, get-tuple-element or bitcasts (no kernel), nor while, call and conditional (control
   flow: their computations are counted instead; a conditional by its largest branch);
-- its bytes are its operands' and its result's sizes, every time: no credit for the caches.
+- its bytes are its operands' and its result's sizes, every time: no credit for the caches
+  (an async copy is one launch, at its ``copy-start``: its source and its destination).
   A fusion that slices a buffer (``dynamic-slice``) counts the slices, and one that updates a
   buffer in place (``dynamic-update-slice``, as a scan stores its step) counts the update,
   not the buffer: that is what the GPU touches;
@@ -40,6 +41,8 @@ NO_LAUNCH = frozenset(
         "add-dependency",
         "opt-barrier",
         "domain",
+        # an async copy (a TPU's DMA) is counted at its copy-start; its copy-done waits
+        "copy-done",
     }
 )
 CONTROL_FLOW = frozenset({"while", "call", "conditional"})
@@ -244,8 +247,12 @@ class Counter:
                 block.launches.append(Launch(inst.name, inst.opcode, self.bytes_of(inst, shapes)))
 
     def bytes_of(self, inst: Instruction, shapes: dict[str, str]) -> int:
-        """Operand and result bytes of a launch; of a fusion, what it touches (``touched``)."""
+        """Operand and result bytes of a launch; of a fusion, what it touches (``touched``); of
+        an async copy, its source read and its destination written (its result is a tuple of
+        both and a context)."""
         operands = [shape_bytes(shapes.get(name, "")) for name in operand_names(inst.rest)]
+        if inst.opcode == "copy-start":
+            return 2 * sum(operands)
         fused = attribute(inst.rest, "calls") if inst.opcode == "fusion" else []
         if fused and fused[0] in self.computations:
             return touched(self.computations[fused[0]], operands, shape_bytes(inst.shape))
