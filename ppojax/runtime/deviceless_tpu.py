@@ -13,13 +13,15 @@ names (``v5e:1x1``) are refused, so one chip of a target is one device of its sm
 JAX traces such a program with the CPU as its default backend: ``ppojax.runtime.kernels``
 gives it the plain forms, which are the ones a TPU gets (its stand-ins are CUDA's alone).
 libtpu logs warnings about TPU_ACCELERATOR_TYPE and worker hostnames on a machine without a
-TPU; they do not matter for compiling.
+TPU; they do not matter for compiling. ``topology`` lets several processes load libtpu at once
+(``ALLOW_MULTIPLE_LIBTPU_LOAD``), which would otherwise refuse all but the first.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +61,10 @@ def topology(target: str) -> Any:
     require_libtpu()
     from jax.experimental import topologies
 
+    # libtpu locks /tmp/libtpu_lockfile for the TPU of the machine, and a second process
+    # compiling at once (a test beside a benchmark, two pytest workers) fails on it: a
+    # deviceless compile holds no TPU
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         return topologies.get_topology_desc(topology_name=TARGETS[target][0], platform="tpu")
     except Exception as error:  # libtpu raises XlaRuntimeError, which has no public name
