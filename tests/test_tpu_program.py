@@ -80,11 +80,11 @@ ENTRY %main (x.1: f32[4]) -> f32[4] {
 
 def test_trips_are_read_from_a_counting_loop_s_condition_and_only_with_the_flag():
     program = launches.count(TPU_HLO, trips_from_condition=True)
-    # the counter's copy (4 + 4 B); the async copy, once: its source read, its destination
-    # written (16 + 16 B)
+    # the counter's copy (4 + 4 B); the async copy, once: its destination written and as
+    # much read (16 + 16 B)
     assert [(launch.opcode, launch.bytes) for launch in program.launches] == [
         ("copy", 8),
-        ("copy-start", 32),
+        ("copy-done", 32),
     ]
     up, down = program.loops
     assert (up.trips, down.trips) == (7, None)

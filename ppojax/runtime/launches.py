@@ -9,7 +9,8 @@ The model, deliberately plain:
   tuples, get-tuple-element or bitcasts (no kernel), nor while, call and conditional (control
   flow: their computations are counted instead; a conditional by its largest branch);
 - its bytes are its operands' and its result's sizes, every time: no credit for the caches
-  (an async copy is one launch, at its ``copy-start``: its source and its destination).
+  (a TPU's DMA, an async copy or slice, is one launch at its ``-done``: its destination
+  written and as many bytes read).
   A fusion that slices a buffer (``dynamic-slice``) counts the slices, and one that updates a
   buffer in place (``dynamic-update-slice``, as a scan stores its step) counts the update,
   not the buffer: that is what the GPU touches;
@@ -41,10 +42,14 @@ NO_LAUNCH = frozenset(
         "add-dependency",
         "opt-barrier",
         "domain",
-        # an async copy (a TPU's DMA) is counted at its copy-start; its copy-done waits
-        "copy-done",
+        # a TPU's DMA (an async copy or slice) is counted at its -done (ASYNC_DMA)
+        "copy-start",
+        "slice-start",
     }
 )
+# a TPU's DMAs into and out of its on-chip memory: a -start (whose result is a tuple of the
+# source, the destination and a context) and its -done (the destination)
+ASYNC_DMA = frozenset({"copy-done", "slice-done"})
 CONTROL_FLOW = frozenset({"while", "call", "conditional"})
 DTYPE_BYTES = {
     "pred": 1,
@@ -248,11 +253,10 @@ class Counter:
 
     def bytes_of(self, inst: Instruction, shapes: dict[str, str]) -> int:
         """Operand and result bytes of a launch; of a fusion, what it touches (``touched``); of
-        an async copy, its source read and its destination written (its result is a tuple of
-        both and a context)."""
+        a DMA, its destination written and as many bytes read."""
+        if inst.opcode in ASYNC_DMA:
+            return 2 * shape_bytes(inst.shape)
         operands = [shape_bytes(shapes.get(name, "")) for name in operand_names(inst.rest)]
-        if inst.opcode == "copy-start":
-            return 2 * sum(operands)
         fused = attribute(inst.rest, "calls") if inst.opcode == "fusion" else []
         if fused and fused[0] in self.computations:
             return touched(self.computations[fused[0]], operands, shape_bytes(inst.shape))
