@@ -165,8 +165,12 @@ def count_row(
     spec: tuple[int, int, int],
     target: str,
     compute_dtype: str = "float32",
+    compile_for: Callable[..., Any] = deviceless.compile_for,
+    trips_from_condition: bool = False,
 ) -> dict:
-    """One program at one work compiled for ``target`` and counted."""
+    """One program at one work compiled for ``target`` (by ``compile_for``: a GPU's by
+    default) and counted (loops without XLA's trip counts, a TPU's, take their conditions'
+    with ``trips_from_condition``)."""
     agents, envs, updates = spec
     config = classic(envs, updates).replace(compute_dtype=compute_dtype)
     row: dict[str, Any] = {
@@ -182,9 +186,9 @@ def count_row(
     }
     fn, args = make(config, jax.random.split(jax.random.key(0), agents))
     began = time.perf_counter()
-    compiled = deviceless.compile_for(fn, args, target)
+    compiled = compile_for(fn, args, target)
     row["compile_s"] = round(time.perf_counter() - began, 1)
-    program_tree = launches.count(compiled.as_text())
+    program_tree = launches.count(compiled.as_text(), trips_from_condition)
     row.update(
         launches.ppo_phases(
             program_tree, updates, config.num_steps, config.update_epochs, config.num_minibatches

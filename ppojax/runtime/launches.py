@@ -8,12 +8,16 @@ The model, deliberately plain:
   that does work: each fusion, custom call, copy, sort, collective; not parameters, constants,
   tuples, get-tuple-element or bitcasts (no kernel), nor while, call and conditional (control
   flow: their computations are counted instead; a conditional by its largest branch);
-- its bytes are its operands' and its result's sizes, every time: no credit for the caches.
+- its bytes are its operands' and its result's sizes, every time: no credit for the caches
+  (a TPU's DMA, an async copy or slice, is one launch at its ``-done``: its destination
+  written and as many bytes read).
   A fusion that slices a buffer (``dynamic-slice``) counts the slices, and one that updates a
   buffer in place (``dynamic-update-slice``, as a scan stores its step) counts the update,
   not the buffer: that is what the GPU touches;
 - a loop's body and condition are counted once per trip, multiplied by the trip count XLA
   records (``known_trip_count``); a loop without one is counted for one trip and says so.
+  A TPU program records none: ``count(hlo, trips_from_condition=True)`` reads each from the
+  loop's condition (``condition_trips``).
 
 ``count(hlo)`` gives the tree of loops; ``ppo_phases`` names the loops of a PPO program;
 ``kernel_count`` and ``program_size`` are the smaller readings the CPU benchmarks take (a
@@ -38,8 +42,14 @@ NO_LAUNCH = frozenset(
         "add-dependency",
         "opt-barrier",
         "domain",
+        # a TPU's DMA (an async copy or slice) is counted at its -done (ASYNC_DMA)
+        "copy-start",
+        "slice-start",
     }
 )
+# a TPU's DMAs into and out of its on-chip memory: a -start (whose result is a tuple of the
+# source, the destination and a context) and its -done (the destination)
+ASYNC_DMA = frozenset({"copy-done", "slice-done"})
 CONTROL_FLOW = frozenset({"while", "call", "conditional"})
 DTYPE_BYTES = {
     "pred": 1,
@@ -207,10 +217,13 @@ def attribute(rest: str, key: str) -> list[str]:
 
 
 class Counter:
-    """Walks a module's computations from the entry, into loops, calls and conditionals."""
+    """Walks a module's computations from the entry, into loops, calls and conditionals.
+    ``trips_from_condition``: a loop XLA gives no trip count takes its condition's
+    (``condition_trips``)."""
 
-    def __init__(self, hlo: str) -> None:
+    def __init__(self, hlo: str, trips_from_condition: bool = False) -> None:
         self.computations, self.entry = computations(hlo)
+        self.trips_from_condition = trips_from_condition
 
     def block(self, name: str, computation: str, trips: int | None) -> Block:
         block = Block(name, trips, [], [])
@@ -222,8 +235,11 @@ class Counter:
         shapes = {inst.name: inst.shape for inst in self.computations[computation]}
         for inst in self.computations[computation]:
             if inst.opcode == "while":
-                trips = TRIPS.search(inst.rest)
-                loop = Block(inst.name, int(trips.group(1)) if trips else None, [], [])
+                known = TRIPS.search(inst.rest)
+                trips = int(known.group(1)) if known else None
+                if trips is None and self.trips_from_condition:
+                    trips = condition_trips(self.computations, computation, inst)
+                loop = Block(inst.name, trips, [], [])
                 for part in attribute(inst.rest, "body") + attribute(inst.rest, "condition"):
                     self.add(loop, part)
                 block.loops.append(loop)
@@ -236,7 +252,10 @@ class Counter:
                 block.launches.append(Launch(inst.name, inst.opcode, self.bytes_of(inst, shapes)))
 
     def bytes_of(self, inst: Instruction, shapes: dict[str, str]) -> int:
-        """Operand and result bytes of a launch; of a fusion, what it touches (``touched``)."""
+        """Operand and result bytes of a launch; of a fusion, what it touches (``touched``); of
+        a DMA, its destination written and as many bytes read."""
+        if inst.opcode in ASYNC_DMA:
+            return 2 * shape_bytes(inst.shape)
         operands = [shape_bytes(shapes.get(name, "")) for name in operand_names(inst.rest)]
         fused = attribute(inst.rest, "calls") if inst.opcode == "fusion" else []
         if fused and fused[0] in self.computations:
@@ -252,6 +271,75 @@ class Counter:
             largest = max(counted, key=Block.launches_per_trip)
             block.launches += largest.launches
             block.loops += largest.loops
+
+
+def condition_trips(
+    found: dict[str, list[Instruction]], caller: str, loop: Instruction
+) -> int | None:
+    """Trips of the while ``loop`` (an instruction of ``caller``) read from its condition: the
+    condition compares one element of the loop's tuple, less than a constant N (``LT``), and
+    the body adds 1 to it; the loop's operand (a tuple in ``caller``) starts it at a constant S
+    (through copies and bitcasts): N - S trips. None where the loop is not of that form."""
+    condition = attribute(loop.rest, "condition")
+    body = attribute(loop.rest, "body")
+    if not condition or not body or condition[0] not in found or body[0] not in found:
+        return None
+    cond = {inst.name: inst for inst in found[condition[0]]}
+    root = next((inst for inst in cond.values() if inst.root), None)
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.rest:
+        return None
+    counter, bound = (cond.get(name) for name in operand_names(root.rest)[:2])
+    index = tuple_index(counter)
+    limit = constant_value(bound, cond)
+    if index is None or limit is None or not adds_one(found[body[0]], index):
+        return None
+    callers = {inst.name: inst for inst in found[caller]}
+    init = callers.get(operand_names(loop.rest)[0])
+    if init is None or init.opcode != "tuple":
+        return None
+    elements = operand_names(init.rest)
+    start = constant_value(callers.get(elements[index]), callers) if index < len(elements) else None
+    return None if start is None else max(limit - start, 0)
+
+
+def through_copies(inst: Instruction | None, scope: dict[str, Instruction]) -> Any:
+    """The instruction ``inst`` copies or bitcasts, through any number of them."""
+    while inst is not None and inst.opcode in ("copy", "bitcast"):
+        inst = scope.get(operand_names(inst.rest)[0])
+    return inst
+
+
+def tuple_index(inst: Instruction | None) -> int | None:
+    """k of ``get-tuple-element(parameter), index=k``; None for anything else."""
+    if inst is None or inst.opcode != "get-tuple-element":
+        return None
+    found = re.search(r"\bindex=(\d+)", inst.rest)
+    return int(found.group(1)) if found else None
+
+
+def constant_value(inst: Instruction | None, scope: dict[str, Instruction]) -> int | None:
+    """The integer an instruction holds: a scalar constant, through copies and bitcasts."""
+    inst = through_copies(inst, scope)
+    if inst is None or inst.opcode != "constant":
+        return None
+    found = re.match(r"\s*(-?\d+)\)", inst.rest)
+    return int(found.group(1)) if found else None
+
+
+def adds_one(body: list[Instruction], index: int) -> bool:
+    """Whether ``body`` returns element ``index`` of its tuple plus the constant 1."""
+    scope = {inst.name: inst for inst in body}
+    root = next((inst for inst in body if inst.root), None)
+    if root is None or root.opcode != "tuple":
+        return False
+    elements = operand_names(root.rest)
+    step = through_copies(scope.get(elements[index]) if index < len(elements) else None, scope)
+    if step is None or step.opcode != "add":
+        return False
+    operands = [scope.get(name) for name in operand_names(step.rest)[:2]]
+    ones = [constant_value(operand, scope) == 1 for operand in operands]
+    counters = [tuple_index(through_copies(operand, scope)) == index for operand in operands]
+    return (ones[0] and counters[1]) or (ones[1] and counters[0])
 
 
 def touched(fused: list[Instruction], operands: list[int], result: int) -> int:
@@ -291,9 +379,11 @@ def touched(fused: list[Instruction], operands: list[int], result: int) -> int:
     return total
 
 
-def count(hlo: str) -> Block:
-    """The launches of a compiled module's text, as a tree: the entry, then its loops."""
-    counter = Counter(hlo)
+def count(hlo: str, trips_from_condition: bool = False) -> Block:
+    """The launches of a compiled module's text, as a tree: the entry, then its loops (where
+    XLA records no trip count, read from the loop's condition with ``trips_from_condition``,
+    as a TPU program needs)."""
+    counter = Counter(hlo, trips_from_condition)
     return counter.block(counter.entry, counter.entry, 1)
 
 
@@ -382,6 +472,7 @@ def ppo_phases(
         - sum(phases[part]["launches"] for part in counted),
         "bytes": phases["per_update"]["bytes"] - sum(phases[part]["bytes"] for part in counted),
     }
+    phases["per_update"]["by_opcode"] = update.by_opcode()
     phases["per_minibatch_step"]["by_opcode"] = roles["minibatch"].by_opcode()
     phases["rollout"]["by_opcode"] = {
         opcode: number * (roles["rollout"].trips or 1)

@@ -1,0 +1,226 @@
+"""What ppojax, rejax 0.1.3 and PureJaxRL would run on one TPU chip, counted without one:
+ops, fusions and bytes per update, and the program's peak memory.
+
+    JAX_PLATFORMS=cpu python benchmarks/tpu_program.py [--targets v5e v6e]
+        [--works NAME ...] [--programs ppojax rejax purejaxrl] [--purejaxrl DIR]
+        [--out benchmarks/results/tpu_program.json] [--replace] [--smoke]
+    python benchmarks/tpu_program.py --readme docs/tpu.md
+
+benchmarks/gpu_program.py's programs (each library's ``jax.jit(jax.vmap(train))`` over keys,
+CartPole-v1 with PureJaxRL's classic PPO config, at benchmarks/gpu.py's works; by default
+1 agent x 8192 envs) compiled for one chip of each TPU target
+(``ppojax.runtime.deviceless_tpu``: libtpu from ``pip install "ppojax[tpu-aot]"``) and
+counted with the GPU count's rule (``ppojax.runtime.launches``): an op is each fusion, custom
+call, copy or other instruction that does work, in the entry or a loop's body or condition;
+its bytes are its operands' and its result's, of a buffer a fusion slices or updates in place
+the slice; loops times their trips, which TPU HLO does not record and the loops' conditions
+give. Fusions: the ops that are fusions. Peak memory: libtpu's ``memory_analysis()``.
+
+PureJaxRL and rejax as in benchmarks/gpu_program.py (``--purejaxrl DIR``, a checkout; rejax
+installed); without them their rows are left out. ``--readme FILE`` writes the table of
+``--out`` into FILE between its markers. ``--smoke``: the works shrunk, results in /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+from common import failure, package_version, record, with_block, write_json
+from gpu_program import (
+    COUNTED_WORKS,
+    NAMES,
+    PROGRAMS,
+    SMOKE_WORKS,
+    count_row,
+    ppojax_program,
+    purejaxrl_program,
+    rejax_program,
+    replacing,
+    size,
+)
+
+from ppojax.runtime import deviceless_tpu
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "tpu_program.json"
+DEFAULT_WORKS = ("1 agent x 8192 envs",)
+TABLE_START, TABLE_END = "<!-- tpu-program-table:start -->", "<!-- tpu-program-table:end -->"
+
+
+def memory(compiled: Any) -> dict[str, int | None]:
+    """The buffers of a compiled program (``memory_analysis()``), in bytes; ``peak`` is
+    libtpu's own peak where jax reports it."""
+    stats = compiled.memory_analysis()
+    fields = ("argument", "output", "alias", "temp")
+    found = {name: getattr(stats, f"{name}_size_in_bytes", None) for name in fields}
+    found["peak"] = getattr(stats, "peak_memory_in_bytes", None)
+    return found
+
+
+def tpu_row(program: str, make: Any, work: str, spec: tuple[int, int, int], target: str) -> dict:
+    """One program at one work compiled for one chip of ``target`` and counted."""
+    kept: dict[str, Any] = {}
+
+    def compile_for(fn: Any, args: Any, target: str) -> Any:
+        kept["compiled"] = deviceless_tpu.compile_for(fn, args, target)
+        return kept["compiled"]
+
+    row = count_row(
+        program, make, work, spec, target, compile_for=compile_for, trips_from_condition=True
+    )
+    row["fusions_per_update"] = row["per_update"]["by_opcode"].get("fusion", 0)
+    row["memory"] = memory(kept["compiled"])
+    return row
+
+
+def header(argv: list[str]) -> dict[str, Any]:
+    report = {
+        "benchmark": "tpu_program: ops, fusions and bytes of each library's program for one TPU "
+        "chip, counted from its deviceless compile (CartPole-v1, PureJaxRL's classic PPO config)",
+        **record(__file__, argv, "rejax", "distrax"),
+        "targets": {name: slice_name for name, (slice_name, _) in deviceless_tpu.TARGETS.items()},
+        "counting": [
+            "an op: each fusion, custom call, copy or other instruction that does work, of the "
+            "entry computation or of a loop's body or condition (condition once a trip)",
+            "bytes: operands' and result's sizes of every op, no cache credit, neither tiling "
+            "padding nor memory space (HBM or VMEM) told apart; of a buffer a fusion slices or "
+            "updates in place (dynamic-slice, dynamic-update-slice), the slice",
+            "loop trips: read from each loop's condition (a counter from a constant, less than "
+            "a constant, plus 1 a trip); TPU HLO records none",
+            "per_update: one trip of the update loop; fusions_per_update: its ops that are "
+            "fusions; memory: memory_analysis() of the whole program, peak as libtpu gives it",
+            "one chip: a mesh over one device of the target's 2x2 slice (single-chip "
+            "topologies are refused)",
+        ],
+        "rows": [],
+    }
+    report["versions"]["libtpu"] = package_version("libtpu")
+    return report
+
+
+def peak(row: dict | None) -> str:
+    """A row's peak memory as the table shows it; "-" where there is none."""
+    found = row and row["memory"]["peak"]
+    return size(found) if found else "-"
+
+
+def markdown_table(report: dict) -> str:
+    """The docs' table of ``report``: per work and target, ops, fusions and bytes per update
+    and peak memory of each program."""
+    programs = [name for name in NAMES if any(row["program"] == name for row in report["rows"])]
+    found = {(r["work"], r["target"], r["program"]): r for r in report["rows"] if "error" not in r}
+    names = " / ".join(NAMES[name] for name in programs)
+    lines = [
+        f"| work | target | ops per update: {names} | fusions per update: {names} "
+        f"| bytes per update: {names} | peak memory: {names} |",
+        "|---|---|---|---|---|---|",
+    ]
+    keys = dict.fromkeys((row["work"], row["target"]) for row in report["rows"])
+    for work, target in sorted(keys, key=lambda key: (key[1], key[0])):
+        rows = [found.get((work, target, name)) for name in programs]
+        columns = [
+            [f"{row['per_update']['launches']:,}" if row else "-" for row in rows],
+            [f"{row['fusions_per_update']:,}" if row else "-" for row in rows],
+            [size(row["per_update"]["bytes"]) if row else "-" for row in rows],
+            [peak(row) for row in rows],
+        ]
+        cells = " | ".join(" / ".join(column) for column in columns)
+        lines.append(f"| {work} | {target} | {cells} |")
+    versions = report["versions"]
+    lines.append("")
+    lines.append(
+        f"Counted on {report['machine']['cpu']} ({report['date'][:10]}), Python "
+        f"{report['machine']['python']}, jax {versions['jax']}, libtpu {versions['libtpu']}"
+        + (f", rejax {versions['rejax']}" if "rejax" in programs else "")
+        + f": `{report['command']}`"
+    )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", choices=list(deviceless_tpu.TARGETS))
+    parser.add_argument("--works", nargs="+", choices=list(COUNTED_WORKS))
+    parser.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
+    parser.add_argument("--purejaxrl", type=Path, help="a checkout of luchris429/purejaxrl")
+    parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
+    parser.add_argument("--readme", type=Path, help="write --out's table into this file")
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="keep --out's other rows: replace only the rows counted now",
+    )
+    args = parser.parse_args(argv)
+    args.targets = args.targets or list(deviceless_tpu.TARGETS)
+    works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
+    named = args.works or ([next(iter(SMOKE_WORKS))] if args.smoke else DEFAULT_WORKS)
+    args.works = {name: works[name] for name in named if name in works}
+    if args.out is None:
+        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "tpu_program.json"
+        args.out = smoke_out if args.smoke else DEFAULT_OUT
+    if args.readme is None:
+        if "purejaxrl" in args.programs and args.purejaxrl is None:
+            print("no --purejaxrl checkout: PureJaxRL's rows are left out", flush=True)
+            args.programs = [name for name in args.programs if name != "purejaxrl"]
+        if "rejax" in args.programs and package_version("rejax") is None:
+            print("rejax is not installed: its rows are left out", flush=True)
+            args.programs = [name for name in args.programs if name != "rejax"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.readme is not None:
+        report = json.loads(args.out.read_text())
+        args.readme.write_text(
+            with_block(args.readme.read_text(), TABLE_START, TABLE_END, markdown_table(report))
+        )
+        print(f"wrote the table of {args.out} into {args.readme}", flush=True)
+        return 0
+    if not os.environ.get("JAX_PLATFORMS"):  # libtpu must not start as a backend here
+        jax.config.update("jax_platforms", "cpu")
+    makers = {"ppojax": ppojax_program, "rejax": rejax_program}
+    if args.purejaxrl is not None:
+        makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)
+    report = header(argv)
+    commit = report["versions"]["ppojax_commit"]
+    if args.replace and args.out.exists():
+        report = replacing(json.loads(args.out.read_text()), report)
+    failed = 0
+    for target in args.targets:
+        for work, spec in args.works.items():
+            for program in args.programs:
+                try:
+                    row = tpu_row(program, makers[program], work, spec, target)
+                except Exception as error:  # one row's failure must not lose the others
+                    row = {"program": program, "work": work, "target": target}
+                    row["error"] = failure(error)
+                    failed += 1
+                row["ppojax_commit"] = commit
+                key = (program, work, target)
+                report["rows"] = [
+                    old
+                    for old in report["rows"]
+                    if (old["program"], old["work"], old["target"]) != key
+                ] + [row]
+                write_json(args.out, report)
+                brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
+                counts = {key: row.get(key) for key in ("fusions_per_update", "memory")}
+                print(
+                    json.dumps(brief | {"per_update": row.get("per_update")} | counts),
+                    flush=True,
+                )
+    print(f"wrote {args.out}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
