@@ -167,11 +167,13 @@ def test_ppo_and_grpo_train_the_verifiable_task_from_sft(reversal_start, algorit
     def train(key):
         state = trainer.init(reversal_start, key, critic_params)
         prompt_fn = lambda k: REVERSAL.prompts(k, 32 // group_size)  # noqa: E731
-        return run_steps(trainer, state, prompt_fn, key, 60)[1]["objective/scores"]
+        return run_steps(trainer, state, prompt_fn, key, 100)[1]["objective/scores"]
 
     scores = np.asarray(jax.jit(train)(jax.random.key(2)))
-    # 32 responses per step: the per-step mean has a std of about 0.05; compare 10-step means.
-    assert scores[-10:].mean() > scores[:10].mean() + 0.08, scores
+    # 32 responses per step: the per-step mean has a std of about 0.05, a 20-step mean's about
+    # 0.011, so a rise of 0.05 between the first and last 20 steps is over 3 of the
+    # difference's std (GRPO from this start rose 0.07-0.10 over 100 steps on keys 2-4)
+    assert scores[-20:].mean() > scores[:20].mean() + 0.05, scores
 
 
 def test_a_task_run_that_never_recovers_exits_3_without_a_summary(tmp_path, capsys):
