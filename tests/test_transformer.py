@@ -75,6 +75,8 @@ def test_the_head_bias_enters_the_logits_through_both_forms_of_the_head():
     bias = jnp.arange(12, dtype=jnp.float32)
     shifted = jax.tree.map(lambda x: x, params)
     shifted["params"]["lm_head"]["bias"] = bias
+    # logits of order 1 (bias up to 11) from programs compiled apart: float32 rounds them by
+    # about 1e-6, so 1e-5 separates rounding from a bias (of at least 1) left out
     delta = lm.policy_apply(shifted, tokens, mask) - lm.policy_apply(params, tokens, mask)
     np.testing.assert_allclose(delta, jnp.broadcast_to(bias, delta.shape), atol=1e-5)
     split = lm.policy_apply.head(shifted, lm.policy_apply.hidden(shifted, tokens, mask))

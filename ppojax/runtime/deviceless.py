@@ -170,11 +170,19 @@ def compile_for(
     target's optimized HLO and ``memory_analysis()`` its buffers."""
     require_plugin()  # before the cached topology, so that its absence is always named
     mesh = target_mesh(target)
+    return compile_lowered(lowering_on(fn, args, mesh, static_argnums), mesh)
+
+
+def lowering_on(
+    fn: Callable[..., Any], args: Sequence[Any], mesh: Mesh, static_argnums: tuple[int, ...]
+) -> Callable[[], Any]:
+    """``lower()`` of ``jax.jit(fn)`` for arguments shaped like ``args`` on ``mesh``'s
+    abstract devices (``static_argnums`` passed as they are), for a deviceless compile."""
     shaped = [
         arg if index in static_argnums else abstract(arg, mesh) for index, arg in enumerate(args)
     ]
     lowering = jax.jit(fn, static_argnums=static_argnums).lower
-    return compile_lowered(lambda: lowering(*shaped), mesh)
+    return lambda: lowering(*shaped)
 
 
 def compile_lowered(lower: Callable[[], Any], mesh: Mesh) -> Any:

@@ -88,10 +88,6 @@ def compile_for(
     buffers."""
     require_libtpu()
     mesh = target_mesh(target)
-    shaped = [
-        arg if index in static_argnums else deviceless.abstract(arg, mesh)
-        for index, arg in enumerate(args)
-    ]
-    lowering = jax.jit(fn, static_argnums=static_argnums).lower
+    lower = deviceless.lowering_on(fn, args, mesh, static_argnums)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        return lowering(*shaped).compile()
+        return lower().compile()
