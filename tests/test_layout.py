@@ -133,13 +133,12 @@ def test_rlhf_builds_on_the_shared_engine_not_on_env_ppo():
 
 def test_rlhf_is_library_code_below_the_host_side():
     """ppojax.rlhf imports nothing of the host side (ppojax.runs) or the command line: its run
-    folders live in ppojax.runs.lm, above both halves. ``python -m ppojax.rlhf`` (its
-    ``__main__``, an entry point) is the one exception."""
+    folders live in ppojax.runs.lm, above both halves."""
     _, graph = package_imports()
     upward = sorted(
         f"{source} imports {target}"
         for source, targets in graph.items()
-        if source.startswith("ppojax.rlhf") and source != "ppojax.rlhf.__main__"
+        if source.startswith("ppojax.rlhf")
         for target in targets
         if target.startswith(("ppojax.runs", "ppojax.cli"))
     )

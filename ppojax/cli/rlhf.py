@@ -4,16 +4,15 @@
     ppojax rlhf --model FOLDER --prompts FILE.jsonl --reward M:F    the model form
     ppojax rlhf --env ID [options]                                  the episode form
 
-The task form trains the built-in model on a digit task (``ppojax.runs.lm.task_run``, also
-``python -m ppojax.rlhf``); the model form trains a Hugging Face folder on a prompt file
-(``ppojax.cli.text``); the episode form trains the built-in model from random weights on
-multi-turn episodes of a text env (``ppojax.runs.lm.episode_run``). A flag that only one
-form has (``--model``, ``--prompts``, ...; ``--task``, ``--small``, ...; ``--env``,
-``--turns``, ...) picks that form, and flags of two forms are an error naming them. With
-none, ``--resume RUN_DIR`` follows what made the folder, and anything else is the task form.
-Every form takes the run flags and every ``RLHFConfig`` field. ``--help`` shows every form,
-or one form's options when a flag of that form comes with it.
-"""
+The task form trains the built-in model on a digit task (``ppojax.runs.lm.task_run``); the
+model form trains a Hugging Face folder on a prompt file (``ppojax.cli.text``); the episode
+form trains the built-in model from random weights on multi-turn episodes of a text env
+(``ppojax.runs.lm.episode_run``). A flag that only one form has (``--model``, ``--prompts``,
+...; ``--task``, ``--small``, ...; ``--env``, ``--turns``, ...) picks that form, and flags of
+two forms are an error naming them. With none, ``--resume RUN_DIR`` follows what made the
+folder, and anything else is the task form. Every form takes the run flags and every
+``RLHFConfig`` field. ``--help`` shows every form, or one form's options when a flag of that
+form comes with it."""
 
 from __future__ import annotations
 
