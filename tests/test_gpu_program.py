@@ -445,3 +445,34 @@ def test_on_two_h100s_the_sharded_leaves_halve_and_three_cannot_split_them():
     assert "decoding, per token" in one.report()
     with pytest.raises(PlanError, match="--devices 3: tensor .*embed.* of shape \\(1024, 16\\)"):
         plan(config, replace(GRPO, prompts=3, num_minibatches=3), "h100", 3)
+
+
+# One decoded token of the built-in transformer (2 layers, 64 wide, 4 heads, vocab 256, float32)
+# for 4 rows of 8 prompt + 8 response positions on the H100 target, per jax version: one trip
+# of the sampling loop (ppojax.rlhf.models.decode_cost), counted exactly, since the same jax
+# compiles the same program; a change to the decoder that splits or merges a fusion, or moves
+# more bytes a token, changes them
+DECODE_EXPECTED = {
+    "0.10.2": {"launches": 47, "bytes": 810813},  # Python 3.11's jax
+    "0.11.2": {"launches": 48, "bytes": 811613},  # Python 3.12's and 3.13's
+}
+
+
+def test_decoding_a_token_of_the_small_transformer_launches_and_bytes_on_the_h100():
+    needs_plugin()
+    from ppojax.rlhf.models.decode_cost import decode_cost
+    from ppojax.rlhf.models.transformer import builtin_config
+
+    if jax.__version__ not in DECODE_EXPECTED:
+        pytest.fail(f"no decode counts recorded for jax {jax.__version__}: count them and add")
+    config = builtin_config(256, 64, 64, 4, 2)
+    cost = decode_cost(config, "float32", rows=4, prompt_len=8, response_len=8, target="h100")
+    assert {"launches": cost.launches, "bytes": cost.bytes} == DECODE_EXPECTED[jax.__version__]
+    # the minimum: 136,832 float32 parameters (embeddings 256 x 64 and 64 x 64; a layer's two
+    # LayerNorms 2 x 128, c_attn 64 x 192, c_proj 64 x 64 + 64, c_fc 64 x 256 + 256, the MLP's
+    # c_proj 256 x 64 + 64; the final LayerNorm 128; lm_head 64 x 256 + 256) and the cache's
+    # 4 rows x 16 positions x 2 layers x keys and values of 4 heads x 16
+    layer = 2 * 128 + 64 * 192 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64
+    assert cost.weights == (256 * 64 + 64 * 64 + 2 * layer + 128 + 64 * 256 + 256) * 4
+    assert cost.cache == 4 * 16 * 2 * 2 * 4 * 16 * 4
+    assert cost.launches_per_layer == cost.launches / 2
