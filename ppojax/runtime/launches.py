@@ -192,9 +192,12 @@ class Counter:
 def touched(fused: list[Instruction], operands: list[int], result: int) -> int:
     """Bytes a fusion reads and writes, given its fused computation, its operands' sizes and
     its result's: a buffer it only slices (operand 0 of ``dynamic-slice`` alone) counts the
-    slices; a buffer it updates in place (operand 0 of a ``dynamic-update-slice`` at its
-    root, used nowhere else) is not read, and the update is what is written, as a GPU runs
-    them; everything else in full."""
+    slices, one it only gathers from (operand 0 of ``gather`` alone) the rows gathered; a
+    buffer it updates in place (operand 0 of a ``dynamic-update-slice`` at its root, used
+    nowhere else) is not read, and the update is what is written, as a GPU runs them;
+    everything else in full. Bitcasts between a parameter and those uses are seen through:
+    they are views of the same bytes (XLA bitcasts a loop's KV cache to the layout its
+    attention reads, and updates it in place all the same)."""
     root = next((inst for inst in fused if inst.root), None)
     if root is None:
         return sum(operands) + result
@@ -212,18 +215,32 @@ def touched(fused: list[Instruction], operands: list[int], result: int) -> int:
     in_place = {operand_names(by_name[name].rest)[0] for name in updated}
     total = 0
     for inst in (inst for inst in fused if inst.opcode == "parameter"):
-        direct = users.get(inst.name, [])
+        direct, names = past_bitcasts(inst.name, users)
         if direct and all(
-            user.opcode == "dynamic-slice" and operand_names(user.rest)[0] == inst.name
+            user.opcode in ("dynamic-slice", "gather") and operand_names(user.rest)[0] in names
             for user in direct
         ):
             total += sum(shape_bytes(user.shape) for user in direct)
-        elif not (inst.name in in_place and len(direct) == 1):
+        elif not (names & in_place and len(direct) == 1):
             index = int(re.match(r"\s*(\d+)", inst.rest).group(1))
             total += operands[index] if index < len(operands) else 0
     for name in (name for name in outputs if name in by_name):
         total += shape_bytes((updated.get(name) or by_name[name]).shape)
     return total
+
+
+def past_bitcasts(name: str, users: dict[str, list[Instruction]]) -> tuple[list, set[str]]:
+    """The users of ``name`` that are not bitcasts, through any chain of bitcasts, and the
+    names the same bytes go by (``name`` and its bitcasts)."""
+    names, found, pending = {name}, [], [name]
+    while pending:
+        for user in users.get(pending.pop(), []):
+            if user.opcode == "bitcast":
+                names.add(user.name)
+                pending.append(user.name)
+            else:
+                found.append(user)
+    return found, names
 
 
 def count(hlo: str, trips_from_condition: bool = False) -> Block:
