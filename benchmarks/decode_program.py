@@ -3,6 +3,7 @@ without one, beside the minimum a token must move (the weights and the KV cache 
 
     JAX_PLATFORMS=cpu python benchmarks/decode_program.py [--models builtin qwen2.5-0.5b ...]
         [--unroll 1 2 4] [--out benchmarks/results/decode_program.json]
+    python benchmarks/decode_program.py --table     benchmarks/README.md's table, from the file
 
 Each model's sampling loop (``ppojax.rlhf.models.decode_cost``: draw a token, feed it through
 the decoder's KV cache) is compiled for one H100 (``ppojax.runtime.deviceless``, the CUDA
@@ -15,11 +16,12 @@ trip (``jax.lax.scan``'s unroll), each model's row holding the per-token figures
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, failure, record, write_json
+from common import RESULTS, failure, markdown_table, record, write_json
 
 from ppojax.rlhf.models.decode_cost import decode_cost
 from ppojax.rlhf.models.shapes import model_config
@@ -29,7 +31,7 @@ from ppojax.rlhf.models.transformer import builtin_config
 # response positions, bfloat16; the small built-in model at test size, float32
 REAL = {"dtype": "bfloat16", "rows": 64, "prompt_len": 512, "response_len": 1024}
 SMALL = {"dtype": "float32", "rows": 4, "prompt_len": 8, "response_len": 8}
-MODELS = ("builtin", "qwen2.5-0.5b", "qwen2.5-7b")
+MODELS = ("builtin", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b")
 
 
 def config_of(name: str):
@@ -60,12 +62,39 @@ def row(name: str, unroll: int) -> dict:
     }
 
 
+def table(result: dict) -> str:
+    """A row per model, one token a trip: launches a token and a layer, bytes a token against
+    the minimum."""
+    header = ["model", "launches / token", "a layer", "bytes / token", "minimum", "x minimum"]
+    rows = [
+        [
+            found["model"],
+            f"{found['launches_per_token']:g}",
+            f"{found['launches_per_layer_per_token']:.1f}",
+            size(found["bytes_per_token"]),
+            size(found["minimum_bytes"]),
+            f"{found['over_minimum']:.2f}",
+        ]
+        for found in result["rows"]
+        if "error" not in found and found["unroll"] == 1
+    ]
+    return markdown_table(header, rows)
+
+
+def size(count: float) -> str:
+    return f"{count / 1e9:.3g} GB" if count >= 1e9 else f"{count / 1e6:.3g} MB"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--unroll", nargs="+", type=int, default=[1])
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_program.json")
+    parser.add_argument("--table", action="store_true", help="print the file's table")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
     result = {
         **record(__file__, sys.argv[1:]),
         "target": "h100",

@@ -512,3 +512,14 @@ def test_decoding_a_token_of_the_small_transformer_launches_and_bytes_on_the_h10
     assert cost.weights == (256 * 64 + 64 * 64 + 2 * layer + 128 + 64 * 256 + 256) * 4
     assert cost.cache == 4 * 16 * 2 * 2 * 4 * 16 * 4
     assert cost.launches_per_layer == cost.launches / 2
+
+
+def test_the_decode_table_is_the_one_decode_program_py_prints_from_the_result_file():
+    """benchmarks/README.md's per-token table is generated from decode_program.json, never
+    typed, and the file holds a row of every model, each without an error."""
+    printed = run_benchmark("decode_program", "--table").stdout
+    assert printed.strip() in (ROOT / "benchmarks" / "README.md").read_text()
+    report = json.loads((ROOT / "benchmarks" / "results" / "decode_program.json").read_text())
+    assert {row["model"] for row in report["rows"]} >= {"builtin", "qwen2.5-0.5b", "qwen2.5-7b"}
+    assert not [row for row in report["rows"] if "error" in row]
+    assert "without autotuning" in report["note"]
