@@ -143,10 +143,10 @@ def test_a_fusion_sees_through_bitcasts_to_an_in_place_update_and_counts_the_row
 %lookup (table: f32[100,16], ids: s32[4,1]) -> f32[4,16] {
   %table = f32[100,16]{1,0} parameter(0)
   %ids = s32[4,1]{1,0} parameter(1)
-  ROOT %rows = f32[4,16]{1,0} gather(%table, %ids), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,16}
+  ROOT %rows = f32[4,16]{1,0} gather(%table, %ids), offset_dims={1}, slice_sizes={1,16}
 }
 
-ENTRY %main (c: f32[4,8,2,16], r: f32[4,2,1,16], a: s32[], t: f32[100,16], i: s32[4,1]) -> f32[4,16] {
+ENTRY %m (c: f32[4,8,2,16], r: f32[4,2,1,16], a: s32[], t: f32[100,16], i: s32[4,1]) -> f32[4,16] {
   %c = f32[4,8,2,16]{3,1,2,0} parameter(0)
   %r = f32[4,2,1,16]{3,2,1,0} parameter(1)
   %a = s32[] parameter(2)

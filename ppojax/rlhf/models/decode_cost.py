@@ -26,28 +26,20 @@ from ppojax.runtime import deviceless, launches
 
 
 class DecodeCost(NamedTuple):
-    """One decoded token of ``rows`` rows: its ``launches`` and the ``bytes`` they move, the
-    ``minimum`` bytes (``weights`` + ``cache``: every parameter and the whole KV cache read
-    once), the model's ``layers`` and the launches by opcode."""
+    """One decoded token of ``rows`` rows: its ``launches`` (and ``launches_per_layer`` of
+    the model's ``layers``) and the ``bytes`` they move, the ``minimum`` bytes (``weights`` +
+    ``cache``: every parameter and the whole KV cache read once) and ``over_minimum`` =
+    bytes / minimum, and the launches by opcode."""
 
     launches: float
+    launches_per_layer: float
     bytes: float
+    minimum: int
+    over_minimum: float
     weights: int
     cache: int
     layers: int
     by_opcode: dict[str, float]
-
-    @property
-    def minimum(self) -> int:
-        return self.weights + self.cache
-
-    @property
-    def launches_per_layer(self) -> float:
-        return self.launches / self.layers
-
-    @property
-    def over_minimum(self) -> float:
-        return self.bytes / self.minimum
 
 
 def sampling_loop(module: Decoder, steps: int, unroll: int = 1) -> Any:
@@ -71,9 +63,7 @@ def sampling_loop(module: Decoder, steps: int, unroll: int = 1) -> Any:
     return run
 
 
-def abstract_inputs(
-    config: DecoderConfig, dtype: Any, rows: int, length: int
-) -> tuple[Any, ...]:
+def abstract_inputs(config: DecoderConfig, dtype: Any, rows: int, length: int) -> tuple[Any, ...]:
     """The loop's arguments as ``ShapeDtypeStruct``s: params, logits, a cache of ``length``
     positions, the start and a key (nothing allocated)."""
     params = abstract_params(config, dtype)
@@ -90,28 +80,6 @@ def abstract_inputs(
     return params, logits, cache, jax.ShapeDtypeStruct((), jnp.int32), key
 
 
-def decode_program(
-    config: DecoderConfig,
-    dtype: Any,
-    rows: int,
-    prompt_len: int,
-    response_len: int,
-    target: str = "h100",
-    unroll: int = 1,
-) -> launches.Block:
-    """The sampling loop of ``response_len`` tokens after a ``prompt_len`` prompt, compiled
-    for one GPU of ``target``: its loop, counted (one trip: ``unroll`` tokens)."""
-    dtype = jnp.dtype(dtype)
-    module = Decoder(config, dtype)
-    run = sampling_loop(module, response_len, unroll)
-    args = abstract_inputs(config, dtype, rows, prompt_len + response_len)
-    program = launches.count(deviceless.compile_for(run, args, target).as_text())
-    loops = [block for block in program.walk()[1:] if block.trips == response_len // unroll]
-    if len(loops) != 1:
-        raise ValueError(f"expected one loop of {response_len // unroll} trips, found {loops}")
-    return loops[0]
-
-
 def decode_cost(
     config: DecoderConfig,
     dtype: Any,
@@ -121,21 +89,27 @@ def decode_cost(
     target: str = "h100",
     unroll: int = 1,
 ) -> DecodeCost:
-    """Launches and bytes per decoded token of ``decode_program``, beside the minimum."""
-    loop = decode_program(config, dtype, rows, prompt_len, response_len, target, unroll)
-    item = jnp.dtype(dtype).itemsize
-    leaves = jax.tree.leaves(abstract_params(config, dtype))
-    weights = sum(math.prod(leaf.shape) for leaf in leaves) * item
-    per_position = config.num_layers * 2 * config.num_kv_heads * config.head_dim * item
-    cache = rows * (prompt_len + response_len) * per_position
-    by_opcode = {op: per_token(n, unroll) for op, n in loop.by_opcode().items()}
+    """Launches and bytes per decoded token of the sampling loop of ``response_len`` tokens
+    after a ``prompt_len`` prompt, compiled for one GPU of ``target`` (one trip: ``unroll``
+    tokens), beside the minimum."""
+    dtype = jnp.dtype(dtype)
+    run = sampling_loop(Decoder(config, dtype), response_len, unroll)
+    args = abstract_inputs(config, dtype, rows, prompt_len + response_len)
+    program = launches.count(deviceless.compile_for(run, args, target).as_text())
+    loops = [block for block in program.walk()[1:] if block.trips == response_len // unroll]
+    if len(loops) != 1:
+        raise ValueError(f"expected one loop of {response_len // unroll} trips, found {loops}")
+    leaves = jax.tree.leaves(args[0])
+    weights = sum(math.prod(leaf.shape) for leaf in leaves) * dtype.itemsize
+    per_position = config.num_layers * 2 * config.num_kv_heads * config.head_dim
+    cache = rows * (prompt_len + response_len) * per_position * dtype.itemsize
+    tokens = per_token(loops[0].launches_per_trip(), unroll)
+    moved = per_token(loops[0].bytes_per_trip(), unroll)
+    by_opcode = {op: per_token(n, unroll) for op, n in loops[0].by_opcode().items()}
+    minimum = weights + cache
+    layers = config.num_layers
     return DecodeCost(
-        per_token(loop.launches_per_trip(), unroll),
-        per_token(loop.bytes_per_trip(), unroll),
-        weights,
-        cache,
-        config.num_layers,
-        by_opcode,
+        tokens, tokens / layers, moved, minimum, moved / minimum, weights, cache, layers, by_opcode
     )
 
 
