@@ -15,7 +15,8 @@ os.environ.setdefault("PPOJAX_NO_COMPILE_CACHE", "1")
 # The host side's tests: the command lines, run-folder files, docs, notebooks and style. They
 # reach JAX only through library and run-driver functions whose own tests (test_experiment,
 # test_checkpointing, test_cache, test_parallel, ...) run on every Python, so CI's Python 3.12
-# leg, there to catch what a newer jax changes, leaves them out with -m "not host".
+# leg, there to catch what a newer jax changes, leaves them out with -m "not host". A host-side
+# test in another module carries the marker itself (test_registry's command-line ones).
 HOST_MODULES = {
     "test_agents_cli.py",
     "test_agents_env_module.py",
