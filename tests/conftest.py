@@ -1,4 +1,5 @@
-"""Shared fixtures: small configs that compile quickly on a 2-core CPU."""
+"""Shared fixtures (small configs that compile quickly on a 2-core CPU), and the host marker
+that CI's Python 3.12 leg leaves out by."""
 
 import os
 from pathlib import Path
