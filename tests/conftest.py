@@ -1,6 +1,8 @@
-"""Shared fixtures: small configs that compile quickly on a 2-core CPU."""
+"""Shared fixtures (small configs that compile quickly on a 2-core CPU), and the host marker
+that CI's Python 3.12 leg leaves out by."""
 
 import os
+from pathlib import Path
 
 import jax
 import pytest
@@ -10,6 +12,42 @@ import ppojax
 # The command line turns JAX's compilation cache on; tests that run it in this process or in
 # subprocesses must not fill the user's ~/.cache. tests/test_cache.py turns it on where wanted.
 os.environ.setdefault("PPOJAX_NO_COMPILE_CACHE", "1")
+
+# The host side's tests: the command lines, run-folder files, docs, notebooks and style. They
+# reach JAX only through library and run-driver functions whose own tests (test_experiment,
+# test_checkpointing, test_cache, test_parallel, ...) run on every Python, so CI's Python 3.12
+# leg, there to catch what a newer jax changes, leaves them out with -m "not host". A host-side
+# test in another module carries the marker itself (test_registry's command-line ones).
+HOST_MODULES = {
+    "test_agents_cli.py",
+    "test_agents_env_module.py",
+    "test_cli.py",
+    "test_docs.py",
+    "test_io.py",
+    "test_layout.py",
+    "test_notebooks.py",
+    "test_plan_inputs.py",
+    "test_reliability.py",
+    "test_rlhf_run.py",
+    "test_style.py",
+    "test_text_cli.py",
+    "test_wandb_logger.py",
+}
+# What these modules check of a version-specific surface runs on both: the keys the compiled
+# and the host episode loops draw, and the checkpoint library's log output on resume.
+BOTH_LEGS = {
+    "test_agents_cli.py::test_the_host_loop_steps_as_the_compiled_loop_and_keeps_the_chunk_before_a_failure",
+    "test_reliability.py::test_resume_and_eval_of_a_healthy_run_show_no_orbax_or_absl_warning",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A renamed module would silently run on both legs again: name it.
+    missing = HOST_MODULES - {path.name for path in Path(__file__).parent.glob("test_*.py")}
+    assert not missing, f"tests/conftest.py's HOST_MODULES names no module {sorted(missing)}"
+    for item in items:
+        if item.path.name in HOST_MODULES and f"{item.path.name}::{item.name}" not in BOTH_LEGS:
+            item.add_marker(pytest.mark.host)
 
 
 @pytest.fixture(scope="session")

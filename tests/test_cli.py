@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from ppojax.cli.values import annotation_parser
 from ppojax.ppo.summary import final_return
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.experiment import Experiment, RunResult, read_experiment, run_table, state_template
+from ppojax.runtime import cache
 
 TINY = (
     "--total-timesteps",
@@ -45,9 +47,13 @@ TINY = (
 )
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ppojax", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "ppojax", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
 
 
@@ -217,8 +223,15 @@ def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters
     the second checkpoint is complete, then --resume: the final state, parameters included,
     and metrics.csv equal an uninterrupted run's exactly."""
     out = tmp_path / "killed"
+    # One compilation cache for the three commands: the resume and the whole run load the
+    # killed run's programs rather than compile them again (test_cache.py: a loaded program
+    # computes the fresh one's bits).
+    env = {name: value for name, value in os.environ.items() if name != cache.OFF_VARIABLE}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     command = [sys.executable, "-m", "ppojax", *KILLED_RUN, "--out", str(out)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     deadline = time.monotonic() + 300
     while len(complete_checkpoints(out)) < 2 and process.poll() is None:
         assert time.monotonic() < deadline, "no second checkpoint within 300 s"
@@ -228,10 +241,12 @@ def test_a_run_killed_after_its_second_checkpoint_resumes_to_the_same_parameters
     assert process.returncode == -signal.SIGKILL, stderr  # killed, not finished
     (run_dir,) = out.iterdir()
     assert not (run_dir / "summary.json").exists()
-    resumed = run_cli("train", "--resume", str(run_dir), "--no-progress")
+    resumed = run_cli("train", "--resume", str(run_dir), "--no-progress", env=env)
     assert resumed.returncode == 0, resumed.stderr
-    whole = run_cli(*KILLED_RUN, "--out", str(tmp_path / "whole"))
+    whole = run_cli(*KILLED_RUN, "--out", str(tmp_path / "whole"), env=env)
     assert whole.returncode == 0, whole.stderr
+    assert "program(s) loaded from the compilation cache" in whole.stdout
+    assert "(0 program(s) loaded" not in whole.stdout, whole.stdout
     # Both runs have the same options, so the same chunk program: bit for bit.
     assert_same_final_state(run_folder(whole.stdout), run_dir, same_program=True)
     assert folder.read_json(run_dir / "summary.json")["resumed_from_update"] >= 4

@@ -151,8 +151,8 @@ def test_the_readme_keeps_the_test_command_ci_runs():
     assert lines[marker + 1] == "```bash"
     assert lines[marker + 2] == (
         'python3.12 -m venv .venv-3.12 && .venv-3.12/bin/pip install -e ".[dev]" && '
-        '.venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal -m "not slow and not heavy" '
-        "--durations=20 && "
+        '.venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal -m "not slow and not heavy '
+        'and not host" --durations=20 && '
         '.venv-3.12/bin/pip install -e ".[gpu-aot,tpu-aot]" && '
         "JAX_PLATFORMS=cpu PPOJAX_REQUIRE_GPU_AOT=1 PPOJAX_REQUIRE_TPU_AOT=1 "
         ".venv-3.12/bin/python -m pytest -q tests/test_gpu_program.py tests/test_tpu_program.py"

@@ -200,6 +200,7 @@ def corridor_run(tmp_path):
     return tmp_path, run_dir
 
 
+@pytest.mark.host
 def test_cli_trains_an_env_module_and_eval_and_load_find_it_from_the_run_folder(
     corridor_run, monkeypatch
 ):
@@ -229,6 +230,7 @@ def cli_error(argv, capsys) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.host
 def test_a_missing_env_module_or_id_is_a_one_line_error(capsys):
     error = cli_error(["train", "Nowhere-v0", "--env-module", "no_such_envs"], capsys)
     assert "cannot import env module 'no_such_envs'" in error
