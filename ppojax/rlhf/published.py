@@ -1,0 +1,79 @@
+"""What other post-training libraries publish for the shapes ``ppojax plan`` sizes, each with
+its source: response-token throughput per GPU (printed beside the plan's estimate) and the
+TPU recipes a target's own libraries use (beside docs/rlhf.md's TPU table).
+
+Only figures a source states; a library whose tables were not found for a shape has no row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """``tokens_per_second``: tokens per second per GPU of ``library``'s ``algorithm`` step on
+    ``model`` over ``devices`` x ``target``, as ``source`` states it."""
+
+    library: str
+    model: str
+    algorithm: str
+    target: str
+    devices: int
+    tokens_per_second: float
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A published TPU recipe: what ``library`` trains, on which slice, and how."""
+
+    library: str
+    model: str
+    slice: str
+    what: str
+    source: str
+
+
+THROUGHPUT = (
+    Throughput(
+        "NeMo RL",
+        "llama-3.1-8b",
+        "grpo",
+        "h100",
+        16,
+        1562,
+        "https://docs.nvidia.com/nemo/rl/latest/about/performance-summary.html",
+    ),
+)
+
+TUNIX_DEMO = (
+    "https://github.com/google/tunix/blob/300e84acb6b2c954f946df674620be0daf19333d/"
+    "examples/grpo_gemma.ipynb"
+)
+RECIPES = (
+    Recipe(
+        "Tunix",
+        "gemma-3-1b-it",
+        "v6e-1; 8 chips as fsdp 1 x tp 4",
+        "GRPO, LoRA r64, 2 responses a prompt, 256 + 768 tokens, micro-batch 1",
+        TUNIX_DEMO,
+    ),
+    Recipe(
+        "Tunix (Kaggle hackathon)",
+        "gemma-2-2b, gemma-3-1b",
+        "v5e-8",
+        "the whole post-training (SFT, GRPO) in one v5e-8 for 9 hours",
+        "Google Developers Blog, 'How the community trained Gemma to \"Think\" with Tunix and "
+        "TPUs' (2026-05-28); https://www.kaggle.com/competitions/google-tunix-hackathon",
+    ),
+)
+
+
+def throughput_for(model: str, algorithm: str, target: str) -> list[Throughput]:
+    """The published figures of ``model``'s ``algorithm`` step on ``target`` GPUs, any count."""
+    return [
+        t
+        for t in THROUGHPUT
+        if (t.model, t.algorithm, t.target) == (model.lower(), algorithm, target)
+    ]
