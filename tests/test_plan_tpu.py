@@ -121,4 +121,5 @@ def test_a_grpo_step_planned_on_two_v5e_chips():
     assert 0 < p.memory.peak < p.usable and p.fits
     text = p.report()
     assert "on 2 x v5e (mesh data=1 x fsdp=2)" in text and "launches not costed" in text
+    assert "counted from libtpu's program" in text and "autotuning" not in text
     assert "16e9" not in text and "14.901 GiB less 10% headroom)" in text

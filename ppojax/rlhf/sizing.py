@@ -329,7 +329,7 @@ def report(p: Plan) -> str:
             f"  decoding, per token: {d.launches:,.0f} launches ({d.launches_per_layer:.1f} a "
             f"layer), {size_text(int(d.bytes)).strip()}: {d.over_minimum:.2f}x the minimum "
             f"{size_text(int(d.minimum)).strip()} (the weights and the KV cache read once; "
-            "counted without autotuning, a GPU's program may differ)"
+            f"{counted_from(p.target)})"
         )
     if p.estimate is not None:
         lines += estimate_lines(p, p.estimate)
@@ -347,6 +347,13 @@ def report(p: Plan) -> str:
         lines.append("to make it fit, try adding (--search compiles each):")
         lines += [f"  {lever}" for lever in levers(p)]
     return "\n".join(lines)
+
+
+def counted_from(target: str) -> str:
+    """Whose program the counts read, and how far a device's own may differ."""
+    if target in CHIPS and CHIPS[target].is_tpu:
+        return "counted from libtpu's program, compiled without a TPU"
+    return "counted without autotuning, a GPU's program may differ"
 
 
 def estimate_lines(p: Plan, e: Estimate) -> list[str]:
