@@ -84,6 +84,9 @@ def test_the_report_prints_the_published_figures_beside_the_estimate():
     # 16 x 8 responses of 1024 tokens over 16 GPUs in 20 s: 410 a second each
     assert named[1] == "  410 response tokens/s per device at that time"
     assert named[2].startswith("  published: NeMo RL, grpo on 16 x h100 (same count): 1,562")
+    assert "on-policy, 97.7 s a step" in named[2] and "1-step off-policy" in named[3]
+    eight = estimate_lines(dataclasses.replace(p, model="llama-3.1-8b", devices=8), e)
+    assert "16 x h100 (not 8): 1,562" in eight[2]
     assert len(estimate_lines(p, e)) == 2  # model "m": nothing published
 
 

@@ -13,7 +13,8 @@ import dataclasses
 @dataclasses.dataclass(frozen=True)
 class Throughput:
     """``tokens_per_second``: tokens per second per GPU of ``library``'s ``algorithm`` step on
-    ``model`` over ``devices`` x ``target``, as ``source`` states it."""
+    ``model`` over ``devices`` x ``target``, as ``source`` states it, in the ``setting`` it
+    states (its tokens are the library's count, which need not be response tokens alone)."""
 
     library: str
     model: str
@@ -21,6 +22,7 @@ class Throughput:
     target: str
     devices: int
     tokens_per_second: float
+    setting: str
     source: str
 
 
@@ -35,6 +37,13 @@ class Recipe:
     source: str
 
 
+# NeMo RL v0.4's table (DGX-H100, BF16, Megatron-core; GRPO on OpenMathInstruct-2): tokens/s/GPU
+# is its "total tokens processed" over the step's time and the GPUs
+NEMO_RL = (
+    "https://github.com/NVIDIA-NeMo/RL/blob/c31fb937afaf7239b3781a0f1b9debef12dfa01f/"
+    "docs/about/performance-summary.md"
+)
+NEMO_SETTING = "2,048 responses a step, sequences up to 4,096 (generated {0} on average), {1}"
 THROUGHPUT = (
     Throughput(
         "NeMo RL",
@@ -43,7 +52,18 @@ THROUGHPUT = (
         "h100",
         16,
         1562,
-        "https://docs.nvidia.com/nemo/rl/latest/about/performance-summary.html",
+        NEMO_SETTING.format("1,060", "on-policy, 97.7 s a step"),
+        NEMO_RL,
+    ),
+    Throughput(
+        "NeMo RL",
+        "llama-3.1-8b",
+        "grpo",
+        "h100",
+        16,
+        2161,
+        NEMO_SETTING.format("1,129", "1-step off-policy, 74.6 s a step"),
+        NEMO_RL,
     ),
 )
 

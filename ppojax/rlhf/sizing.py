@@ -375,7 +375,7 @@ def estimate_lines(p: Plan, e: Estimate) -> list[str]:
         same = "same count" if t.devices == p.devices else f"not {p.devices}"
         lines.append(
             f"  published: {t.library}, {t.algorithm} on {t.devices} x {t.target} ({same}): "
-            f"{t.tokens_per_second:,.0f} tokens/s per GPU ({t.source})"
+            f"{t.tokens_per_second:,.0f} tokens/s per GPU, {t.setting} ({t.source})"
         )
     return lines
 
