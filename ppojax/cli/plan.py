@@ -7,9 +7,10 @@
 (``ppojax.rlhf.models.shapes.PUBLISHED``). The h100 and h200 targets compile XLA's CUDA
 program on this machine (``pip install "ppojax[gpu-aot]"``); v5e, v6e and v5p compile libtpu's
 for a TPU slice (``pip install "ppojax[tpu-aot]"``), ``--devices`` counting chips (v5e-8 and
-v6e-8 are 8 chips, v5p-8 is 4); ``cpu`` compiles for this process's CPU devices. Prints bytes per device by part, launches, a step-time estimate and
-the verdict (against the memory a training command's process gets, ``memory_fraction``) and,
-when it does not fit, the flags to try; ``--json FILE`` writes them too. Exit status 1 when the
+v6e-8 are 8 chips, v5p-8 is 4); ``cpu`` compiles for this process's CPU devices. Prints
+bytes per device by part, launches, a step-time estimate and the verdict (against the memory
+a training command's process gets, ``memory_fraction``) and, when it does not fit, the flags
+to try; ``--json FILE`` writes them too. Exit status 1 when the
 step does not fit, 2 on a bad flag or config.json value (checked before the compile).
 """
 
@@ -71,9 +72,7 @@ def build_parser() -> Parser:
         help="float32 params and Adam moments under --dtype bfloat16, as the commands keep "
         "them (true); false: the bf16-only state, which loses small updates",
     )
-    parser.add_argument(
-        "--target", default="h100", help="h100, h200, v5e, v6e, v5p or cpu (h100)"
-    )
+    parser.add_argument("--target", default="h100", help="h100, h200, v5e, v6e, v5p or cpu (h100)")
     parser.add_argument(
         "--devices",
         type=parse_int,

@@ -18,14 +18,15 @@ from ppojax.rlhf.models.shapes import abstract_params
 from ppojax.rlhf.planner import RL_ALGORITHMS, StepShape
 from ppojax.rlhf.targets import CHIPS
 
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """Seconds per step, each device doing its share: ``compute`` = FLOPs / peak FLOP/s,
     ``memory`` = bytes the kernels move in HBM / its bandwidth, ``launches`` = launches x
-    the chip's ``launch_seconds`` (``ppojax.rlhf.targets``; 0 on a TPU), ``collectives`` = bytes the collectives move / the interconnect's
-    bandwidth; ``step`` = the largest of the first three (they overlap) plus the collectives
-    (counted as not overlapped); ``tokens_per_second``: response tokens per second per
-    device at that step time."""
+    the chip's ``launch_seconds`` (``ppojax.rlhf.targets``; 0 on a TPU), ``collectives`` =
+    bytes the collectives move / the links' bandwidth one way; ``step`` = the largest of the
+    first three (they overlap) plus the collectives (counted as not overlapped);
+    ``tokens_per_second``: response tokens per second per device at that step time."""
 
     flops: float
     compute: float

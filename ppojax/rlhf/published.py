@@ -84,7 +84,7 @@ RECIPES = (
         "gemma-2-2b, gemma-3-1b",
         "v5e-8",
         "the whole post-training (SFT, GRPO) in one v5e-8 for 9 hours",
-        "Google Developers Blog, 'How the community trained Gemma to \"Think\" with Tunix and "
+        'Google Developers Blog, \'How the community trained Gemma to "Think" with Tunix and '
         "TPUs' (2026-05-28); https://www.kaggle.com/competitions/google-tunix-hackathon",
     ),
 )

@@ -28,7 +28,6 @@ from ppojax.rlhf.core.sharding import bytes_per_device
 from ppojax.rlhf.estimate import Decoding, Estimate, decoding, estimate
 from ppojax.rlhf.models.config import DecoderConfig
 from ppojax.rlhf.models.shapes import model_config
-from ppojax.rlhf.published import throughput_for
 from ppojax.rlhf.planner import (
     PARTS,
     RL_ALGORITHMS,
@@ -40,6 +39,7 @@ from ppojax.rlhf.planner import (
     prompt_unit,
     target_mesh,
 )
+from ppojax.rlhf.published import throughput_for
 from ppojax.rlhf.targets import CHIPS
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 

@@ -64,7 +64,8 @@ def tpu(name: str, bf16: float, hbm: float, bandwidth: float, ici: float, slices
     # publishes no per-op cost: none is counted. JAX's default matmul precision on a TPU runs
     # float32 matmuls as bf16 passes, so float32 gets the bf16 peak (a lower bound of the time).
     # "GB" in Google's pages is read as 1e9 bytes, the smaller reading.
-    return Chip("tpu", bf16, bf16, ici / 2, 0.0, TPU_PAGES[name], int(hbm), bandwidth, slices)
+    named = tuple((chips, f"{name}:{shape}") for chips, shape in slices)  # libtpu's names
+    return Chip("tpu", bf16, bf16, ici / 2, 0.0, TPU_PAGES[name], int(hbm), bandwidth, named)
 
 
 # Google's pages: v5e 197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s, ICI 400 GB/s both ways; v6e
@@ -74,9 +75,9 @@ def tpu(name: str, bf16: float, hbm: float, bandwidth: float, ici: float, slices
 CHIPS = {
     "h100": gpu("h100"),
     "h200": gpu("h200"),
-    "v5e": tpu("v5e", 197e12, 16e9, 819e9, 400e9, ((4, "v5e:2x2"), (8, "v5e:2x4"), (16, "v5e:4x4"))),
-    "v6e": tpu("v6e", 918e12, 32e9, 1638e9, 800e9, ((4, "v6e:2x2"), (8, "v6e:2x4"))),
-    "v5p": tpu("v5p", 459e12, 95e9, 2765e9, 600e9, ((4, "v5p:2x2x1"), (8, "v5p:2x2x2"))),
+    "v5e": tpu("v5e", 197e12, 16e9, 819e9, 400e9, ((4, "2x2"), (8, "2x4"), (16, "4x4"))),
+    "v6e": tpu("v6e", 918e12, 32e9, 1638e9, 800e9, ((4, "2x2"), (8, "2x4"))),
+    "v5p": tpu("v5p", 459e12, 95e9, 2765e9, 600e9, ((4, "2x2x1"), (8, "2x2x2"))),
 }
 TPU_TARGETS = tuple(name for name, chip in CHIPS.items() if chip.is_tpu)
 
