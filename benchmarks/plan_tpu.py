@@ -2,9 +2,10 @@
 slices on a CPU (libtpu, ``pip install "ppojax[tpu-aot]"``), beside what the TPU's own
 libraries publish for it (``ppojax.rlhf.published.RECIPES``).
 
-    JAX_PLATFORMS=cpu python benchmarks/plan_tpu.py            every row of ROWS in turn
+    JAX_PLATFORMS=cpu python benchmarks/plan_tpu.py            every row of ROWS, then the table
     JAX_PLATFORMS=cpu python benchmarks/plan_tpu.py --row 0    one row
-    python benchmarks/plan_tpu.py --table                      docs/rlhf.md's TPU table
+    python benchmarks/plan_tpu.py --table                      print the table
+    python benchmarks/plan_tpu.py --docs                       write it into docs/rlhf.md
 
 Each row is merged into benchmarks/results/plan_tpu.json as it finishes (keyed as
 benchmarks/plan.py keys its rows), with the compile's seconds on this machine. The step is the
@@ -16,7 +17,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import RESULTS, markdown_table, merge_row, read_rows, record, write_json
+from common import (
+    RESULTS,
+    ROOT,
+    markdown_table,
+    merge_row,
+    read_rows,
+    record,
+    with_block,
+    write_json,
+)
 from plan import plan_key
 
 from ppojax.rlhf.planner import StepShape
@@ -34,6 +44,8 @@ ROWS = [
     ("gemma-2-2b", 16, "v5e", 8, (0, 1)),
     ("qwen2.5-7b", 0, "v5p", 4, ()),
 ]
+DOCS = ROOT / "docs" / "rlhf.md"
+MARKERS = ("<!-- plan-tpu-table:start -->", "<!-- plan-tpu-table:end -->")
 SLICE_NAMES = {("v5e", 8): "v5e-8", ("v6e", 8): "v6e-8", ("v5p", 4): "v5p-8"}
 
 
@@ -94,9 +106,13 @@ def main() -> None:
     parser.add_argument("--row", type=int, choices=range(len(ROWS)), help="one row of ROWS")
     parser.add_argument("--out", type=Path, default=RESULTS / "plan_tpu.json")
     parser.add_argument("--table", action="store_true", help="print --out's rows as markdown")
+    parser.add_argument("--docs", action="store_true", help="write the table into docs/rlhf.md")
     args = parser.parse_args()
     if args.table:
         print(table(read_rows(args.out, "plan_tpu", "")))
+        return
+    if args.docs:
+        write_docs(args.out)
         return
     import jax
 
@@ -104,6 +120,13 @@ def main() -> None:
     argv = [] if args.row is None else ["--row", str(args.row)]
     for index in range(len(ROWS)) if args.row is None else [args.row]:
         plan_row(index, args.out, argv)
+    if args.row is None:
+        write_docs(args.out)
+
+
+def write_docs(out: Path) -> None:
+    """docs/rlhf.md with ``out``'s table between its markers."""
+    DOCS.write_text(with_block(DOCS.read_text(), *MARKERS, table(read_rows(out, "plan_tpu", ""))))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import dataclasses
 import json
 
 import pytest
+from benchmark_script import run_benchmark
 from test_plan import GRPO, TINY
 from test_plan_inputs import fake_plan
 from test_tpu_program import needs_libtpu
@@ -126,3 +127,24 @@ def test_a_grpo_step_planned_on_two_v5e_chips():
     assert "on 2 x v5e (mesh data=1 x fsdp=2)" in text and "launches not costed" in text
     assert "counted from libtpu's program" in text and "autotuning" not in text
     assert "16e9" not in text and "14.901 GiB less 10% headroom)" in text
+
+
+def test_the_tpu_table_prints_a_row_per_plan_and_the_recipes_sources(tmp_path):
+    gib = 1024**3
+    memory = dict(parameters=1 * gib, reference=1 * gib, critic=0, optimizer=2 * gib)
+    memory |= dict(temporaries=6 * gib, peak=11 * gib)
+    step = dict(lora_rank=16, prompts=8, group_size=8, prompt_len=512, response_len=1024)
+    row = dict(key="k", model="gemma-2-2b", step=step, memory=memory, target="v5e", devices=8)
+    row |= dict(usable=int(16e9 * 0.9), fits=True, compile_seconds=301.4, recipes=[1])
+    row |= dict(estimate=dict(step=12.34, tokens_per_second=663.9))
+    out = tmp_path / "plan_tpu.json"
+    out.write_text(json.dumps({"tasks": [row]}))
+    printed = run_benchmark("plan_tpu", "--table", "--out", str(out)).stdout.strip()
+    lines = printed.splitlines()
+    assert lines[0].startswith("| model | step | slice | state | temp. | peak | of | fits |")
+    # state 1 + 1 + 0 + 2 GiB; 14.4e9 bytes usable is 13.41 GiB
+    assert lines[2] == (
+        "| gemma-2-2b | grpo LoRA r16 8 x 8, 512 + 1024 | v5e-8 (8 chips) | 4.00 | 6.00 | "
+        "11.00 | 13.41 | yes | 12.3 | 664 | 301 | [2] |"
+    )
+    assert lines[-1].startswith("[2] Tunix (Kaggle hackathon): gemma-2-2b, gemma-3-1b on v5e-8")
