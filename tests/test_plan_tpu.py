@@ -23,7 +23,7 @@ from ppojax.rlhf.estimate import estimate, step_flops
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.shapes import model_config
 from ppojax.rlhf.published import RECIPES, THROUGHPUT
-from ppojax.rlhf.sizing import estimate_lines
+from ppojax.rlhf.sizing import estimate_lines, levers
 from ppojax.rlhf.targets import CHIPS, TPU_TARGETS, tpu_slice
 from ppojax.runtime import deviceless_tpu
 
@@ -89,6 +89,8 @@ def test_the_report_prints_the_published_figures_beside_the_estimate():
     eight = estimate_lines(dataclasses.replace(p, model="llama-3.1-8b", devices=8), e)
     assert "16 x h100 (not 8): 1,562" in eight[2]
     assert len(estimate_lines(p, e)) == 2  # model "m": nothing published
+    on_tpu = levers(dataclasses.replace(p, target="v5e", devices=4))[-1]
+    assert on_tpu == "--devices 8  (the state and the batch split over more chips)"
 
 
 def test_a_tpu_target_without_libtpu_or_past_its_slices_is_one_line_and_exit_2(

@@ -438,6 +438,7 @@ def lever_options(p: Plan) -> list[tuple[str, str, StepShape, int]]:
     unit = prompt_unit(s, more)  # the prompts must split over the devices too
     prompts = s.prompts if s.prompts % unit == 0 else max(s.prompts // unit, 1) * unit
     split = "" if prompts == s.prompts else f" --prompts {prompts}"
-    why = "the state and the batch split over more GPUs"
+    chip = CHIPS.get(p.target)
+    why = f"the state and the batch split over more {'chips' if chip and chip.is_tpu else 'GPUs'}"
     found.append((f"--devices {more}{split}", why, dataclasses.replace(s, prompts=prompts), more))
     return found
