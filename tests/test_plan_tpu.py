@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from benchmark_script import run_benchmark
@@ -150,3 +151,9 @@ def test_the_tpu_table_prints_a_row_per_plan_and_the_recipes_sources(tmp_path):
         "11.00 | 13.41 | yes | 12.3 | 664 | 301 | [2] |"
     )
     assert lines[-1].startswith("[2] Tunix (Kaggle hackathon): gemma-2-2b, gemma-3-1b on v5e-8")
+
+
+def test_the_tpu_table_in_the_rlhf_guide_is_the_result_file_s():
+    table = run_benchmark("plan_tpu", "--table").stdout.strip()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "rlhf.md").read_text()
+    assert table in guide, "docs/rlhf.md: rerun `python benchmarks/plan_tpu.py --docs`"
