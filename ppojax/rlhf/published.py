@@ -43,28 +43,19 @@ NEMO_RL = (
     "https://github.com/NVIDIA-NeMo/RL/blob/c31fb937afaf7239b3781a0f1b9debef12dfa01f/"
     "docs/about/performance-summary.md"
 )
-NEMO_SETTING = "2,048 responses a step, sequences up to 4,096 (generated {0} on average), {1}"
+
+
+def nemo_llama(tokens: float, generated: str, how: str) -> Throughput:
+    """A row of NeMo RL's Llama-3.1-8B GRPO on 16 H100s: 2,048 responses a step."""
+    setting = f"2,048 responses a step, sequences up to 4,096 (generated {generated} on average)"
+    return Throughput(
+        "NeMo RL", "llama-3.1-8b", "grpo", "h100", 16, tokens, f"{setting}, {how}", NEMO_RL
+    )
+
+
 THROUGHPUT = (
-    Throughput(
-        "NeMo RL",
-        "llama-3.1-8b",
-        "grpo",
-        "h100",
-        16,
-        1562,
-        NEMO_SETTING.format("1,060", "on-policy, 97.7 s a step"),
-        NEMO_RL,
-    ),
-    Throughput(
-        "NeMo RL",
-        "llama-3.1-8b",
-        "grpo",
-        "h100",
-        16,
-        2161,
-        NEMO_SETTING.format("1,129", "1-step off-policy, 74.6 s a step"),
-        NEMO_RL,
-    ),
+    nemo_llama(1562, "1,060", "on-policy, 97.7 s a step"),
+    nemo_llama(2161, "1,129", "1-step off-policy, 74.6 s a step"),
 )
 
 TUNIX_DEMO = (
