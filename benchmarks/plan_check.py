@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from common import record, result_path, write_json
 
-from ppojax.rlhf import estimate, planner, sizing
+from ppojax.rlhf import estimate, planner, sizing, targets
 from ppojax.rlhf.core.sharding import make_mesh
 from ppojax.rlhf.models.config import DecoderConfig, parse_config
 from ppojax.runtime import launches
@@ -142,7 +142,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     aliased, temporaries = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
     moved = launches.count(compiled.as_text()).total_bytes()
     kind = device.device_kind.lower()
-    target = next((name for name in estimate.PEAK_FLOPS if name in kind), None)
+    # the GPU the planner has figures for, by name (a TPU's kind names no target)
+    target = next((name for name in targets.CHIPS if name in kind), None)
 
     state, *rest = concrete(prog.args, 0, config.vocab_size)
     before = in_use()

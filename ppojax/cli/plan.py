@@ -5,10 +5,12 @@
 
 ``--model`` is a config.json, a model folder holding one, or a built-in shape
 (``ppojax.rlhf.models.shapes.PUBLISHED``). The h100 and h200 targets compile XLA's CUDA
-program on this machine (``pip install "ppojax[gpu-aot]"``); ``cpu`` compiles for this
-process's CPU devices. Prints bytes per device by part, launches, a step-time estimate and
-the verdict (against the memory a training command's process gets, ``memory_fraction``) and,
-when it does not fit, the flags to try; ``--json FILE`` writes them too. Exit status 1 when the
+program on this machine (``pip install "ppojax[gpu-aot]"``); v5e, v6e and v5p compile libtpu's
+for a TPU slice (``pip install "ppojax[tpu-aot]"``), ``--devices`` counting chips (v5e-8 and
+v6e-8 are 8 chips, v5p-8 is 4); ``cpu`` compiles for this process's CPU devices. Prints
+bytes per device by part, launches, a step-time estimate and the verdict (against the memory
+a training command's process gets, ``memory_fraction``) and, when it does not fit, the flags
+to try; ``--json FILE`` writes them too. Exit status 1 when the
 step does not fit, 2 on a bad flag or config.json value (checked before the compile).
 """
 
@@ -70,8 +72,13 @@ def build_parser() -> Parser:
         help="float32 params and Adam moments under --dtype bfloat16, as the commands keep "
         "them (true); false: the bf16-only state, which loses small updates",
     )
-    parser.add_argument("--target", default="h100", help="h100, h200 or cpu (h100)")
-    parser.add_argument("--devices", type=parse_int, default=1, help="GPUs in one FSDP mesh (1)")
+    parser.add_argument("--target", default="h100", help="h100, h200, v5e, v6e, v5p or cpu (h100)")
+    parser.add_argument(
+        "--devices",
+        type=parse_int,
+        default=1,
+        help="GPUs or TPU chips in one FSDP mesh (1); v5e-8 and v6e-8 are 8 chips, v5p-8 is 4",
+    )
     parser.add_argument(
         "--memory-gib", type=parse_float, help="memory per device, > 0 (the spec's)"
     )
@@ -102,9 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_flags(args) -> None:
-    """The memory flags, checked before anything compiles (a compile takes minutes)."""
-    from ppojax.rlhf.planner import PlanError
+    """The memory flags and a TPU target's slice and libtpu, checked before anything compiles
+    (a compile takes minutes)."""
+    from ppojax.rlhf.planner import PlanError, check_count, tpu_mesh
     from ppojax.rlhf.sizing import is_number
+    from ppojax.rlhf.targets import TPU_TARGETS
+
+    if args.target.lower() in TPU_TARGETS:
+        check_count("devices", args.devices)
+        tpu_mesh(args.target.lower(), args.devices)
 
     if args.memory_gib is not None and not (is_number(args.memory_gib) and args.memory_gib > 0):
         raise PlanError(

@@ -16,40 +16,17 @@ import jax
 from ppojax.rlhf.models.config import DecoderConfig
 from ppojax.rlhf.models.shapes import abstract_params
 from ppojax.rlhf.planner import RL_ALGORITHMS, StepShape
-
-# Dense tensor-core peaks of one H100 SXM (NVIDIA's H100 datasheet: BF16 989 TFLOP/s, TF32 495
-# TFLOP/s without sparsity); the H200 has the same chip and clocks. float32 matmuls run as TF32
-# under JAX's default precision on these GPUs.
-PEAK_FLOPS = {
-    "h100": {"bfloat16": 989e12, "float32": 495e12},
-    "h200": {"bfloat16": 989e12, "float32": 495e12},
-}
-# Links between the GPUs, one direction per GPU: NVLink 4 on the H100 SXM and the H200 gives
-# 900 GB/s in both directions together (NVIDIA's H100 and H200 datasheets).
-INTERCONNECT_BANDWIDTH = {"h100": 450e9, "h200": 450e9}
-# The cost of one kernel launch in a program of many small kernels: the few microseconds a
-# CUDA launch takes (NVIDIA's CUDA Graphs post puts a launch at about 2 us, more when the
-# kernel is short). An assumption of the estimate, not a measurement.
-LAUNCH_SECONDS = 2e-6
-# Published throughput of other post-training libraries on the same shapes, beside the plan:
-# (model, algorithm, target, devices) -> (library, response tokens/s/GPU, source).
-PUBLISHED_THROUGHPUT = {
-    ("llama-3.1-8b", "grpo", "h100", 16): (
-        "NeMo RL",
-        1562,
-        "https://docs.nvidia.com/nemo/rl/latest/about/performance-summary.html",
-    ),
-}
+from ppojax.rlhf.targets import CHIPS
 
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """Seconds per step, each device doing its share: ``compute`` = FLOPs / peak FLOP/s,
     ``memory`` = bytes the kernels move in HBM / its bandwidth, ``launches`` = launches x
-    ``LAUNCH_SECONDS``, ``collectives`` = bytes the collectives move / the interconnect's
-    bandwidth; ``step`` = the largest of the first three (they overlap) plus the collectives
-    (counted as not overlapped); ``tokens_per_second``: response tokens per second per
-    device at that step time."""
+    the chip's ``launch_seconds`` (``ppojax.rlhf.targets``; 0 on a TPU), ``collectives`` =
+    bytes the collectives move / the links' bandwidth one way; ``step`` = the largest of the
+    first three (they overlap) plus the collectives (counted as not overlapped);
+    ``tokens_per_second``: response tokens per second per device at that step time."""
 
     flops: float
     compute: float
@@ -167,16 +144,26 @@ def estimate(
 ) -> Estimate | None:
     """The estimate of one step on ``target`` (None for "cpu": no peak is known): ``moved``
     bytes of which ``collective`` cross the interconnect, ``launched`` kernel launches, per
-    device."""
-    if target not in PEAK_FLOPS:
+    device; the chip's figures from ``ppojax.rlhf.targets.CHIPS``."""
+    chip = CHIPS.get(target)
+    if chip is None:
         return None
-    from ppojax.runtime import deviceless
-
     flops = step_flops(config, step) / devices
-    compute = flops / PEAK_FLOPS[target][step.dtype]
-    memory = (moved - collective) / deviceless.spec_number(target, "memory_bandwidth")
-    launches = launched * LAUNCH_SECONDS
-    collectives = collective / INTERCONNECT_BANDWIDTH[target] if devices > 1 else 0.0
+    peak = chip.bf16_flops if step.dtype == "bfloat16" else chip.f32_flops
+    compute = flops / peak
+    memory = (moved - collective) / hbm_bandwidth(target)
+    launches = launched * chip.launch_seconds
+    collectives = collective / chip.link_bandwidth if devices > 1 else 0.0
     seconds = max(compute, memory, launches) + collectives
     tokens = step.rows * step.response_len / devices / seconds if seconds else 0.0
     return Estimate(flops, compute, memory, seconds, launches, collectives, tokens)
+
+
+def hbm_bandwidth(target: str) -> float:
+    """Bytes/s of ``target``'s HBM: a TPU's published figure, a GPU's XLA target spec."""
+    chip = CHIPS[target]
+    if chip.hbm_bandwidth is not None:
+        return chip.hbm_bandwidth
+    from ppojax.runtime import deviceless
+
+    return deviceless.spec_number(target, "memory_bandwidth")

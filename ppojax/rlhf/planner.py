@@ -279,7 +279,10 @@ def program(config: DecoderConfig, step: StepShape, mesh: Mesh) -> Program:
 
 def target_mesh(target: str, devices: int) -> Mesh:
     """A (data=1, fsdp=devices) mesh over ``devices`` abstract GPUs of ``target`` ("h100",
-    "h200") or over the process's CPU devices ("cpu")."""
+    "h200"), over the first ``devices`` chips of the smallest TPU slice that holds them ("v5e",
+    "v6e", "v5p"; ``ppojax.rlhf.targets.tpu_slice``) or over the process's CPU devices
+    ("cpu")."""
+    from ppojax.rlhf.targets import TPU_TARGETS
     from ppojax.runtime import deviceless
 
     if target == "cpu":
@@ -290,16 +293,46 @@ def target_mesh(target: str, devices: int) -> Mesh:
                 "cpu with at most that many (or start it with ppojax.use_cpu_devices)"
             )
         return make_mesh(fsdp=devices, devices=found[:devices])
+    if target in TPU_TARGETS:
+        from ppojax.runtime import deviceless_tpu
+
+        chips = deviceless_tpu.slice_devices(*tpu_mesh(target, devices))
+        return make_mesh(fsdp=devices, devices=chips)
     if target not in deviceless.TARGETS:
-        known = ", ".join(("cpu", *sorted(deviceless.TARGETS)))
+        known = ", ".join(("cpu", *sorted(deviceless.TARGETS), *TPU_TARGETS))
         raise PlanError(f"--target {target!r} is unknown; known targets: {known}")
     return make_mesh(fsdp=devices, devices=deviceless.target_devices(target, devices))
 
 
+def tpu_mesh(target: str, devices: int) -> tuple[str, int]:
+    """The TPU slice a ``devices``-chip plan of ``target`` compiles on, and its chip count;
+    PlanError naming --devices past the largest slice or --target without libtpu (both
+    before anything compiles)."""
+    from ppojax.rlhf.targets import tpu_slice
+    from ppojax.runtime import deviceless_tpu
+
+    try:
+        name = tpu_slice(target, devices)
+    except ValueError as error:
+        raise PlanError(str(error)) from None
+    if not deviceless_tpu.libtpu_installed():
+        raise PlanError(
+            f"--target {target} compiles for a TPU with libtpu, which is not installed: "
+            f"{deviceless_tpu.INSTALL_HINT}"
+        )
+    return name, devices
+
+
 def compile_program(prog: Program, target: str, mesh: Mesh) -> Any:
-    """``prog`` compiled for ``target``: the CPU backend's program, or CUDA's without a GPU."""
+    """``prog`` compiled for ``target``: the CPU backend's program, a TPU slice's (libtpu) or
+    CUDA's, without the device."""
+    from ppojax.rlhf.targets import TPU_TARGETS
     from ppojax.runtime import deviceless
 
     if target == "cpu":
         return prog.fn.lower(*prog.args).compile()
+    if target in TPU_TARGETS:
+        # traced with the CPU as the default backend: the plain forms, which a TPU gets
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return prog.fn.lower(*prog.args).compile()
     return deviceless.compile_lowered(lambda: prog.fn.lower(*prog.args), mesh)

@@ -25,15 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ppojax.rlhf.core.sharding import bytes_per_device
-from ppojax.rlhf.estimate import (
-    INTERCONNECT_BANDWIDTH,
-    LAUNCH_SECONDS,
-    PUBLISHED_THROUGHPUT,
-    Decoding,
-    Estimate,
-    decoding,
-    estimate,
-)
+from ppojax.rlhf.estimate import Decoding, Estimate, decoding, estimate
 from ppojax.rlhf.models.config import DecoderConfig
 from ppojax.rlhf.models.shapes import model_config
 from ppojax.rlhf.planner import (
@@ -47,6 +39,8 @@ from ppojax.rlhf.planner import (
     prompt_unit,
     target_mesh,
 )
+from ppojax.rlhf.published import throughput_for
+from ppojax.rlhf.targets import CHIPS
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
@@ -174,7 +168,9 @@ def measure(
         aliased=aliased,
         peak=arguments + outputs - aliased + temporaries,
     )
-    counted = launches.count(compiled.as_text())
+    # TPU HLO records no loop trips: they are read from the loops' conditions
+    tpu = target in CHIPS and CHIPS[target].is_tpu
+    counted = launches.count(compiled.as_text(), trips_from_condition=tpu)
     loops = tuple(
         Loop(loop.trips, loop.total_launches(), loop.total_bytes()) for loop in counted.loops
     )
@@ -187,6 +183,8 @@ def device_memory_of(target: str) -> int:
     "cpu"."""
     if target == "cpu":
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if CHIPS[target].hbm_bytes is not None:  # a TPU's published HBM
+        return CHIPS[target].hbm_bytes
     from ppojax.runtime import deviceless
 
     return int(deviceless.spec_number(target, "device_memory_size"))
@@ -331,24 +329,10 @@ def report(p: Plan) -> str:
             f"  decoding, per token: {d.launches:,.0f} launches ({d.launches_per_layer:.1f} a "
             f"layer), {size_text(int(d.bytes)).strip()}: {d.over_minimum:.2f}x the minimum "
             f"{size_text(int(d.minimum)).strip()} (the weights and the KV cache read once; "
-            "counted without autotuning, a GPU's program may differ)"
+            f"{counted_from(p.target)})"
         )
     if p.estimate is not None:
-        e = p.estimate
-        lines.append(
-            f"step time ESTIMATE: {e.step:.3g} s, the largest of compute "
-            f"{e.flops / 1e12:.4g} TFLOP -> {e.compute:.3g} s, HBM {e.memory:.3g} s and "
-            f"launches x {LAUNCH_SECONDS * 1e6:.0f} us -> {e.launches:.3g} s, plus collectives "
-            f"at {INTERCONNECT_BANDWIDTH[p.target] / 1e9:.0f} GB/s -> {e.collectives:.3g} s"
-        )
-        lines.append(f"  {e.tokens_per_second:,.0f} response tokens/s per GPU at that time")
-        for (model, algorithm, target, devices), published in PUBLISHED_THROUGHPUT.items():
-            if model == p.model and algorithm == p.step.algorithm and target == p.target:
-                library, tokens, source = published
-                lines.append(
-                    f"  published: {library}, {algorithm} on {devices} x {target}: "
-                    f"{tokens:,} tokens/s per GPU ({source})"
-                )
+        lines += estimate_lines(p, p.estimate)
     verdict = "fits" if p.fits else "does NOT fit"
     lines.append(
         f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
@@ -365,6 +349,37 @@ def report(p: Plan) -> str:
     return "\n".join(lines)
 
 
+def counted_from(target: str) -> str:
+    """Whose program the counts read, and how far a device's own may differ."""
+    if target in CHIPS and CHIPS[target].is_tpu:
+        return "counted from libtpu's program, compiled without a TPU"
+    return "counted without autotuning, a GPU's program may differ"
+
+
+def estimate_lines(p: Plan, e: Estimate) -> list[str]:
+    """The estimate's parts, the tokens per second per device, and beside them what other
+    libraries publish for the same model, step and target (``ppojax.rlhf.published``)."""
+    chip = CHIPS[p.target]
+    launch = (
+        f"launches x {chip.launch_seconds * 1e6:.0f} us -> {e.launches:.3g} s"
+        if chip.launch_seconds
+        else "launches not costed (a TPU runs the step as one program)"
+    )
+    lines = [
+        f"step time ESTIMATE: {e.step:.3g} s, the largest of compute {e.flops / 1e12:.4g} "
+        f"TFLOP -> {e.compute:.3g} s, HBM {e.memory:.3g} s and {launch}, plus collectives at "
+        f"{chip.link_bandwidth / 1e9:.0f} GB/s -> {e.collectives:.3g} s (figures: {chip.source})",
+        f"  {e.tokens_per_second:,.0f} response tokens/s per device at that time",
+    ]
+    for t in throughput_for(p.model, p.step.algorithm, p.target):
+        same = "same count" if t.devices == p.devices else f"not {p.devices}"
+        lines.append(
+            f"  published: {t.library}, {t.algorithm} on {t.devices} x {t.target} ({same}): "
+            f"{t.tokens_per_second:,.0f} tokens/s per GPU, {t.setting} ({t.source})"
+        )
+    return lines
+
+
 def checked_text(c: Checked) -> str:
     """A compiled lever: its flags, then its peak and verdict or why it was not planned."""
     if c.error:
@@ -377,7 +392,7 @@ def budget_text(p: Plan) -> str:
     """The memory the verdict judges against, and on a GPU whether it is the share a training
     command's process preallocates (``XLA_PYTHON_CLIENT_MEM_FRACTION``)."""
     text = f"{size_text(p.device_memory).strip()} less {p.headroom:.0%} headroom"
-    if p.target == "cpu":
+    if p.target == "cpu" or CHIPS[p.target].is_tpu:  # the fraction is the GPU allocator's
         return text
     fraction = memory_fraction()
     if math.isclose(1.0 - p.headroom, fraction):
@@ -423,6 +438,7 @@ def lever_options(p: Plan) -> list[tuple[str, str, StepShape, int]]:
     unit = prompt_unit(s, more)  # the prompts must split over the devices too
     prompts = s.prompts if s.prompts % unit == 0 else max(s.prompts // unit, 1) * unit
     split = "" if prompts == s.prompts else f" --prompts {prompts}"
-    why = "the state and the batch split over more GPUs"
+    chip = CHIPS.get(p.target)
+    why = f"the state and the batch split over more {'chips' if chip and chip.is_tpu else 'GPUs'}"
     found.append((f"--devices {more}{split}", why, dataclasses.replace(s, prompts=prompts), more))
     return found

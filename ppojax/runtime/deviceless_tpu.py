@@ -51,13 +51,18 @@ def require_libtpu() -> None:
         )
 
 
-@functools.cache
 def topology(target: str) -> Any:
     """JAX's description of ``target``'s smallest slice (``TARGETS``)."""
     if target not in TARGETS:
         raise DevicelessTPUError(
             f"unknown TPU target {target!r}; known targets: {', '.join(sorted(TARGETS))}"
         )
+    return slice_topology(TARGETS[target][0])
+
+
+@functools.cache
+def slice_topology(name: str) -> Any:
+    """JAX's description of the TPU slice libtpu calls ``name`` ("v5e:2x4": 8 v5e chips)."""
     require_libtpu()
     from jax.experimental import topologies
 
@@ -66,9 +71,14 @@ def topology(target: str) -> Any:
     # deviceless compile holds no TPU
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
-        return topologies.get_topology_desc(topology_name=TARGETS[target][0], platform="tpu")
+        return topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as error:  # libtpu raises XlaRuntimeError, which has no public name
-        raise DevicelessTPUError(f"no {target} topology from libtpu: {error}") from error
+        raise DevicelessTPUError(f"no {name} topology from libtpu: {error}") from error
+
+
+def slice_devices(name: str, chips: int) -> list[Any]:
+    """The first ``chips`` abstract chips of the slice ``name``, for a mesh of any shape."""
+    return list(slice_topology(name).devices)[:chips]
 
 
 def target_mesh(target: str, axis_name: str = "devices") -> Mesh:
