@@ -4,8 +4,8 @@ program (``rollout_episodes``), Python envs and tools stepped on the host betwee
 turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), Python envs over text through a
 model's chat template (``ChatFormat``, ``ChatEnv``), SFT on scripted demonstrations
 (``play_demos``, ``train_on_demos``), and GRPO / RLOO / PPO on them with episode- or
-turn-level credit (``make_episode_trainer``; ``OneTurnEnv`` is ``make_trainer``'s task as a
-one-turn env)."""
+turn-level credit (``make_episode_trainer``), and on one-turn episodes of given prompts
+(``make_trainer``, ``OneTurnEnv``): the one LM trainer."""
 
 from ppojax.rlhf.agents.calculator import Calculator
 from ppojax.rlhf.agents.chat import ChatFormat

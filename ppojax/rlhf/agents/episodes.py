@@ -53,6 +53,7 @@ from ppojax.rlhf.agents.turns import (
     rollout_keys,
     sample_turn,
 )
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
 
 
@@ -146,14 +147,20 @@ def rollout_episodes(
     settings: EpisodeSettings,
     group_size: int = 1,
     env_name: str | None = None,
+    starts: tuple[Any, Tokens] | None = None,
 ) -> Episodes:
     """``batch_size`` episodes of ``env`` played by the model (see the module): through its
     KV cache when ``model`` is a ``KVCacheHook``, else by recomputation with ``model`` as
     the ``policy_apply``. Each run of ``group_size`` adjacent rows starts from the same reset
-    (the same secret, the same task), for GRPO's and RLOO's groups. ``env_name`` names the
-    env in errors (default: its class). A Python env (``host.PythonTextEnv``) is played by
+    (the same secret, the same task), for GRPO's and RLOO's groups, whose prompt the model
+    reads once: its state after the prompt is copied to the group's rows. ``starts``: the
+    groups' (env states, prompts) [batch_size / group_size, ...] to play from instead of
+    resets (a one-turn task's given prompts). ``env_name`` names the env in errors
+    (default: its class). A Python env (``host.PythonTextEnv``) is played by
     ``host.HostRollout`` instead, a compiled call per turn and the env on the host."""
     if runs_on_host(env):
+        if starts is not None:
+            raise ValueError("a Python env plays from its own resets: pass starts=None")
         return rollout_host_episodes(
             model, params, env, key, batch_size, settings, group_size, env_name
         )
@@ -163,17 +170,21 @@ def rollout_episodes(
         raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
     layout = EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)
     keys, resets = rollout_keys(key, layout.max_turns, layout.turn_len, batch_size // group_size)
-    env_state, prompt = jax.vmap(env.reset)(resets)
+    env_state, prompt = jax.vmap(env.reset)(resets) if starts is None else starts
     prompt = jax.vmap(lambda p: check_observation(name, "reset", p, env.prompt_len))(prompt)
-    env_state, prompt = jax.tree.map(
-        lambda leaf: jnp.repeat(leaf, group_size, axis=0), (env_state, prompt)
-    )
     prompt = Tokens(jnp.where(prompt.mask, prompt.tokens, settings.pad_id), prompt.mask)
     if isinstance(model, KVCacheHook):
         context = cached_context(model, params, layout.length)
     else:
         context = recomputed_context(model, params, layout.length, settings.pad_id)
+    # one prefill a group: its rows read the same prompt, so they share the state after it
     model_state, logits = context.start(prompt)
+    env_state, prompt, model_state, logits = jax.tree.map(
+        lambda leaf: jnp.repeat(leaf, group_size, axis=0),
+        (env_state, prompt, model_state, logits),
+    )
+    if group_size > 1:
+        model_state, logits = sharding.rows_split((model_state, logits))
     budget = settings.token_budget or layout.max_turns * layout.turn_len
     carry = TurnCarry(
         env_state,

@@ -206,9 +206,9 @@ def rollout_keys(
 ) -> tuple[jax.Array, jax.Array]:
     """The keys of a rollout: turn keys [max_turns] (``sample_turn`` draws turn k's token keys
     as split(turn key, R)) and reset keys [num_groups]. Turn 0's key is ``key`` itself, so a
-    one-turn episode draws its tokens from the keys ``make_trainer``'s sampler draws a
-    response from (``sample_responses``: split(key, R)); the other keys are split(key, R +
-    max_turns - 1 + num_groups)[R:], none of which is one of turn 0's token keys."""
+    one-turn episode draws its tokens from the keys ``sample_responses`` draws a response
+    from (split(key, R)); the other keys are split(key, R + max_turns - 1 + num_groups)[R:],
+    none of which is one of turn 0's token keys."""
     rest = jax.random.split(key, turn_len + max_turns - 1 + num_groups)[turn_len:]
     turn_keys = jnp.concatenate([key[None], rest[: max_turns - 1]])
     return turn_keys, rest[max_turns - 1 :]
