@@ -50,10 +50,10 @@ from ppojax.rlhf.agents.turns import (
     assemble,
     check_end_of_turn,
     feed_reply,
+    read_prompts,
     rollout_keys,
     sample_turn,
 )
-from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
 
 
@@ -174,17 +174,13 @@ def rollout_episodes(
     prompt = jax.vmap(lambda p: check_observation(name, "reset", p, env.prompt_len))(prompt)
     prompt = Tokens(jnp.where(prompt.mask, prompt.tokens, settings.pad_id), prompt.mask)
     if isinstance(model, KVCacheHook):
-        context = cached_context(model, params, layout.length)
+        context = cached_context(model, params, layout.length, env.reply_len > 0)
     else:
         context = recomputed_context(model, params, layout.length, settings.pad_id)
-    # one prefill a group: its rows read the same prompt, so they share the state after it
-    model_state, logits = context.start(prompt)
-    env_state, prompt, model_state, logits = jax.tree.map(
-        lambda leaf: jnp.repeat(leaf, group_size, axis=0),
-        (env_state, prompt, model_state, logits),
+    model_state, logits = read_prompts(context, prompt, group_size)
+    env_state, prompt = jax.tree.map(
+        lambda leaf: jnp.repeat(leaf, group_size, axis=0), (env_state, prompt)
     )
-    if group_size > 1:
-        model_state, logits = sharding.rows_split((model_state, logits))
     budget = settings.token_budget or layout.max_turns * layout.turn_len
     carry = TurnCarry(
         env_state,

@@ -16,6 +16,7 @@ import numpy as np
 from ppojax.checks import ConfigError, check_range
 from ppojax.rlhf.agents.context import Context
 from ppojax.rlhf.agents.env import Tokens
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.sampling import SamplingSettings, choose
 
 
@@ -199,6 +200,17 @@ def choose_greedy(
     log_prob = jnp.take_along_axis(scaled, token[:, None], axis=1)[:, 0]
     real = ~done
     return jnp.where(real, token, settings.pad_id), jnp.where(real, log_prob, 0.0), real
+
+
+def read_prompts(context: Context, prompt: Tokens, group_size: int) -> tuple[Any, jax.Array]:
+    """The model's state and next-token logits [B * group_size, V] after each group's prompt
+    [B, P], read once a group (one prefill of [B, P]) and copied to the group's adjacent rows,
+    which read the same tokens and so would compute the same state."""
+    model_state, logits = context.start(prompt)
+    if group_size == 1:
+        return model_state, logits
+    copied = jax.tree.map(lambda leaf: jnp.repeat(leaf, group_size, axis=0), (model_state, logits))
+    return sharding.rows_split(copied)  # over a mesh, as the rows are
 
 
 def rollout_keys(
