@@ -27,6 +27,7 @@ from ppojax.rlhf.agents.env import (
 )
 from ppojax.rlhf.agents.episodes import (
     EnvOutputError,
+    EnvTraceError,
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
@@ -53,6 +54,7 @@ __all__ = [
     "ChatEnv",
     "ChatFormat",
     "EnvOutputError",
+    "EnvTraceError",
     "HostEnvError",
     "HostRollout",
     "PythonTextEnv",
