@@ -45,9 +45,10 @@ from ppojax.rlhf.agents.host import (
     call_tool,
     rollout_host_episodes,
 )
-from ppojax.rlhf.agents.one_turn import OneTurnEnv
-from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
+from ppojax.rlhf.agents.one_turn import OneTurnEnv, play_prompts
+from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer, make_trainer
 from ppojax.rlhf.agents.turns import model_context
+from ppojax.rlhf.agents.update import EpisodeBatch
 
 __all__ = [
     "Calculator",
@@ -65,6 +66,7 @@ __all__ = [
     "demo_loss",
     "env_script",
     "rollout_host_episodes",
+    "EpisodeBatch",
     "EpisodeLayout",
     "EpisodeSettings",
     "EpisodeTrainer",
@@ -75,8 +77,10 @@ __all__ = [
     "Tokens",
     "episode_stats",
     "make_episode_trainer",
+    "make_trainer",
     "make_text_env",
     "model_context",
+    "play_prompts",
     "play_demos",
     "register_text_env",
     "rollout_episodes",

@@ -171,7 +171,7 @@ def learn(
     return run_update(config, optimizer, state, loss, batch, key, metrics)
 
 
-def vocab_size(
+def logits_width(
     config: RLHFConfig, policy_apply: PolicyApply, state: RLHFState, episodes: Episodes
 ) -> int:
     """The model's vocabulary, from its logits' shape: nothing runs."""
@@ -247,7 +247,7 @@ def make_episode_trainer(
 
     def learn_played(state: RLHFState, episodes: Episodes, key: jax.Array):
         state, metrics = learn(config, optimizer, roles, shape, state, episodes, key)
-        faults = env_faults(episodes, layout, vocab_size(config, policy_apply, state, episodes))
+        faults = env_faults(episodes, layout, logits_width(config, policy_apply, state, episodes))
         return state, {**metrics, **faults}
 
     compiled_learn = jax.jit(learn_played)
