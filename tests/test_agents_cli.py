@@ -225,6 +225,8 @@ class Broken(Endless):
             reward = jnp.zeros((2,))
         if self.fault == "state":
             state = state.astype(jnp.float32)
+        if self.fault == "python if" and reward > 0:  # a Python if on a traced value
+            reward = reward * 2
         return state, reply, reward, done
 
 
@@ -274,7 +276,9 @@ BAD = [
     (["--env", "broken:reward shape"],
      "text env 'broken': step() returned reward of shape (2,); it must be a scalar"),
     (["--env", "broken:state"],
-     "text env 'broken': step() returned state {.: float32[]}, unlike reset()'s {.: int32[]}"),
+     "returned state {.: float32[]}, unlike the {.: int32[]} it was given"),
+    (["--env", "broken:python if"],
+     f"text env 'broken': step() raised TracerBoolConversionError at {__file__}:"),
     (["--env", "no-vocabulary"],
      "text env 'no-vocabulary': NoVocabulary must say its vocabulary as int attributes "
      "vocab_size, pad_id and eos_id (the command builds a model for it); vocab_size, pad_id, "

@@ -7,6 +7,7 @@ exits 2 for both, not 3. The names docs/rlhf.md's agents section uses import fro
 ``ppojax.rlhf.agents``."""
 
 import dataclasses
+import inspect
 import json
 import re
 import types
@@ -25,6 +26,7 @@ from ppojax.rlhf.agents import guessing as g
 from ppojax.rlhf.agents.env import Tokens, register_text_env
 from ppojax.rlhf.agents.episodes import (
     EnvOutputError,
+    EnvTraceError,
     check_env_faults,
     env_faults,
     episode_stats,
@@ -351,3 +353,40 @@ def test_the_command_stops_with_exit_2_at_a_nan_reward_the_folder_kept(tmp_path,
         f"the env, then continue with --resume {run_dir}\n"
     )
     assert (run_dir / "config.json").exists()
+
+
+def test_a_jax_env_that_does_not_trace_is_named_with_its_own_line():
+    """Through the API: a Python ``if`` on a traced value and a step that changes its state's
+    dtype each raise an ``EnvTraceError`` naming the env and the env's own file and line,
+    not a frame of the rollout or a ``lax.scan`` carry error."""
+
+    class PythonIf(g.NumberGuessing):
+        def step(self, state, response):
+            if response.mask.sum() > 1:  # the faulty line
+                pass
+            return super().step(state, response)
+
+    class Widening(g.NumberGuessing):
+        def step(self, state, response):
+            state, reply, reward, done = super().step(state, response)
+            return state._replace(secret=state.secret.astype(jnp.float32)), reply, reward, done
+
+    lm = transformer(g.VOCAB_SIZE, 1 + 2 * (3 + 1), d_model=16, num_heads=2, num_layers=1)
+    settings = EpisodeSettings(2, 3, 1.0, g.PAD, g.EOS)
+
+    def play(env):
+        params = lm.init(jax.random.key(0))
+        return jax.eval_shape(
+            lambda k: rollout_episodes(lm.kv_cache, params, env, k, 2, settings), jax.random.key(1)
+        )
+
+    line = inspect.getsourcelines(PythonIf.step)[1] + 1
+    with pytest.raises(EnvTraceError, match=rf"text env PythonIf: step\(\) raised "
+                       rf"TracerBoolConversionError at {re.escape(__file__)}:{line} "):  # fmt: skip
+        play(PythonIf(num_values=4, max_turns=2))
+    where = f"{__file__}:{inspect.getsourcelines(Widening.step)[1]}"
+    with pytest.raises(EnvTraceError, match=re.escape(
+        f"text env Widening: step() ({where}) returned state {{.secret: float32[], .turn: "
+        "int32[]}, unlike the {.secret: int32[], .turn: int32[]} it was given"
+    )):  # fmt: skip
+        play(Widening(num_values=4, max_turns=2))

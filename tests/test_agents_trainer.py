@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ppojax.rlhf import RLHFConfig, make_trainer
+from ppojax.rlhf.agents import calculator as c
 from ppojax.rlhf.agents import guessing as g
 from ppojax.rlhf.agents.context import cached_context
 from ppojax.rlhf.agents.credit import model_slots
@@ -21,7 +22,8 @@ from ppojax.rlhf.agents.episodes import (
     previous_real,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.one_turn import OneTurnEnv
+from ppojax.rlhf.agents.host import HostRollout
+from ppojax.rlhf.agents.one_turn import OneTurnEnv, play_prompts
 from ppojax.rlhf.agents.trainer import make_episode_trainer
 from ppojax.rlhf.agents.turns import rollout_keys
 from ppojax.rlhf.agents.update import EpisodeBatch, slot_stats
@@ -309,3 +311,99 @@ def test_kv_cache_across_turns_gives_the_logits_of_recomputing_the_context():
     np.testing.assert_allclose(first, full[:, 0], atol=2e-5)
     real = mask[:, 1:]
     np.testing.assert_allclose(np.asarray(cached)[real], np.asarray(full)[:, 1:][real], atol=2e-5)
+
+
+def test_a_group_reads_its_prompt_once_and_plays_as_if_each_row_had_read_it():
+    """``make_trainer``'s play (``play_prompts``), a multi-turn rollout and a Python env's
+    (``HostRollout``) prefill each group's prompt once, [groups, P], and copy the state to
+    the group's rows: the tokens equal those of the prompts repeated group_size times, each
+    read by its own row."""
+    config = RLHFConfig(algorithm="grpo", group_size=3, response_len=RESPONSE, pad_id=0, eos_id=2)
+    lm = transformer(VOCAB, PROMPT + RESPONSE, d_model=16, num_heads=2, num_layers=1)
+    params = lm.init(jax.random.key(0))
+    prompts, mask = POOL, POOL != 0
+
+    def both(key):
+        shared = play_prompts(config, lm.kv_cache, (token_sum,), params, prompts, mask, key)
+        each = play_prompts(
+            config.replace(algorithm="ppo", group_size=1), lm.kv_cache, (token_sum,), params,
+            jnp.repeat(prompts, 3, axis=0), jnp.repeat(mask, 3, axis=0), key,
+        )  # fmt: skip
+        return shared.episodes, each.episodes
+
+    shared, each = jax.jit(both)(jax.random.key(4))
+    assert shared.tokens.shape == (9, PROMPT + RESPONSE)
+    np.testing.assert_array_equal(shared.tokens, each.tokens)
+    np.testing.assert_array_equal(shared.model_mask, each.model_mask)
+    # the log-probs of a prefill over 3 rows and over 9 differ by float32 rounding of O(1)
+    # logits (XLA may block the two matmuls differently)
+    np.testing.assert_allclose(shared.log_probs, each.log_probs, atol=2e-5)
+
+    prefills = []
+    counting = lm.kv_cache._replace(
+        prefill=lambda p, t, m, n: prefills.append(t.shape) or lm.kv_cache.prefill(p, t, m, n)
+    )
+    play = functools.partial(play_prompts, config, counting, (token_sum,), params, prompts, mask)
+    jax.eval_shape(play, jax.random.key(3))
+    env = g.NumberGuessing(num_values=8, max_turns=2)
+    layout_len = env.prompt_len + 2 * (RESPONSE + env.reply_len)
+    guesser = transformer(g.VOCAB_SIZE, layout_len, d_model=16, num_heads=2, num_layers=1)
+    counting_guesser = guesser.kv_cache._replace(
+        prefill=lambda p, t, m, n: prefills.append(t.shape) or guesser.kv_cache.prefill(p, t, m, n)
+    )
+    settings = EpisodeSettings(2, RESPONSE, 1.0, 0, 2)
+    jax.eval_shape(
+        lambda k: rollout_episodes(
+            counting_guesser, guesser.init(jax.random.key(0)), env, k, 6, settings, group_size=3
+        ),
+        jax.random.key(5),
+    )
+    calculator = c.Calculator()
+    host_lm = transformer(
+        c.VOCAB_SIZE, calculator.prompt_len + 2 * (RESPONSE + calculator.reply_len),
+        d_model=16, num_heads=2, num_layers=1,
+    )  # fmt: skip
+    host_hook = host_lm.kv_cache._replace(
+        prefill=lambda p, t, m, n: prefills.append(t.shape) or host_lm.kv_cache.prefill(p, t, m, n)
+    )
+    host = HostRollout(host_hook, calculator, 6, settings, group_size=3)
+    prompt = host.reset(jax.random.split(jax.random.key(6), 2))[1]
+    jax.eval_shape(host.sample_first, host_lm.init(jax.random.key(0)), prompt, jax.random.key(7))
+    # [groups, P], not [rows, P]
+    assert prefills == [(3, PROMPT), (2, env.prompt_len), (2, calculator.prompt_len)]
+
+
+def test_make_trainer_samples_through_a_cache_hook_without_extend():
+    """``KVCacheHook(prefill, decode)``, the contract ``make_trainer`` promises, plays its
+    one-turn episodes a token at a time: the step equals the one through ``extend``; an env
+    that replies needs ``extend`` and says so."""
+    config = RLHFConfig(
+        algorithm="grpo", group_size=2, response_len=RESPONSE, pad_id=0, eos_id=2,
+        update_epochs=1, num_minibatches=1,
+    )  # fmt: skip
+    lm = transformer(VOCAB, PROMPT + RESPONSE, d_model=16, num_heads=2, num_layers=1)
+    params = lm.init(jax.random.key(0))
+    decode_only = lm.kv_cache._replace(extend=None)
+
+    def step(hook):
+        trainer = make_trainer(config, lm.policy_apply, [token_sum], kv_cache=hook)
+        state = trainer.init(params, jax.random.key(1))
+        return trainer.step(state, POOL, POOL != 0, jax.random.key(2))
+
+    (extended, extended_metrics), (decoded, decoded_metrics) = jax.jit(
+        lambda: (step(lm.kv_cache), step(decode_only))
+    )()
+    # the same tokens (the logits of decode and extend agree to float32 rounding, and no two
+    # tokens tie at it here), so the learn step reads the same batch: the same bits
+    assert differences(extended, decoded) == []
+    for name in extended_metrics:
+        np.testing.assert_array_equal(extended_metrics[name], decoded_metrics[name], name)
+    settings = EpisodeSettings(2, RESPONSE, 1.0, 0, 2)
+    env = g.NumberGuessing(num_values=8, max_turns=2)
+    guesser = transformer(g.VOCAB_SIZE, 16, d_model=16, num_heads=2, num_layers=1)
+    hook = guesser.kv_cache._replace(extend=None)
+    with pytest.raises(ValueError, match="need KVCacheHook.extend"):
+        jax.eval_shape(
+            lambda k: rollout_episodes(hook, guesser.init(k), env, k, 2, settings),
+            jax.random.key(0),
+        )

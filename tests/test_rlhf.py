@@ -25,11 +25,13 @@ from ppojax.rlhf import (
     token_rewards,
     update_kl_coef,
 )
+from ppojax.rlhf.agents.credit import model_slots
+from ppojax.rlhf.agents.one_turn import score
+from ppojax.rlhf.agents.turns import EpisodeLayout, Episodes
+from ppojax.rlhf.agents.update import ppo_advantages
 from ppojax.rlhf.core.config import config_names
 from ppojax.rlhf.core.kl import update_kl
 from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
-from ppojax.rlhf.core.objective import RLHFBatch
-from ppojax.rlhf.core.rollout import advantages_and_returns, score
 from ppojax.rlhf.post.reward_model import pair_margins
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets
@@ -237,7 +239,7 @@ def test_old_field_names():
 
 def test_kl_target_is_what_the_adaptive_controller_aims_at():
     """update_kl rises beta when the KL is above kl_target and lowers it below."""
-    batch = RLHFBatch(*[jnp.zeros((64, 1))] * len(RLHFBatch._fields))
+    batch = {"advantages": jnp.zeros((64, 1))}  # any pytree of 64 rows
     beta, kl = jnp.float32(0.1), jnp.float32(1.0)
     up = update_kl(RLHFConfig(adaptive_kl=True, kl_target=0.5), beta, kl, batch)
     down = update_kl(RLHFConfig(adaptive_kl=True, kl_target=2.0), beta, kl, batch)
@@ -425,12 +427,21 @@ def test_whiten_advantages_normalizes_over_real_tokens_only_when_asked():
     scores, kl = jnp.array([1.0, -1.0]), jnp.zeros((2, 4))
     whitened = RLHFConfig(gae_lambda=1.0)
 
+    # one-turn episodes: a prompt column, then the 4 response columns
+    layout = EpisodeLayout(1, 4, 0, 1)
+    model_mask = jnp.concatenate([jnp.zeros((2, 1), bool), mask], axis=1)
+    tokens = jnp.ones(model_mask.shape, jnp.int32)
+    episodes = Episodes(
+        tokens, model_mask.at[:, 0].set(True), model_mask, jnp.zeros(model_mask.shape),
+        scores[:, None], jnp.ones(2, jnp.int32), jnp.ones(2, bool),
+    )  # fmt: skip
+    slots = model_slots(model_mask, 4)
+
+    def advantages(config):
+        return ppo_advantages(config, episodes, kl, values, slots, 0.0, layout.turn_index)[0]
+
     def both():
-        on = advantages_and_returns(whitened, scores, kl, values, mask, 0.0)[0]
-        off = advantages_and_returns(
-            whitened.replace(whiten_advantages=False), scores, kl, values, mask, 0.0
-        )[0]
-        return on, off
+        return advantages(whitened), advantages(whitened.replace(whiten_advantages=False))
 
     on, off = jax.jit(both)()
     # gamma = lambda = 1: A_t = score - V_t on real tokens.

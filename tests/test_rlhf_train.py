@@ -15,9 +15,11 @@ from ppojax.rlhf import (
     run_steps,
     sample_responses,
 )
+from ppojax.rlhf.agents.one_turn import play_prompts
+from ppojax.rlhf.agents.turns import EpisodeLayout
+from ppojax.rlhf.agents.update import collect_episodes, episode_loss
 from ppojax.rlhf.core.lora import tree_bytes
-from ppojax.rlhf.core.objective import LossParts, rlhf_loss
-from ppojax.rlhf.core.rollout import Roles, collect
+from ppojax.rlhf.core.objective import LossParts
 from ppojax.rlhf.core.trainer import policy_params_fn
 from ppojax.rlhf.models.transformer import transformer
 
@@ -160,6 +162,24 @@ def test_a_group_shares_its_prompts_prefill_and_gets_the_responses_of_repeated_p
     assert prefills == [prompts.shape]  # [B, P], not [B * group, P]
 
 
+def batch_and_loss(config, state, prompts, mask, key):
+    """One step's one-turn batch of ``good_tokens`` episodes (sampled by recomputation) and
+    the loss over all of it: what the trainer's step learns from."""
+    full = policy_params_fn(config, state.reference)
+    played = play_prompts(
+        config, policy_apply, (good_tokens,), full(state.params), prompts, mask, key
+    )
+    critic = critic_apply if config.needs_critic else None
+    parts = LossParts(policy_apply, critic, full, state.kl_coef, jnp.float32(1.0))
+    start = prompts.shape[1]
+    turns = EpisodeLayout(start, config.response_len, 0, 1).turn_index
+    batch, _ = collect_episodes(
+        config, parts, played.episodes, state, config.response_len, None, turns, start
+    )
+    loss, metrics = episode_loss(config, parts, state.params, batch, start=start)
+    return batch, loss, metrics
+
+
 def widen(prompts: jax.Array, mask: jax.Array, extra: int):
     """The same prompts left-padded by ``extra`` more columns."""
     pad = jnp.full((prompts.shape[0], extra), PAD, prompts.dtype)
@@ -169,22 +189,16 @@ def widen(prompts: jax.Array, mask: jax.Array, extra: int):
 def test_left_padding_to_two_widths_changes_nothing():
     config = config_for("ppo", kl_in="loss", kl_estimator="k3")
     trainer = trainer_for(config)
-    roles = Roles(policy_apply, critic_apply, None)
     prompts, mask = prompt_batch(jax.random.key(3), 4)
 
     def rollout_and_loss(prompts, mask):
         state = trainer.init(init_params(0), jax.random.key(0))
         state = state.replace(params={"policy": init_params(5)})  # policy != reference
-        full = policy_params_fn(config, state.reference)
-        key = jax.random.key(4)
-        rollout = collect(config, roles, (good_tokens,), full, state, prompts, mask, key)
-        parts = LossParts(policy_apply, critic_apply, full, state.kl_coef, jnp.float32(1.0))
-        loss, metrics = rlhf_loss(config, parts, state.params, rollout.batch)
-        return rollout.batch, loss, metrics
+        return batch_and_loss(config, state, prompts, mask, jax.random.key(4))
 
     narrow = jax.jit(rollout_and_loss)(prompts, mask)
     wide = jax.jit(rollout_and_loss)(*widen(prompts, mask, 3))
-    np.testing.assert_array_equal(narrow[0].responses, wide[0].responses)
+    np.testing.assert_array_equal(narrow[0].targets, wide[0].targets)
     # The same float32 sums over the same real tokens, only at other offsets.
     for name in ("log_probs", "ref_log_probs", "advantages", "values", "returns"):
         np.testing.assert_allclose(
@@ -302,12 +316,7 @@ def test_kl_coef_and_kl_in_change_the_advantages_or_the_loss():
         trainer = trainer_for(config)
         state = trainer.init(init_params(0), jax.random.key(0))
         state = state.replace(params={"policy": init_params(5)}, kl_coef=jnp.float32(beta))
-        full = policy_params_fn(config, state.reference)
-        roles = Roles(policy_apply, critic_apply, None)
-        key = jax.random.key(13)
-        batch = collect(config, roles, (good_tokens,), full, state, prompts, mask, key).batch
-        parts = LossParts(policy_apply, critic_apply, full, state.kl_coef, jnp.float32(1.0))
-        return batch, rlhf_loss(config, parts, state.params, batch)[0]
+        return batch_and_loss(config, state, prompts, mask, jax.random.key(13))[:2]
 
     def all_three():
         return [
@@ -321,7 +330,7 @@ def test_kl_coef_and_kl_in_change_the_advantages_or_the_loss():
     kl = np.asarray(
         jnp.expm1(plain.ref_log_probs - plain.log_probs) - (plain.ref_log_probs - plain.log_probs)
     )
-    real = np.asarray(plain.mask)
+    real = np.asarray(plain.slot_mask)
     per_sequence = (kl * real).sum(1) / real.sum(1)
     # The loss adds beta * (mean over rows of the per-row mean of k3); float32 sums of O(1).
     np.testing.assert_allclose(in_loss_loss - plain_loss, per_sequence.mean(), rtol=1e-4, atol=1e-5)

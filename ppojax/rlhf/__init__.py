@@ -3,12 +3,15 @@ step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply
 ``critic_apply`` and reward functions by ``make_trainer``; SFT, reward models and DPO beside it.
 
 In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
-``models`` (the built-in transformer, Hugging Face families), ``data`` and ``text_rewards``
+``models`` (the built-in transformer, Hugging Face families), ``agents`` (text envs, episodes
+and the one LM trainer: ``make_trainer`` is its one-turn form), ``data`` and ``text_rewards``
 (text as arrays, rewards on text), ``post`` (SFT, reward models, DPO), ``planner`` and
 ``sizing`` (``plan``: a step sized on GPUs before they are rented). ``tasks`` (the digit
 demos) sits on top, and the run folders of the commands above in ``ppojax.runs.lm``; the
 library never imports them, nor anything of ``ppojax.runs`` or ``ppojax.cli``."""
 
+from ppojax.rlhf.agents.trainer import make_trainer
+from ppojax.rlhf.agents.update import EpisodeBatch
 from ppojax.rlhf.core.advantages import (
     group_advantages,
     leave_one_out_advantages,
@@ -20,7 +23,6 @@ from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.kl import kl_estimate, update_kl_coef
 from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.lora import tree_bytes
-from ppojax.rlhf.core.objective import RLHFBatch
 from ppojax.rlhf.core.sampling import (
     KVCacheHook,
     Samples,
@@ -30,7 +32,7 @@ from ppojax.rlhf.core.sampling import (
     response_stats,
     sample_responses,
 )
-from ppojax.rlhf.core.trainer import RLHFState, Trainer, make_trainer, run_steps
+from ppojax.rlhf.core.trainer import RLHFState, Trainer, run_steps
 from ppojax.rlhf.data import (
     PromptData,
     draw_batch,
@@ -75,7 +77,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "PromptData",
-    "RLHFBatch",
+    "EpisodeBatch",
     "RLHFConfig",
     "RLHFState",
     "Samples",
@@ -127,3 +129,18 @@ __all__ = [
     "tree_bytes",
     "update_kl_coef",
 ]
+
+
+def __getattr__(name: str):
+    # RLHFBatch was the one-turn trainer's batch; the one trainer's is EpisodeBatch
+    if name == "RLHFBatch":
+        import warnings
+
+        warnings.warn(
+            "ppojax.rlhf.RLHFBatch is deprecated: the LM trainer's batch is EpisodeBatch "
+            "(the model's tokens in slots: targets, slot_mask, ...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return EpisodeBatch
+    raise AttributeError(f"module 'ppojax.rlhf' has no attribute {name!r}")

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
+from ppojax.rlhf.agents.trainer import make_trainer
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import (
@@ -39,7 +40,6 @@ from ppojax.rlhf.core.sharding import (
     shard_trainer,
     state_shardings,
 )
-from ppojax.rlhf.core.trainer import make_trainer
 from ppojax.rlhf.models.config import DecoderConfig
 from ppojax.rlhf.models.decoder import Decoder
 from ppojax.rlhf.models.pretrained import PretrainedLM, contract, resolve_dtype

@@ -4,8 +4,8 @@ program (``rollout_episodes``), Python envs and tools stepped on the host betwee
 turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), Python envs over text through a
 model's chat template (``ChatFormat``, ``ChatEnv``), SFT on scripted demonstrations
 (``play_demos``, ``train_on_demos``), and GRPO / RLOO / PPO on them with episode- or
-turn-level credit (``make_episode_trainer``; ``OneTurnEnv`` is ``make_trainer``'s task as a
-one-turn env)."""
+turn-level credit (``make_episode_trainer``), and on one-turn episodes of given prompts
+(``make_trainer``, ``OneTurnEnv``): the one LM trainer."""
 
 from ppojax.rlhf.agents.calculator import Calculator
 from ppojax.rlhf.agents.chat import ChatFormat
@@ -27,6 +27,7 @@ from ppojax.rlhf.agents.env import (
 )
 from ppojax.rlhf.agents.episodes import (
     EnvOutputError,
+    EnvTraceError,
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
@@ -44,15 +45,17 @@ from ppojax.rlhf.agents.host import (
     call_tool,
     rollout_host_episodes,
 )
-from ppojax.rlhf.agents.one_turn import OneTurnEnv
-from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
+from ppojax.rlhf.agents.one_turn import OneTurnEnv, play_prompts
+from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer, make_trainer
 from ppojax.rlhf.agents.turns import model_context
+from ppojax.rlhf.agents.update import EpisodeBatch
 
 __all__ = [
     "Calculator",
     "ChatEnv",
     "ChatFormat",
     "EnvOutputError",
+    "EnvTraceError",
     "HostEnvError",
     "HostRollout",
     "PythonTextEnv",
@@ -63,6 +66,7 @@ __all__ = [
     "demo_loss",
     "env_script",
     "rollout_host_episodes",
+    "EpisodeBatch",
     "EpisodeLayout",
     "EpisodeSettings",
     "EpisodeTrainer",
@@ -73,8 +77,10 @@ __all__ = [
     "Tokens",
     "episode_stats",
     "make_episode_trainer",
+    "make_trainer",
     "make_text_env",
     "model_context",
+    "play_prompts",
     "play_demos",
     "register_text_env",
     "rollout_episodes",

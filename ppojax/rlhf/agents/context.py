@@ -23,9 +23,11 @@ class Context(NamedTuple):
     feed: Callable[[Any, jax.Array, jax.Array, Any], tuple[Any, jax.Array]]
 
 
-def cached_context(hook: KVCacheHook, params: Any, length: int) -> Context:
-    """Reading through the KV cache: a prefill, then ``extend`` chunks."""
-    if hook.extend is None:
+def cached_context(hook: KVCacheHook, params: Any, length: int, replies: bool = True) -> Context:
+    """Reading through the KV cache: a prefill, then ``extend`` chunks. Without an env's
+    ``replies`` (a one-turn episode) a hook without ``extend`` (``prefill`` and ``decode``
+    only) will do: every feed is one sampled token, fed by ``decode``."""
+    if hook.extend is None and replies:
         raise ValueError(
             "multi-turn rollouts through the KV cache need KVCacheHook.extend (feeding a "
             "masked chunk); pass the model's policy_apply to recompute instead"
@@ -36,8 +38,12 @@ def cached_context(hook: KVCacheHook, params: Any, length: int) -> Context:
         return cache, logits
 
     def feed(cache: Any, tokens: jax.Array, mask: jax.Array, column: Any):
-        logits, cache = hook.extend(params, cache, tokens, mask, column)
-        return cache, logits
+        if hook.extend is not None:
+            logits, cache = hook.extend(params, cache, tokens, mask, column)
+            return cache, logits
+        # a token after a row's end is fed too: nothing reads that row's logits again
+        logits, cache = hook.decode(params, cache, tokens[:, 0], column)
+        return cache, logits[:, None]
 
     return Context(start, feed)
 

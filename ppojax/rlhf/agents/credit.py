@@ -101,7 +101,7 @@ class Slots(NamedTuple):
     """Each row's model tokens in order, moved to the front of M slots: ``columns`` [N, M] the
     column of slot j (the row's j-th model token; 0 for an empty slot) and ``mask`` [N, M]
     (slot j holds one). The trainer's update reads episodes in slots: a one-turn episode's
-    slots are ``make_trainer``'s response arrays [N, R], in the same order."""
+    slots are its response's R columns, in order."""
 
     columns: jax.Array
     mask: jax.Array
@@ -151,8 +151,8 @@ def slot_gae(
     gae_lambda: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """PPO's GAE advantages and returns over each row's model tokens in order (see the
-    module), all [N, M] in slots: the one-turn trainer's ``token_advantages`` (``compute_gae``),
-    whose terminal is each row's last filled slot."""
+    module), all [N, M] in slots: ``core.advantages.token_advantages`` (``compute_gae``), whose
+    terminal is each row's last filled slot."""
     return adv.token_advantages(token_rewards, values, slots.mask, gamma, gae_lambda)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from ppojax.rlhf.agents.context import Context, cached_context, recomputed_context
 from ppojax.rlhf.agents.env import TextEnv, Tokens, check_observation, check_scalar
-from ppojax.rlhf.agents.host import rollout_host_episodes, runs_on_host
+from ppojax.rlhf.agents.host import env_raised_at, rollout_host_episodes, runs_on_host
 from ppojax.rlhf.agents.turns import (
     EpisodeLayout,
     Episodes,
@@ -50,6 +50,7 @@ from ppojax.rlhf.agents.turns import (
     assemble,
     check_end_of_turn,
     feed_reply,
+    read_prompts,
     rollout_keys,
     sample_turn,
 )
@@ -65,20 +66,91 @@ def select_rows(chosen: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
+class EnvTraceError(ValueError):
+    """A JAX text env whose ``reset`` or ``step`` does not trace into the rollout's program
+    (a Python ``if`` on a traced value, a state that changes shape or dtype from turn to
+    turn), naming the env, the method and the env's own line."""
+
+
+def defined_at(method: Any) -> str:
+    """Where a method is defined, as ``' (FILE:LINE)'``; empty where that is unknown."""
+    code = getattr(getattr(method, "__func__", method), "__code__", None)
+    return f" ({code.co_filename}:{code.co_firstlineno})" if code else ""
+
+
+def traced(env_name: str, what: str, method: Callable[..., Any], *args: Any) -> Any:
+    """``method(*args)`` while the rollout is traced; an ``EnvTraceError`` naming the env,
+    ``what`` and the env's line that raised for anything it raises."""
+    try:
+        return method(*args)
+    except EnvTraceError:
+        raise
+    except Exception as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise EnvTraceError(
+            f"text env {env_name}: {what}() raised {type(error).__name__}"
+            f"{env_raised_at(error)} while traced into the rollout's program: {first_line}. A "
+            "JAX env's reset and step run on traced arrays: branch with jnp.where or "
+            "jax.lax.cond, not a Python if on them"
+        ) from error
+
+
+def checked_reset(env: TextEnv, env_name: str) -> Callable[[jax.Array], tuple]:
+    """``env.reset`` traced (``traced``) and its outputs checked (see ``env``)."""
+
+    def reset(key: jax.Array) -> tuple:
+        outputs = traced(env_name, "reset", env.reset, key)
+        if not (isinstance(outputs, tuple) and len(outputs) == 2):
+            raise ValueError(
+                f"text env {env_name}: reset() must return (state, prompt), got "
+                f"{type(outputs).__name__}"
+            )
+        return outputs[0], check_observation(env_name, "reset", outputs[1], env.prompt_len)
+
+    return reset
+
+
+def describe(tree: Any) -> str:
+    """A state's leaves as ``{name: dtype[shape], ...}`` (for messages)."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    shown = (f"{jax.tree_util.keystr(path) or '.'}: {jnp.result_type(leaf)}{list(jnp.shape(leaf))}"
+             for path, leaf in leaves)  # fmt: skip
+    return "{" + ", ".join(shown) + "}"
+
+
+def check_state(env: TextEnv, env_name: str, before: Any, after: Any) -> None:
+    """An ``EnvTraceError`` when ``step`` returned a state of another structure, shape or
+    dtype than it was given: the rollout carries the state from turn to turn."""
+
+    def signature(tree: Any) -> tuple:
+        leaves = jax.tree.leaves(tree)
+        return jax.tree.structure(tree), [(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+
+    if signature(before) != signature(after):
+        raise EnvTraceError(
+            f"text env {env_name}: step(){defined_at(env.step)} returned state "
+            f"{describe(after)}, unlike the {describe(before)} it was given; the rollout "
+            "carries the state from turn to turn, so step must keep its structure, shapes and "
+            "dtypes"
+        )
+
+
 def checked_step(env: TextEnv, env_name: str) -> Callable[..., tuple]:
-    """``env.step`` with its outputs checked at trace time (shapes, dtypes; see ``env``)."""
+    """``env.step`` traced (``traced``) with its outputs checked at trace time (shapes,
+    dtypes; the state's kept; see ``env``)."""
 
     def step(state: Any, response: Tokens) -> tuple:
-        outputs = env.step(state, response)
+        outputs = traced(env_name, "step", env.step, state, response)
         if not (isinstance(outputs, tuple) and len(outputs) == 4):
             raise ValueError(
                 f"text env {env_name}: step() must return (state, reply, reward, done), got "
                 f"{type(outputs).__name__}"
             )
-        state, reply, reward, done = outputs
+        new_state, reply, reward, done = outputs
+        check_state(env, env_name, state, new_state)
         reply = check_observation(env_name, "step", reply, env.reply_len)
         reward = check_scalar(env_name, "reward", reward, jnp.float32)
-        return state, reply, reward, check_scalar(env_name, "done", done, bool)
+        return new_state, reply, reward, check_scalar(env_name, "done", done, bool)
 
     return step
 
@@ -146,14 +218,20 @@ def rollout_episodes(
     settings: EpisodeSettings,
     group_size: int = 1,
     env_name: str | None = None,
+    starts: tuple[Any, Tokens] | None = None,
 ) -> Episodes:
     """``batch_size`` episodes of ``env`` played by the model (see the module): through its
     KV cache when ``model`` is a ``KVCacheHook``, else by recomputation with ``model`` as
     the ``policy_apply``. Each run of ``group_size`` adjacent rows starts from the same reset
-    (the same secret, the same task), for GRPO's and RLOO's groups. ``env_name`` names the
-    env in errors (default: its class). A Python env (``host.PythonTextEnv``) is played by
+    (the same secret, the same task), for GRPO's and RLOO's groups, whose prompt the model
+    reads once: its state after the prompt is copied to the group's rows. ``starts``: the
+    groups' (env states, prompts) [batch_size / group_size, ...] to play from instead of
+    resets (a one-turn task's given prompts). ``env_name`` names the env in errors
+    (default: its class). A Python env (``host.PythonTextEnv``) is played by
     ``host.HostRollout`` instead, a compiled call per turn and the env on the host."""
     if runs_on_host(env):
+        if starts is not None:
+            raise ValueError("a Python env plays from its own resets: pass starts=None")
         return rollout_host_episodes(
             model, params, env, key, batch_size, settings, group_size, env_name
         )
@@ -163,17 +241,20 @@ def rollout_episodes(
         raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
     layout = EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)
     keys, resets = rollout_keys(key, layout.max_turns, layout.turn_len, batch_size // group_size)
-    env_state, prompt = jax.vmap(env.reset)(resets)
-    prompt = jax.vmap(lambda p: check_observation(name, "reset", p, env.prompt_len))(prompt)
+    if starts is None:
+        env_state, prompt = jax.vmap(checked_reset(env, name))(resets)
+    else:
+        env_state, prompt = starts
+        prompt = jax.vmap(lambda p: check_observation(name, "reset", p, env.prompt_len))(prompt)
+    prompt = Tokens(jnp.where(prompt.mask, prompt.tokens, settings.pad_id), prompt.mask)
+    if isinstance(model, KVCacheHook):
+        context = cached_context(model, params, layout.length, env.reply_len > 0)
+    else:
+        context = recomputed_context(model, params, layout.length, settings.pad_id)
+    model_state, logits = read_prompts(context, prompt, group_size)
     env_state, prompt = jax.tree.map(
         lambda leaf: jnp.repeat(leaf, group_size, axis=0), (env_state, prompt)
     )
-    prompt = Tokens(jnp.where(prompt.mask, prompt.tokens, settings.pad_id), prompt.mask)
-    if isinstance(model, KVCacheHook):
-        context = cached_context(model, params, layout.length)
-    else:
-        context = recomputed_context(model, params, layout.length, settings.pad_id)
-    model_state, logits = context.start(prompt)
     budget = settings.token_budget or layout.max_turns * layout.turn_len
     carry = TurnCarry(
         env_state,

@@ -64,6 +64,7 @@ from ppojax.rlhf.agents.turns import (
     assemble,
     check_end_of_turn,
     feed_reply,
+    read_prompts,
     rollout_keys,
     sample_turn,
 )
@@ -260,9 +261,10 @@ class HostRollout:
         return recomputed_context(self.model, params, self.layout.length, self.settings.pad_id)
 
     def sample_first(self, params: Any, prompt: Tokens, key: jax.Array) -> tuple:
-        """Compiled: read the prompt, sample turn 0."""
+        """Compiled: read each group's prompt once, sample turn 0."""
         context = self.context(params)
-        model_state, logits = context.start(prompt)
+        group_rows = jax.tree.map(lambda rows: rows[:: self.group_size], prompt)
+        model_state, logits = read_prompts(context, group_rows, self.group_size)
         budget = self.settings.token_budget or self.layout.max_turns * self.layout.turn_len
         over = jnp.zeros((self.batch_size,), bool)
         budget_left = jnp.full((self.batch_size,), budget, jnp.int32)

@@ -1,21 +1,26 @@
-"""GRPO, RLOO and PPO on multi-turn episodes of a text environment, as pure init and step:
+"""The LM trainer: GRPO, RLOO and PPO on episodes of a text environment, as pure init and
+step, and on one-turn episodes of the prompts each step is given (``make_trainer``):
 
     trainer = make_episode_trainer(config, policy_apply, env, num_episodes, max_turns)
     state = trainer.init(policy_params, key)  # PPO: init(policy_params, key, critic_params)
     state, metrics = trainer.step(state, key)
 
+    trainer = make_trainer(config, policy_apply, reward_fns, critic_apply=None)
+    state, metrics = trainer.step(state, prompts, prompt_mask, key)
+
 One step plays ``num_episodes`` episodes (groups of ``config.group_size`` from the same reset,
-``rollout_episodes``), scores each by the sum of its rewards, recomputes the log-probs of the
-model's tokens under the policy and the frozen reference in one forward pass each, gives every
-model token of an episode that episode's group advantage (GRPO: normalized within its group,
-RLOO: leave-one-out) of score - beta * sum_t KL_t (the score alone with kl_in="loss"), or
-with ``turn_weight`` a mix of it and a turn-level advantage (``credit``, MT-GRPO style);
-PPO instead reads the critic's values before the model's tokens and runs token-level GAE over
-each episode's model tokens in order, the env's tokens skipped (``credit.slot_gae``), and
-adds the clipped value loss on the model's tokens. It then runs ``update_epochs`` x
-``num_minibatches`` clipped updates through the shared engine, and the adaptive KL
-controller. The env's tokens are context only: they are off ``model_mask``, so no loss term,
-KL, entropy or value target reads them. ``config.response_len`` is the per-turn token limit.
+``rollout_episodes``), scores each by the sum of its rewards, then ``learn``s from them, the
+one learn step of both: it recomputes the log-probs of the model's tokens under the policy and
+the frozen reference in one forward pass each, gives every model token of an episode that
+episode's group advantage (GRPO: normalized within its group, RLOO: leave-one-out) of score -
+beta * sum_t KL_t (the score alone with kl_in="loss"), or with ``turn_weight`` a mix of it and
+a turn-level advantage (``credit``, MT-GRPO style); PPO instead reads the critic's values
+before the model's tokens and runs token-level GAE over each episode's model tokens in order,
+the env's tokens skipped (``credit.slot_gae``), and adds the clipped value loss on the model's
+tokens. It then runs ``update_epochs`` x ``num_minibatches`` clipped updates through the
+shared engine (``core.trainer.run_update``), and the KL controller of ``core.kl``. The env's
+tokens are context only: they are off ``model_mask``, so no loss term, KL, entropy or value
+target reads them. ``config.response_len`` is the per-turn token limit.
 The metrics ``env/bad_*`` say where the env's output first went wrong (an id outside the
 vocabulary, a reward not finite; ``episodes.env_faults``), -1 where it did not: a JAX env
 runs inside the program, where nothing can raise; ``episodes.check_env_faults`` raises for
@@ -24,21 +29,20 @@ With a Python env (``host``) the step plays on the host, a compiled call per tur
 the compiled update: it is not jittable as a whole.
 
 The update's batch, advantages and loss are in ``update`` (each episode's model tokens in
-slots, [N, M]); LoRA, the critic's warm-up and the update itself (``run_update``: the epochs,
-then the KL controller of ``core.kl``) are the one-turn trainer's (``core.trainer``), and the
-loss is assembled by the same ``core.objective.assemble_loss``, so the step of a one-turn env
-(``one_turn.OneTurnEnv``) is ``make_trainer``'s, bit for bit.
+slots, [N, M]); one-turn episodes read their slots as a slice of the response columns.
 
-Not yet: PPO with ``turn_weight`` (refused). ``missing_eos_penalty`` is not read.
+Not yet: PPO with ``turn_weight`` (refused). With an env, ``missing_eos_penalty`` is not read
+(the env's rewards are the score; ``make_trainer`` subtracts it).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import optax
 
 from ppojax.checks import ConfigError
 from ppojax.engine.optim import clipped_adam
@@ -51,6 +55,7 @@ from ppojax.rlhf.agents.episodes import (
     rollout_episodes,
 )
 from ppojax.rlhf.agents.host import HostRollout, runs_on_host
+from ppojax.rlhf.agents.one_turn import RewardFn, ScoredEpisodes, play_prompts
 from ppojax.rlhf.agents.turns import check_context, check_end_of_turn
 from ppojax.rlhf.agents.update import collect_episodes, episode_loss
 from ppojax.rlhf.core.config import RLHFConfig
@@ -59,12 +64,15 @@ from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 from ppojax.rlhf.core.trainer import (
     CriticApply,
     RLHFState,
+    Trainer,
     check_critic,
+    check_inputs,
     compute_params,
     initial_policy,
     initial_state,
     policy_params_fn,
     policy_weight,
+    reward_names,
     run_update,
 )
 
@@ -115,6 +123,63 @@ def check_turn_weight(turn_weight: Any) -> None:
         raise ValueError(f"make_episode_trainer: turn_weight must be in [0, 1], got {value}")
 
 
+class Roles(NamedTuple):
+    """The models the update runs, by role: the policy ``(params, tokens, mask) -> logits
+    [B, L, V]`` and the critic ``(params, tokens, mask) -> values [B, L]`` (None without one);
+    their params live in the state."""
+
+    policy: PolicyApply
+    critic: CriticApply | None
+
+
+class EpisodeShape(NamedTuple):
+    """Where the update finds an episode's model tokens: ``num_slots`` slots a row, the
+    turn-level credit's weight (None: episode-level only) and each column's turn, the first
+    response column of one-turn episodes (None for several turns; ``update.slot_outputs``)
+    and the layout."""
+
+    num_slots: int
+    turn_weight: Any
+    turn_index: Any
+    start: int | None
+    layout: EpisodeLayout
+
+
+def learn(
+    config: RLHFConfig,
+    optimizer: optax.GradientTransformation,
+    roles: Roles,
+    shape: EpisodeShape,
+    state: RLHFState,
+    episodes: Episodes,
+    key: jax.Array,
+) -> tuple[RLHFState, dict[str, jax.Array]]:
+    """The one learn step of every LM trainer: the episodes the current policy played (their
+    ``rewards`` the scores) become the update's batch (advantages, log-probs under the
+    policy and the reference, values), then ``core.trainer.run_update``: the epochs of
+    minibatches and beta."""
+    full_policy = policy_params_fn(config, state.reference)
+    parts = LossParts(
+        roles.policy, roles.critic, full_policy, state.kl_coef, policy_weight(config, state.step)
+    )
+    computing = state.replace(params=compute_params(state))
+    batch, metrics = collect_episodes(
+        config, parts, episodes, computing, shape.num_slots, shape.turn_weight,
+        shape.turn_index, shape.start,
+    )  # fmt: skip
+    loss = functools.partial(episode_loss, config, parts, start=shape.start)
+    return run_update(config, optimizer, state, loss, batch, key, metrics)
+
+
+def logits_width(
+    config: RLHFConfig, policy_apply: PolicyApply, state: RLHFState, episodes: Episodes
+) -> int:
+    """The model's vocabulary, from its logits' shape: nothing runs."""
+    full_policy = policy_params_fn(config, state.reference)
+    logits = jax.eval_shape(policy_apply, full_policy(state.params), episodes.tokens, episodes.mask)
+    return logits.shape[-1]
+
+
 def make_episode_trainer(
     config: RLHFConfig,
     policy_apply: PolicyApply,
@@ -163,6 +228,8 @@ def make_episode_trainer(
     )
     optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
     model = policy_apply if kv_cache is None else kv_cache
+    shape = EpisodeShape(num_slots, turn_weight, turn_index, start, layout)
+    roles = Roles(policy_apply, critic_apply)
 
     if runs_on_host(env):
         rollout = HostRollout(model, env, num_episodes, settings, config.group_size)
@@ -178,31 +245,12 @@ def make_episode_trainer(
         policy = initial_policy(config, policy_params, key)
         return initial_state(config, optimizer, policy, policy_params, critic_params)
 
-    def learn(
-        state: RLHFState, episodes: Episodes, key: jax.Array
-    ) -> tuple[RLHFState, dict[str, jax.Array]]:
-        """Score the episodes, update the policy on them, then beta (see the module)."""
-        full_policy = policy_params_fn(config, state.reference)
-        parts = LossParts(
-            policy_apply,
-            critic_apply,
-            full_policy,
-            state.kl_coef,
-            policy_weight(config, state.step),
-        )
-        computing = state.replace(params=compute_params(state))
-        batch, metrics = collect_episodes(
-            config, parts, episodes, computing, num_slots, turn_weight, turn_index, start
-        )
-        # the model's vocabulary, for the env's ids, from its logits' shape: nothing runs
-        logits = jax.eval_shape(policy_apply, full_policy(state.params), episodes.tokens,
-                                episodes.mask)  # fmt: skip
-        faults = env_faults(episodes, layout, logits.shape[-1])
-        loss = functools.partial(episode_loss, config, parts, start=start)
-        state, metrics = run_update(config, optimizer, state, loss, batch, key, metrics)
+    def learn_played(state: RLHFState, episodes: Episodes, key: jax.Array):
+        state, metrics = learn(config, optimizer, roles, shape, state, episodes, key)
+        faults = env_faults(episodes, layout, logits_width(config, policy_apply, state, episodes))
         return state, {**metrics, **faults}
 
-    compiled_learn = jax.jit(learn)
+    compiled_learn = jax.jit(learn_played)
 
     def step(state: RLHFState, key: jax.Array) -> tuple[RLHFState, dict[str, jax.Array]]:
         """One iteration: play, score, update (see the module). With a Python env the
@@ -212,6 +260,69 @@ def make_episode_trainer(
         episodes = rollout(policy, key=sample_key)
         if runs_on_host(env):
             return compiled_learn(state, episodes, update_key)
-        return learn(state, episodes, update_key)
+        return learn_played(state, episodes, update_key)
 
     return EpisodeTrainer(init, step, config, settings)
+
+
+def make_trainer(
+    config: RLHFConfig,
+    policy_apply: PolicyApply,
+    reward_fns: RewardFn | Sequence[RewardFn],
+    critic_apply: CriticApply | None = None,
+    kv_cache: KVCacheHook | None = None,
+) -> Trainer:
+    """The trainer of ``config.algorithm`` on the prompts each step is given: one-turn
+    episodes of a ``OneTurnEnv`` over them (``step(state, prompts [B, P], prompt_mask [B, P],
+    key)``), ``config.group_size`` responses a prompt, learned from by the one learn step of
+    ``make_episode_trainer``. ``reward_fns``: one jittable ``reward_fn(prompts, prompt_mask,
+    responses, response_mask) -> [B]`` or a list, summed with ``config.reward_weights``,
+    minus ``config.missing_eos_penalty`` for a response without EOS. ``critic_apply``
+    (PPO): ``(params, tokens, mask) -> values [B, L]``; without critic params at init it
+    reads the policy's (a value head). ``kv_cache``: the model's fast sampler; without one
+    every token recomputes the whole sequence."""
+    fns = (reward_fns,) if callable(reward_fns) else tuple(reward_fns)
+    check_inputs(config, fns, critic_apply)
+    optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
+    roles = Roles(policy_apply, critic_apply if config.needs_critic else None)
+    model = policy_apply if kv_cache is None else kv_cache
+    names = reward_names(fns)
+
+    def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
+        """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen
+        reference and beta = config.kl_coef."""
+        policy = initial_policy(config, policy_params, key)
+        return initial_state(config, optimizer, policy, policy_params, critic_params)
+
+    def step(
+        state: RLHFState, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array
+    ) -> tuple[RLHFState, dict[str, jax.Array]]:
+        """One iteration on left-padded prompts [B, P] with mask [B, P]: answer, score,
+        learn."""
+        sample_key, update_key = jax.random.split(key)
+        policy = policy_params_fn(config, state.reference)(compute_params(state))
+        played = play_prompts(config, model, fns, policy, prompts, prompt_mask, sample_key)
+        layout = EpisodeLayout(prompts.shape[1], config.response_len, 0, 1)
+        shape = EpisodeShape(config.response_len, None, layout.turn_index, layout.prompt_len,
+                             layout)  # fmt: skip
+        state, metrics = learn(config, optimizer, roles, shape, state, played.episodes,
+                               update_key)  # fmt: skip
+        return state, one_turn_metrics(metrics, played, names)
+
+    return Trainer(init, step, names, config)
+
+
+def one_turn_metrics(
+    metrics: dict[str, jax.Array], played: ScoredEpisodes, names: tuple[str, ...]
+) -> dict[str, jax.Array]:
+    """The learn step's metrics under the names of a one-turn step (TRL's where they mean
+    the same): the score for the return, the completions' length and EOS share, each reward
+    function's mean; the episode counts that one turn makes trivial dropped."""
+    kept = {name: value for name, value in metrics.items() if not name.startswith("episodes/")}
+    episodes = played.episodes
+    kept["objective/scores"] = episodes.rewards[:, 0].mean()
+    kept["completions/mean_length"] = episodes.model_mask.sum(axis=1).mean()
+    kept["completions/eos_fraction"] = played.emitted_eos.mean()
+    for name, values in zip(names, played.rewards, strict=True):
+        kept[f"rewards/{name}/mean"] = values.mean()
+    return kept

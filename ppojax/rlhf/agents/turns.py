@@ -16,6 +16,7 @@ import numpy as np
 from ppojax.checks import ConfigError, check_range
 from ppojax.rlhf.agents.context import Context
 from ppojax.rlhf.agents.env import Tokens
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.sampling import SamplingSettings, choose
 
 
@@ -201,14 +202,25 @@ def choose_greedy(
     return jnp.where(real, token, settings.pad_id), jnp.where(real, log_prob, 0.0), real
 
 
+def read_prompts(context: Context, prompt: Tokens, group_size: int) -> tuple[Any, jax.Array]:
+    """The model's state and next-token logits [B * group_size, V] after each group's prompt
+    [B, P], read once a group (one prefill of [B, P]) and copied to the group's adjacent rows,
+    which read the same tokens and so would compute the same state."""
+    model_state, logits = context.start(prompt)
+    if group_size == 1:
+        return model_state, logits
+    copied = jax.tree.map(lambda leaf: jnp.repeat(leaf, group_size, axis=0), (model_state, logits))
+    return sharding.rows_split(copied)  # over a mesh, as the rows are
+
+
 def rollout_keys(
     key: jax.Array, max_turns: int, turn_len: int, num_groups: int
 ) -> tuple[jax.Array, jax.Array]:
     """The keys of a rollout: turn keys [max_turns] (``sample_turn`` draws turn k's token keys
     as split(turn key, R)) and reset keys [num_groups]. Turn 0's key is ``key`` itself, so a
-    one-turn episode draws its tokens from the keys ``make_trainer``'s sampler draws a
-    response from (``sample_responses``: split(key, R)); the other keys are split(key, R +
-    max_turns - 1 + num_groups)[R:], none of which is one of turn 0's token keys."""
+    one-turn episode draws its tokens from the keys ``sample_responses`` draws a response
+    from (split(key, R)); the other keys are split(key, R + max_turns - 1 + num_groups)[R:],
+    none of which is one of turn 0's token keys."""
     rest = jax.random.split(key, turn_len + max_turns - 1 + num_groups)[turn_len:]
     turn_keys = jnp.concatenate([key[None], rest[: max_turns - 1]])
     return turn_keys, rest[max_turns - 1 :]

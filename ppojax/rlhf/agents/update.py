@@ -2,9 +2,8 @@
 slots (``credit.Slots``, [N, M] with M = max_turns * response_len), its advantages (GRPO and
 RLOO per episode or mixed with turn-level credit; PPO's GAE), and the loss over a minibatch.
 
-For a one-turn episode the slots are ``make_trainer``'s [N, R] response arrays, read from
-the logits by the same slice (``slot_outputs``), so the one-turn step is ``make_trainer``'s
-bit for bit (docs/rlhf.md).
+For a one-turn episode the slots are the response's R columns, read from the logits by a
+slice (``slot_outputs``), never a gather.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.kl import kl_estimate, reward_coef
 from ppojax.rlhf.core.logprobs import SplitPolicy, chunked_token_stats
 from ppojax.rlhf.core.objective import LossParts, assemble_loss
-from ppojax.rlhf.core.rollout import critic_free_advantages
 from ppojax.rlhf.core.sampling import PolicyApply, TokenStats, token_stats
 from ppojax.rlhf.core.trainer import RLHFState
 
@@ -63,8 +61,8 @@ def slot_outputs(outputs: jax.Array, batch: EpisodeBatch, start: int | None) -> 
     """A model's outputs [N, L, ...] at the slots' positions: [N, M, ...]. ``start``: None,
     or for one-turn episodes the response's first column, whose M = R model tokens are the
     columns start + [0, R) (the prompt left-padded): there the positions are the slice
-    start - 1 + [0, R), read as ``make_trainer`` reads a response, a slice (a gather's
-    gradient would sum the rows in another order)."""
+    start - 1 + [0, R), read as a slice (a gather's gradient would sum the rows in another
+    order, and costs more)."""
     if start is None:
         return at_positions(outputs, batch.positions)
     return outputs[:, start - 1 : start - 1 + batch.positions.shape[1]]
@@ -80,9 +78,8 @@ def slot_stats(
 ) -> TokenStats:
     """One forward pass over the episodes [N, L]: log softmax(logits / temperature) of each
     slot's token under the logits of its position (``slot_outputs``), and that softmax's
-    entropy, both [N, M]; the arithmetic of the one-turn trainer's ``response_stats``. A
-    ``SplitPolicy`` with ``logit_chunk`` > 0 is scored as the one-turn trainer scores it: the
-    slots' hidden states through the LM head in chunks, never [N, L, V] logits at once."""
+    entropy, both [N, M]. A ``SplitPolicy`` with ``logit_chunk`` > 0 is scored in chunks:
+    the slots' hidden states through the LM head, never [N, L, V] logits at once."""
     if logit_chunk and isinstance(policy_apply, SplitPolicy):
         hidden = slot_outputs(policy_apply.hidden(params, batch.tokens, batch.mask), batch, start)
         return chunked_token_stats(
@@ -93,8 +90,22 @@ def slot_stats(
     return token_stats(logits, batch.targets, temperature)
 
 
-# GRPO's / RLOO's advantage of an episode's score on its model tokens: the one-turn trainer's
-episode_advantages = critic_free_advantages
+def episode_advantages(
+    config: RLHFConfig,
+    scores: jax.Array,
+    penalty_kl: jax.Array,
+    mask: jax.Array,
+    kl_coef: jax.Array,
+) -> jax.Array:
+    """[N, M]: GRPO's or RLOO's group advantage [N] of score - beta * the sum of the KL
+    [N, M] over the model's tokens (beta = 0 with kl_in="loss"), on every model token of
+    ``mask``, 0 elsewhere."""
+    beta = reward_coef(config, kl_coef)
+    rewards = adv.sequence_rewards(scores, penalty_kl, mask, beta)
+    per_row = adv.sequence_advantages(
+        config.algorithm, rewards, config.group_size, config.group_std
+    )
+    return jnp.where(mask, per_row[:, None], 0.0)
 
 
 def episode_loss(
@@ -104,7 +115,7 @@ def episode_loss(
     batch: EpisodeBatch,
     start: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The one-turn trainer's ``rlhf_loss`` over a minibatch's slots: policy_on * (-clipped
+    """The loss over a minibatch's slots: policy_on * (-clipped
     surrogate (+ beta KL with kl_in="loss") - ent_coef H), aggregated by
     ``config.loss_aggregation``, plus for PPO (``parts.critic_apply``) vf_coef * the clipped
     value loss (the critic's own params, or the policy's when the critic is a value head on
@@ -162,8 +173,8 @@ def ppo_advantages(
     turn_index: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """PPO's advantages and returns [N, M] in slots (``credit.slot_gae``), whitened over the
-    filled slots when ``config.whiten_advantages``: the one-turn trainer's steps after its
-    token rewards, whose score at the end becomes each turn's reward at the turn's end."""
+    filled slots when ``config.whiten_advantages``: token rewards of -beta KL_t, each turn's
+    reward at the turn's last model token (``credit.episode_token_rewards``)."""
     beta = reward_coef(config, kl_coef)
     model_mask = episodes.model_mask
     full_kl = slots.scatter(penalty_kl, model_mask.shape[1])

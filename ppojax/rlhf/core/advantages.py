@@ -82,8 +82,9 @@ def sequence_rewards(
     scores: jax.Array, kl: jax.Array, mask: jax.Array, kl_coef: jax.Array | float
 ) -> jax.Array:
     """score - beta * the sum of the KL [N, R] over the real tokens; [N]. The product is
-    rounded to float32 before the subtraction in every program, so the one-turn trainer and
-    the episode trainer give the same bits (see ``rounded``)."""
+    rounded to float32 before the subtraction in every program, so two programs of one step
+    (a one-turn env's drawn prompts, ``make_trainer``'s given ones) give the same bits (see
+    ``rounded``)."""
     return scores - rounded(kl_coef * jnp.where(mask, kl, 0.0).sum(axis=1))
 
 

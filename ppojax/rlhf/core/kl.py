@@ -90,8 +90,8 @@ def update_kl_coef(
 
 
 def update_kl(config: KLSettings, kl_coef: jax.Array, kl: jax.Array, batch: Any) -> jax.Array:
-    """The adaptive controller on this step's sequence KL, n = the rows of the batch (an
-    ``RLHFBatch``, or any pytree of [n, ...] leaves: the episode trainer's)."""
+    """The adaptive controller on this step's sequence KL, n = the rows of the batch (any
+    pytree of [n, ...] leaves: the trainer's ``EpisodeBatch``)."""
     rows = jax.tree.leaves(batch)[0].shape[0]
     return update_kl_coef(kl_coef, kl, config.kl_target, config.kl_horizon, rows)
 

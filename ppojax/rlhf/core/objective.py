@@ -13,26 +13,7 @@ from ppojax.engine import losses
 from ppojax.rlhf.core.aggregation import aggregate
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.kl import loss_penalty
-from ppojax.rlhf.core.logprobs import policy_stats
-from ppojax.rlhf.core.sampling import PolicyApply, Sequences, TokenStats, response_values
-
-
-class RLHFBatch(NamedTuple):
-    """One prompt-response pair per row: prompts and prompt_mask [N, P], the rest [N, R]."""
-
-    prompts: jax.Array
-    prompt_mask: jax.Array
-    responses: jax.Array
-    mask: jax.Array
-    log_probs: jax.Array  # of the sampling policy, from the same forward pass as the loss's
-    ref_log_probs: jax.Array
-    advantages: jax.Array
-    values: jax.Array  # the critic's at sampling time (zeros without a critic)
-    returns: jax.Array
-
-    @property
-    def sequences(self) -> Sequences:
-        return Sequences(self.prompts, self.prompt_mask, self.responses, self.mask)
+from ppojax.rlhf.core.sampling import PolicyApply, TokenStats
 
 
 class LossParts(NamedTuple):
@@ -58,7 +39,7 @@ def clipped_policy_loss(
     """-clipped surrogate (+ beta KL with kl_in="loss") - ent_coef H over the tokens of
     ``mask`` (all arrays [B, L]: the new log-probs and entropy, the sampled log-probs, the
     reference's, the advantages), aggregated by ``config.loss_aggregation``; and its metrics.
-    One-turn responses and multi-turn episodes share it."""
+    """
     log_ratio = jnp.where(mask, log_probs - batch_log_probs, 0.0)
     per_token = -losses.clipped_objective(
         log_ratio, advantages, config.clip_eps, config.upper_clip_eps
@@ -101,7 +82,7 @@ def assemble_loss(
     mask: jax.Array,
     critic_values: Callable[[Any], jax.Array],
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The loss of both trainers' minibatches from the policy's ``stats`` over the tokens of
+    """The loss of a minibatch from the policy's ``stats`` over the tokens of
     ``mask``: policy_on * ``clipped_policy_loss``, plus for PPO (``parts.critic_apply``)
     vf_coef * the clipped value loss of ``critic_values(critic params)`` (the critic's own
     params, or the policy's when the critic is a value head on it); and its metrics."""
@@ -122,18 +103,3 @@ def assemble_loss(
     values = critic_values(critic_params)
     value_loss = losses.value_loss(values, batch.values, batch.returns, config.vf_clip_eps, mask)
     return total + config.vf_coef * value_loss, {**metrics, "loss/value_avg": value_loss}
-
-
-def rlhf_loss(
-    config: RLHFConfig, parts: LossParts, params: dict, batch: RLHFBatch
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Total loss of a minibatch of responses (``assemble_loss`` over the response tokens)."""
-    policy = parts.policy_params(params)
-    stats = policy_stats(
-        parts.policy_apply, policy, batch.sequences, config.temperature, config.logit_chunk
-    )
-
-    def critic_values(critic_params: Any) -> jax.Array:
-        return response_values(parts.critic_apply, critic_params, batch.sequences)
-
-    return assemble_loss(config, parts, params, stats, batch, batch.mask, critic_values)

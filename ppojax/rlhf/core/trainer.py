@@ -1,20 +1,12 @@
-"""``make_trainer``: the RLHF step for the user's LM, critic and rewards, as pure init/step.
-
-    trainer = make_trainer(config, policy_apply, reward_fns, critic_apply=None)
-    state = trainer.init(policy_params, key, critic_params=None)
-    state, metrics = trainer.step(state, prompts, prompt_mask, key)
-
-One step: repeat each prompt ``group_size`` times, sample responses, recompute their log-probs
-under the policy and the frozen reference (the initial params; with LoRA the base), score
-them with the weighted reward functions, turn scores and KL into advantages (PPO: token GAE on
-the critic's values; GRPO: group-normalized; RLOO: leave-one-out), run ``update_epochs`` x
-``num_minibatches`` clipped updates through ``ppojax.engine.epochs.run_epochs``, then the KL
-controller. Every array of the state and every traced config field can be vmapped.
+"""What every LM trainer's step stands on: its state (``RLHFState``), the ``Trainer``
+contract of ``make_trainer`` (``agents.trainer``), the checks of its inputs, LoRA and float32
+masters at init, and the update (``run_update``: epochs of minibatches through
+``ppojax.engine.epochs.run_epochs``, then the KL controller). Every array of the state and
+every traced config field can be vmapped.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -26,15 +18,11 @@ from flax import struct
 from ppojax.checks import ConfigError
 from ppojax.engine import precision
 from ppojax.engine.epochs import OptimizerCarry, run_epochs
-from ppojax.engine.optim import clipped_adam
 from ppojax.rlhf.core import lora, remat
 from ppojax.rlhf.core.advantages import critic_free_names
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.kl import next_kl_coef
 from ppojax.rlhf.core.logprobs import computing
-from ppojax.rlhf.core.objective import LossParts, rlhf_loss
-from ppojax.rlhf.core.rollout import Roles, collect, rollout_metrics
-from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 
 RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 CriticApply = Callable[[Any, jax.Array, jax.Array], jax.Array]
@@ -166,65 +154,6 @@ def initial_state(
     )
 
 
-def make_trainer(
-    config: RLHFConfig,
-    policy_apply: PolicyApply,
-    reward_fns: RewardFn | Sequence[RewardFn],
-    critic_apply: CriticApply | None = None,
-    kv_cache: KVCacheHook | None = None,
-) -> Trainer:
-    """The trainer for ``config.algorithm``. ``reward_fns``: one jittable
-    ``reward_fn(prompts, prompt_mask, responses, response_mask) -> [B]`` or a list, summed
-    with ``config.reward_weights``. ``critic_apply`` (PPO): ``(params, tokens, mask) ->
-    values [B, L]``; without critic params at init it reads the policy's (a value head).
-    ``kv_cache``: the model's fast sampler; without one every step recomputes in full."""
-    fns = (reward_fns,) if callable(reward_fns) else tuple(reward_fns)
-    check_inputs(config, fns, critic_apply)
-    optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
-
-    def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
-        """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen
-        reference and beta = config.kl_coef."""
-        policy = initial_policy(config, policy_params, key)
-        return initial_state(config, optimizer, policy, policy_params, critic_params)
-
-    roles = Roles(policy_apply, critic_apply if config.needs_critic else None, kv_cache)
-
-    def step(
-        state: RLHFState, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array
-    ) -> tuple[RLHFState, dict[str, jax.Array]]:
-        """One RLHF iteration on left-padded prompts [B, P] with mask [B, P]."""
-        return train_step(config, roles, fns, optimizer, state, prompts, prompt_mask, key)
-
-    return Trainer(init, step, reward_names(fns), config)
-
-
-def train_step(
-    config: RLHFConfig,
-    roles: Roles,
-    reward_fns: tuple[RewardFn, ...],
-    optimizer: optax.GradientTransformation,
-    state: RLHFState,
-    prompts: jax.Array,
-    prompt_mask: jax.Array,
-    key: jax.Array,
-) -> tuple[RLHFState, dict[str, jax.Array]]:
-    """One RLHF iteration on left-padded prompts [B, P] with mask [B, P]; see the module."""
-    policy_apply, critic_apply = roles.policy, roles.critic
-    sample_key, update_key = jax.random.split(key)
-    full_policy = policy_params_fn(config, state.reference)
-    computing = state.replace(params=compute_params(state))
-    rollout = collect(
-        config, roles, reward_fns, full_policy, computing, prompts, prompt_mask, sample_key
-    )
-    parts = LossParts(
-        policy_apply, critic_apply, full_policy, state.kl_coef, policy_weight(config, state.step)
-    )
-    metrics = rollout_metrics(config, rollout, state.kl_coef, reward_names(reward_fns))
-    loss = functools.partial(rlhf_loss, config, parts)
-    return run_update(config, optimizer, state, loss, rollout.batch, update_key, metrics)
-
-
 def run_update(
     config: RLHFConfig,
     optimizer: optax.GradientTransformation,
@@ -234,7 +163,7 @@ def run_update(
     key: jax.Array,
     metrics: dict[str, jax.Array],
 ) -> tuple[RLHFState, dict[str, jax.Array]]:
-    """The update of both trainers: ``update_epochs`` x ``num_minibatches`` steps of
+    """The update of every LM trainer: ``update_epochs`` x ``num_minibatches`` steps of
     ``loss(params, minibatch)`` (in the compute dtype, its layers rematerialized when asked)
     over ``batch`` through ``run_epochs``, then beta (``kl.next_kl_coef`` on the rollout's
     ``metrics["objective/kl"]``) and the step count. The state after, and ``metrics`` with the

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.agents.env import Tokens, check_observation, make_text_env, text_env_factory
-from ppojax.rlhf.agents.episodes import checked_step
+from ppojax.rlhf.agents.env import Tokens, make_text_env, text_env_factory
+from ppojax.rlhf.agents.episodes import checked_reset, checked_step
 from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
 from ppojax.rlhf.agents.turns import EpisodeSettings
 from ppojax.rlhf.core.sampling import KVCacheHook
@@ -126,53 +126,15 @@ def check_env(
 
 
 def check_jax_env(env_id: str, env: Any, turn_len: int) -> None:
-    """``reset`` and ``step`` traced by ``jax.eval_shape`` with the rollout's checks (see
-    ``check_env``); step's state must have reset's structure, shapes and dtypes."""
+    """``reset`` and ``step`` traced by ``jax.eval_shape`` with the rollout's checks
+    (``episodes.checked_reset``, ``checked_step``: what they return, step's state kept, the
+    env's line for what fails to trace); nothing runs."""
     name = repr(env_id)
-
-    def reset(key: jax.Array) -> tuple[Any, Tokens]:
-        outputs = env.reset(key)
-        if not (isinstance(outputs, tuple) and len(outputs) == 2):
-            raise ValueError(
-                f"text env {name}: reset() must return (state, prompt), got "
-                f"{type(outputs).__name__}"
-            )
-        return outputs[0], check_observation(name, "reset", outputs[1], env.prompt_len)
-
     response = Tokens(
         jax.ShapeDtypeStruct((turn_len,), jnp.int32), jax.ShapeDtypeStruct((turn_len,), bool)
     )
-    try:
-        state, _ = jax.eval_shape(reset, jax.random.key(0))
-        stepped = jax.eval_shape(checked_step(env, name), state, response)[0]
-    except ValueError:
-        raise
-    except Exception as error:  # the env's own code failing to trace
-        raise ValueError(
-            f"text env {name}: reset() or step() does not trace: {type(error).__name__}: {error}"
-        ) from error
-    before = jax.tree.structure(state), jax.tree.leaves(state)
-    after = jax.tree.structure(stepped), jax.tree.leaves(stepped)
-    shapes = [(leaf.shape, leaf.dtype) for leaf in before[1]]
-    if before[0] != after[0] or shapes != [(leaf.shape, leaf.dtype) for leaf in after[1]]:
-        raise ValueError(
-            f"text env {name}: step() returned state {describe(stepped)}, unlike reset()'s "
-            f"{describe(state)}; the rollout carries the state from turn to turn, so both must "
-            "return the same structure, shapes and dtypes"
-        )
-
-
-def describe(tree: Any) -> str:
-    """A state's leaves as ``name: dtype[shape]`` (for messages)."""
-    leaves = jax.tree_util.tree_leaves_with_path(tree)
-    return (
-        "{"
-        + ", ".join(
-            f"{jax.tree_util.keystr(path) or '.'}: {leaf.dtype}{list(leaf.shape)}"
-            for path, leaf in leaves
-        )
-        + "}"
-    )
+    state, _ = jax.eval_shape(checked_reset(env, name), jax.random.key(0))
+    jax.eval_shape(checked_step(env, name), state, response)
 
 
 def check_python_env(

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
+from ppojax.rlhf.agents.trainer import make_trainer
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import (
@@ -31,13 +32,7 @@ from ppojax.rlhf.core.sharding import (
     rows_on,
     shard_state,
 )
-from ppojax.rlhf.core.trainer import (
-    RLHFState,
-    Trainer,
-    make_trainer,
-    policy_params_fn,
-    reward_names,
-)
+from ppojax.rlhf.core.trainer import RLHFState, Trainer, policy_params_fn, reward_names
 from ppojax.rlhf.data import PromptData, draw_batch
 from ppojax.rlhf.models.pretrained import PretrainedLM
 from ppojax.rlhf.post.dpo import make_dpo_step
