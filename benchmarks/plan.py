@@ -20,8 +20,8 @@ from pathlib import Path
 
 from common import RESULTS, markdown_table, merge_row, read_rows, record, write_json
 
-from ppojax.rlhf.planner import StepShape
-from ppojax.rlhf.sizing import plan
+from ppojax.plan.planner import StepShape
+from ppojax.plan.sizing import plan
 
 
 def verdict(row: dict) -> str:

@@ -4,7 +4,7 @@ takes on the GPU itself.
     python benchmarks/plan_check.py [--model qwen2.5-0.5b] [--algorithm grpo] [--prompts 8]
         [--group-size 8] [--prompt-len 512] [--response-len 1024] [--steps 3] [--smoke]
 
-On the machine's first GPU it builds the program ``ppojax.rlhf.plan`` sizes
+On the machine's first GPU it builds the program ``ppojax.plan.plan`` sizes
 (``planner.program`` over a mesh of that one device), compiles it, and records:
 
 - planned: the compile's ``memory_analysis()`` split as the planner splits it (peak =
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from common import record, result_path, write_json
 
-from ppojax.rlhf import estimate, planner, sizing, targets
+from ppojax.plan import estimate, planner, sizing, targets
 from ppojax.rlhf.core.sharding import make_mesh
 from ppojax.rlhf.models.config import DecoderConfig, parse_config
 from ppojax.runtime import launches

@@ -1,6 +1,6 @@
 """The planner on TPU slices: published shapes' GRPO steps compiled for v5e, v6e and v5p
 slices on a CPU (libtpu, ``pip install "ppojax[tpu-aot]"``), beside what the TPU's own
-libraries publish for it (``ppojax.rlhf.published.RECIPES``).
+libraries publish for it (``ppojax.plan.published.RECIPES``).
 
     JAX_PLATFORMS=cpu python benchmarks/plan_tpu.py            every row of ROWS, then the table
     JAX_PLATFORMS=cpu python benchmarks/plan_tpu.py --row 0    one row
@@ -29,12 +29,12 @@ from common import (
 )
 from plan import plan_key
 
-from ppojax.rlhf.planner import StepShape
-from ppojax.rlhf.published import RECIPES
-from ppojax.rlhf.sizing import plan
+from ppojax.plan.planner import StepShape
+from ppojax.plan.published import RECIPES
+from ppojax.plan.sizing import plan
 
 # (model, LoRA rank, target, chips, the recipes beside it: indices into RECIPES). v5e-8 and
-# v6e-8 are 8 chips; v5p-8 is 4 (ppojax.rlhf.targets).
+# v6e-8 are 8 chips; v5p-8 is 4 (ppojax.plan.targets).
 ROWS = [
     ("qwen2.5-0.5b", 0, "v5e", 8, (0,)),
     ("qwen2.5-0.5b", 0, "v6e", 8, (0,)),

@@ -1,7 +1,7 @@
 """Compiling for a GPU without one (ppojax.runtime.deviceless) and counting what it would run
 (ppojax.runtime.launches): the counting on HLO written by hand, the targets' specs, the
 launches of a small PPO program compiled for the H200, exactly, and the planner
-(ppojax.rlhf.plan) on one and two H100s.
+(ppojax.plan.plan) on one and two H100s.
 
 The compiled tests need JAX's CUDA plugin (``pip install "ppojax[gpu-aot]"``) and skip
 without it, unless ``PPOJAX_REQUIRE_GPU_AOT`` is set (CI sets it where it installed the
@@ -22,8 +22,8 @@ import pytest
 from benchmark_script import run_benchmark
 
 import ppojax
-from ppojax.rlhf import PlanError, StepShape, plan
-from ppojax.rlhf.estimate import step_flops
+from ppojax.plan import PlanError, StepShape, plan
+from ppojax.plan.estimate import step_flops
 from ppojax.rlhf.models.config import parse_config
 from ppojax.runtime import compiling, deviceless, kernels, launches
 

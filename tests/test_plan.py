@@ -1,4 +1,4 @@
-"""The planner (ppojax.rlhf.plan, ``ppojax plan``): its numbers against the CPU backend's own
+"""The planner (ppojax.plan.plan, ``ppojax plan``): its numbers against the CPU backend's own
 ``memory_analysis`` of the same step built from real arrays, the FLOP count by hand, the
 search for the largest step and the errors (the H100 path over an FSDP mesh of two is in
 tests/test_gpu_program.py, with the other tests that need JAX's CUDA plugin).
@@ -17,13 +17,14 @@ import jax.numpy as jnp
 import pytest
 
 from ppojax.cli.commands import main
-from ppojax.rlhf import PlanError, StepShape, make_trainer, plan
+from ppojax.plan import PlanError, StepShape, plan
+from ppojax.plan.estimate import step_flops, token_flops
+from ppojax.plan.planner import abstract_lm, rl_config, token_reward
+from ppojax.plan.sizing import largest_fitting
+from ppojax.rlhf import make_trainer
 from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
-from ppojax.rlhf.estimate import step_flops, token_flops
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.shapes import abstract_params, model_config
-from ppojax.rlhf.planner import abstract_lm, rl_config, token_reward
-from ppojax.rlhf.sizing import largest_fitting
 
 TINY = {
     "model_type": "qwen2",

@@ -6,7 +6,7 @@ import json
 import pytest
 from benchmark_script import run_benchmark
 
-from ppojax.rlhf import StepShape, plan
+from ppojax.plan import StepShape, plan
 from ppojax.rlhf.models.config import parse_config
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from ppojax.checks import ConfigError
 from ppojax.cli.commands import main
-from ppojax.rlhf import PlanError, StepShape, plan, sizing
+from ppojax.plan import PlanError, StepShape, plan, sizing
+from ppojax.plan.sizing import GIB, Memory, Plan, levers
 from ppojax.rlhf.models import from_pretrained, read_config
 from ppojax.rlhf.models.config import parse_config
-from ppojax.rlhf.sizing import GIB, Memory, Plan, levers
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction, use_memory_fraction
 
 LLAMA = {  # Llama-2-7B's shape
@@ -214,9 +214,9 @@ def test_a_step_that_does_not_fit_names_the_flags_to_try():
 
 
 def test_the_estimate_costs_launches_and_collectives_and_remat_costs_a_forward():
-    from ppojax.rlhf.estimate import estimate, step_flops, token_flops
+    from ppojax.plan.estimate import estimate, step_flops, token_flops
+    from ppojax.plan.planner import StepShape
     from ppojax.rlhf.models.shapes import model_config
-    from ppojax.rlhf.planner import StepShape
 
     config = model_config("qwen2.5-0.5b")
     step = StepShape("grpo", 8, 8, 512, 1024)
@@ -235,3 +235,20 @@ def test_the_estimate_costs_launches_and_collectives_and_remat_costs_a_forward()
     trunk = step.rows * 1536 * token_flops(config, 1536, logits=False)
     extra = step_flops(config, remat) - step_flops(config, step)
     assert extra == pytest.approx(step.update_epochs * trunk, rel=1e-12)
+
+
+def test_the_names_moved_out_of_ppojax_rlhf_are_deprecated_aliases():
+    """The planner moved to ``ppojax.plan`` and the one-turn batch became ``EpisodeBatch``:
+    the old names still work for a release, each with a DeprecationWarning naming where it
+    lives now; an unknown name is still an AttributeError."""
+    import ppojax.plan
+    import ppojax.rlhf
+    from ppojax.rlhf.agents.update import EpisodeBatch
+
+    for name in ("plan", "Plan", "PlanError", "StepShape"):
+        with pytest.warns(DeprecationWarning, match=f"use ppojax.plan.{name}"):
+            assert getattr(ppojax.rlhf, name) is getattr(ppojax.plan, name)
+    with pytest.warns(DeprecationWarning, match="use ppojax.rlhf.agents.update.EpisodeBatch"):
+        assert ppojax.rlhf.RLHFBatch is EpisodeBatch
+    with pytest.raises(AttributeError, match="no attribute 'plans'"):
+        ppojax.rlhf.plans  # noqa: B018

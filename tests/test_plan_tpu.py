@@ -1,4 +1,4 @@
-"""The planner's targets beyond the GPU's: the committed chip table (ppojax.rlhf.targets) and
+"""The planner's targets beyond the GPU's: the committed chip table (ppojax.plan.targets) and
 how a chip count maps to a TPU slice, the estimate on a TPU by hand, the published figures the
 report prints, the one-line errors of a TPU target without libtpu or past its largest slice,
 and a tiny GRPO step planned on two v5e chips.
@@ -19,13 +19,13 @@ from test_plan_inputs import fake_plan
 from test_tpu_program import needs_libtpu
 
 from ppojax.cli.commands import main
-from ppojax.rlhf import StepShape, plan, planner
-from ppojax.rlhf.estimate import estimate, step_flops
+from ppojax.plan import StepShape, plan, planner
+from ppojax.plan.estimate import estimate, step_flops
+from ppojax.plan.published import RECIPES, THROUGHPUT
+from ppojax.plan.sizing import estimate_lines, levers
+from ppojax.plan.targets import CHIPS, TPU_TARGETS, tpu_slice
 from ppojax.rlhf.models.config import parse_config
 from ppojax.rlhf.models.shapes import model_config
-from ppojax.rlhf.published import RECIPES, THROUGHPUT
-from ppojax.rlhf.sizing import estimate_lines, levers
-from ppojax.rlhf.targets import CHIPS, TPU_TARGETS, tpu_slice
 from ppojax.runtime import deviceless_tpu
 
 

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 from ppojax.checks import ConfigError
-from ppojax.rlhf import PlanError, RLHFConfig, StepShape, make_trainer, plan
+from ppojax.plan import PlanError, StepShape, plan
+from ppojax.plan.planner import abstract_lm
+from ppojax.plan.sizing import size_text
+from ppojax.rlhf import RLHFConfig, make_trainer
 from ppojax.rlhf.core.sampling import SamplingSettings, sample_responses
 from ppojax.rlhf.core.sharding import make_mesh, shard_trainer
 from ppojax.rlhf.models.config import parse_config
-from ppojax.rlhf.planner import abstract_lm
-from ppojax.rlhf.sizing import size_text
 from ppojax.runtime import deviceless, launches
 
 SHAPE = {

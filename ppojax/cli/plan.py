@@ -38,7 +38,7 @@ STEP_FLAGS = (
 
 
 def build_parser() -> Parser:
-    from ppojax.rlhf.planner import ALGORITHMS, DTYPES, StepShape
+    from ppojax.plan.planner import ALGORITHMS, DTYPES, StepShape
 
     default = StepShape()
     parser = Parser(prog="ppojax plan", description=__doc__.split("\n\n")[0])
@@ -111,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def check_flags(args) -> None:
     """The memory flags and a TPU target's slice and libtpu, checked before anything compiles
     (a compile takes minutes)."""
-    from ppojax.rlhf.planner import PlanError, check_count, tpu_mesh
-    from ppojax.rlhf.sizing import is_number
-    from ppojax.rlhf.targets import TPU_TARGETS
+    from ppojax.plan.planner import PlanError, check_count, tpu_mesh
+    from ppojax.plan.sizing import is_number
+    from ppojax.plan.targets import TPU_TARGETS
 
     if args.target.lower() in TPU_TARGETS:
         check_count("devices", args.devices)
@@ -132,8 +132,8 @@ def check_flags(args) -> None:
 def run(args) -> int:
     import jax
 
-    from ppojax.rlhf.planner import StepShape
-    from ppojax.rlhf.sizing import GIB, plan
+    from ppojax.plan.planner import StepShape
+    from ppojax.plan.sizing import GIB, plan
 
     check_flags(args)
 

@@ -5,8 +5,7 @@ step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply
 In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
 ``models`` (the built-in transformer, Hugging Face families), ``agents`` (text envs, episodes
 and the one LM trainer: ``make_trainer`` is its one-turn form), ``data`` and ``text_rewards``
-(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO), ``planner`` and
-``sizing`` (``plan``: a step sized on GPUs before they are rented). ``tasks`` (the digit
+(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO). ``tasks`` (the digit
 demos) sits on top, and the run folders of the commands above in ``ppojax.runs.lm``; the
 library never imports them, nor anything of ``ppojax.runs`` or ``ppojax.cli``."""
 
@@ -43,7 +42,6 @@ from ppojax.rlhf.data import (
 )
 from ppojax.rlhf.models import from_pretrained, generate, save_pretrained
 from ppojax.rlhf.models.transformer import LanguageModel, TransformerLM, transformer
-from ppojax.rlhf.planner import PlanError, StepShape
 from ppojax.rlhf.post.dpo import dpo_loss, make_dpo_step, pair_log_probs
 from ppojax.rlhf.post.pairs import PairData, load_pairs
 from ppojax.rlhf.post.reward_model import (
@@ -59,7 +57,6 @@ from ppojax.rlhf.post.sft import (
     sft_loss,
     train_sft,
 )
-from ppojax.rlhf.sizing import Plan, plan
 from ppojax.rlhf.text_rewards import (
     call_text_reward,
     exact_match,
@@ -74,8 +71,6 @@ __all__ = [
     "KVCacheHook",
     "LanguageModel",
     "PairData",
-    "Plan",
-    "PlanError",
     "PromptData",
     "EpisodeBatch",
     "RLHFConfig",
@@ -84,7 +79,6 @@ __all__ = [
     "SamplingSettings",
     "Sequences",
     "SplitPolicy",
-    "StepShape",
     "Trainer",
     "TransformerLM",
     "aggregate",
@@ -110,7 +104,6 @@ __all__ = [
     "make_trainer",
     "pair_accuracy",
     "pair_log_probs",
-    "plan",
     "read_jsonl",
     "regex_reward",
     "response_mask",
@@ -131,16 +124,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # RLHFBatch was the one-turn trainer's batch; the one trainer's is EpisodeBatch
-    if name == "RLHFBatch":
-        import warnings
+# Names moved out of ppojax.rlhf, with where they live now: deprecated aliases for a release.
+MOVED = {"RLHFBatch": "ppojax.rlhf.agents.update.EpisodeBatch"} | {
+    name: f"ppojax.plan.{name}" for name in ("Plan", "PlanError", "StepShape", "plan")
+}
 
-        warnings.warn(
-            "ppojax.rlhf.RLHFBatch is deprecated: the LM trainer's batch is EpisodeBatch "
-            "(the model's tokens in slots: targets, slot_mask, ...)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return EpisodeBatch
-    raise AttributeError(f"module 'ppojax.rlhf' has no attribute {name!r}")
+
+def __getattr__(name: str):
+    if name not in MOVED:
+        raise AttributeError(f"module 'ppojax.rlhf' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    where = MOVED[name]
+    warnings.warn(
+        f"ppojax.rlhf.{name} is deprecated: use {where}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    # the planner sits above the library (ppojax/plan imports ppojax.rlhf), so the alias
+    # imports it when asked for, never at import time
+    module, _, attribute = where.rpartition(".")
+    return getattr(importlib.import_module(module), attribute)

@@ -1,6 +1,6 @@
 """Model shapes without weights: a config.json file, a model folder holding one, or a few
 published configs built in (their config.json values, the fields the decoder reads), so that
-a model can be sized (``ppojax.rlhf.planner``) on a machine that cannot reach the Hub.
+a model can be sized (``ppojax.plan.planner``) on a machine that cannot reach the Hub.
 
     config = model_config("qwen2.5-0.5b")          # built in
     config = model_config("path/to/folder")        # folder/config.json

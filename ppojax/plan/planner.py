@@ -280,9 +280,9 @@ def program(config: DecoderConfig, step: StepShape, mesh: Mesh) -> Program:
 def target_mesh(target: str, devices: int) -> Mesh:
     """A (data=1, fsdp=devices) mesh over ``devices`` abstract GPUs of ``target`` ("h100",
     "h200"), over the first ``devices`` chips of the smallest TPU slice that holds them ("v5e",
-    "v6e", "v5p"; ``ppojax.rlhf.targets.tpu_slice``) or over the process's CPU devices
+    "v6e", "v5p"; ``ppojax.plan.targets.tpu_slice``) or over the process's CPU devices
     ("cpu")."""
-    from ppojax.rlhf.targets import TPU_TARGETS
+    from ppojax.plan.targets import TPU_TARGETS
     from ppojax.runtime import deviceless
 
     if target == "cpu":
@@ -308,7 +308,7 @@ def tpu_mesh(target: str, devices: int) -> tuple[str, int]:
     """The TPU slice a ``devices``-chip plan of ``target`` compiles on, and its chip count;
     PlanError naming --devices past the largest slice or --target without libtpu (both
     before anything compiles)."""
-    from ppojax.rlhf.targets import tpu_slice
+    from ppojax.plan.targets import tpu_slice
     from ppojax.runtime import deviceless_tpu
 
     try:
@@ -326,7 +326,7 @@ def tpu_mesh(target: str, devices: int) -> tuple[str, int]:
 def compile_program(prog: Program, target: str, mesh: Mesh) -> Any:
     """``prog`` compiled for ``target``: the CPU backend's program, a TPU slice's (libtpu) or
     CUDA's, without the device."""
-    from ppojax.rlhf.targets import TPU_TARGETS
+    from ppojax.plan.targets import TPU_TARGETS
     from ppojax.runtime import deviceless
 
     if target == "cpu":

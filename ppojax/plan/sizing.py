@@ -1,5 +1,5 @@
 """``plan``: what a post-training step needs per device on a target, read from its compiled
-program (``ppojax.rlhf.planner`` builds and compiles it from shapes), and whether it fits.
+program (``ppojax.plan.planner`` builds and compiles it from shapes), and whether it fits.
 
     p = plan("qwen2.5-0.5b", StepShape("grpo", prompts=8), "h100", devices=1)
     p.memory.peak, p.fits, p.largest_prompts   # bytes per device, the verdict, the search
@@ -24,11 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ppojax.rlhf.core.sharding import bytes_per_device
-from ppojax.rlhf.estimate import Decoding, Estimate, decoding, estimate
-from ppojax.rlhf.models.config import DecoderConfig
-from ppojax.rlhf.models.shapes import model_config
-from ppojax.rlhf.planner import (
+from ppojax.plan.estimate import Decoding, Estimate, decoding, estimate
+from ppojax.plan.planner import (
     PARTS,
     RL_ALGORITHMS,
     PlanError,
@@ -39,8 +36,11 @@ from ppojax.rlhf.planner import (
     prompt_unit,
     target_mesh,
 )
-from ppojax.rlhf.published import throughput_for
-from ppojax.rlhf.targets import CHIPS
+from ppojax.plan.published import throughput_for
+from ppojax.plan.targets import CHIPS
+from ppojax.rlhf.core.sharding import bytes_per_device
+from ppojax.rlhf.models.config import DecoderConfig
+from ppojax.rlhf.models.shapes import model_config
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
@@ -358,7 +358,7 @@ def counted_from(target: str) -> str:
 
 def estimate_lines(p: Plan, e: Estimate) -> list[str]:
     """The estimate's parts, the tokens per second per device, and beside them what other
-    libraries publish for the same model, step and target (``ppojax.rlhf.published``)."""
+    libraries publish for the same model, step and target (``ppojax.plan.published``)."""
     chip = CHIPS[p.target]
     launch = (
         f"launches x {chip.launch_seconds * 1e6:.0f} us -> {e.launches:.3g} s"

@@ -13,17 +13,17 @@ from typing import Any
 
 import jax
 
+from ppojax.plan.planner import RL_ALGORITHMS, StepShape
+from ppojax.plan.targets import CHIPS
 from ppojax.rlhf.models.config import DecoderConfig
 from ppojax.rlhf.models.shapes import abstract_params
-from ppojax.rlhf.planner import RL_ALGORITHMS, StepShape
-from ppojax.rlhf.targets import CHIPS
 
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """Seconds per step, each device doing its share: ``compute`` = FLOPs / peak FLOP/s,
     ``memory`` = bytes the kernels move in HBM / its bandwidth, ``launches`` = launches x
-    the chip's ``launch_seconds`` (``ppojax.rlhf.targets``; 0 on a TPU), ``collectives`` =
+    the chip's ``launch_seconds`` (``ppojax.plan.targets``; 0 on a TPU), ``collectives`` =
     bytes the collectives move / the links' bandwidth one way; ``step`` = the largest of the
     first three (they overlap) plus the collectives (counted as not overlapped);
     ``tokens_per_second``: response tokens per second per device at that step time."""
@@ -144,7 +144,7 @@ def estimate(
 ) -> Estimate | None:
     """The estimate of one step on ``target`` (None for "cpu": no peak is known): ``moved``
     bytes of which ``collective`` cross the interconnect, ``launched`` kernel launches, per
-    device; the chip's figures from ``ppojax.rlhf.targets.CHIPS``."""
+    device; the chip's figures from ``ppojax.plan.targets.CHIPS``."""
     chip = CHIPS.get(target)
     if chip is None:
         return None
