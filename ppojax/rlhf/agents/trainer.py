@@ -133,16 +133,32 @@ class Roles(NamedTuple):
 
 
 class EpisodeShape(NamedTuple):
-    """Where the update finds an episode's model tokens: ``num_slots`` slots a row, the
-    turn-level credit's weight (None: episode-level only) and each column's turn, the first
-    response column of one-turn episodes (None for several turns; ``update.slot_outputs``)
-    and the layout."""
+    """Where the update finds an episode's model tokens: the layout, ``num_slots`` slots a
+    row and the turn-level credit's weight (None: episode-level only)."""
 
-    num_slots: int
-    turn_weight: Any
-    turn_index: Any
-    start: int | None
     layout: EpisodeLayout
+    num_slots: int
+    turn_weight: Any = None
+
+    @property
+    def start(self) -> int | None:
+        """The first response column of one-turn episodes, None for several turns
+        (``update.slot_outputs``)."""
+        return self.layout.prompt_len if self.layout.max_turns == 1 else None
+
+
+def initializer(
+    config: RLHFConfig, optimizer: optax.GradientTransformation
+) -> Callable[..., RLHFState]:
+    """A trainer's ``init(policy_params, key, critic_params=None)``: the policy (or
+    zero-effect adapters drawn with ``key``), the critic's own params when given, the frozen
+    reference and beta = config.kl_coef."""
+
+    def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
+        policy = initial_policy(config, policy_params, key)
+        return initial_state(config, optimizer, policy, policy_params, critic_params)
+
+    return init
 
 
 def learn(
@@ -165,7 +181,7 @@ def learn(
     computing = state.replace(params=compute_params(state))
     batch, metrics = collect_episodes(
         config, parts, episodes, computing, shape.num_slots, shape.turn_weight,
-        shape.turn_index, shape.start,
+        shape.layout.turn_index, shape.start,
     )  # fmt: skip
     loss = functools.partial(episode_loss, config, parts, start=shape.start)
     return run_update(config, optimizer, state, loss, batch, key, metrics)
@@ -213,8 +229,6 @@ def make_episode_trainer(
     check_context("make_episode_trainer", layout, context_len)
     env_name = getattr(env, "env_name", None) or type(env).__name__
     check_end_of_turn(env, env_name, config.eos_id)
-    turn_index = layout.turn_index
-    start = layout.prompt_len if max_turns == 1 else None
     num_slots = min(
         max_turns * config.response_len, token_budget or max_turns * config.response_len
     )
@@ -228,7 +242,7 @@ def make_episode_trainer(
     )
     optimizer = clipped_adam(config.learning_rate, config.max_grad_norm)
     model = policy_apply if kv_cache is None else kv_cache
-    shape = EpisodeShape(num_slots, turn_weight, turn_index, start, layout)
+    shape = EpisodeShape(layout, num_slots, turn_weight)
     roles = Roles(policy_apply, critic_apply)
 
     if runs_on_host(env):
@@ -238,12 +252,6 @@ def make_episode_trainer(
             rollout_episodes, model, env=env, batch_size=num_episodes, settings=settings,
             group_size=config.group_size,
         )  # fmt: skip
-
-    def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
-        """The state at step 0 (``make_trainer``'s): the policy (or zero-effect adapters drawn
-        with ``key``), the critic's own params when given, the frozen reference, beta."""
-        policy = initial_policy(config, policy_params, key)
-        return initial_state(config, optimizer, policy, policy_params, critic_params)
 
     def learn_played(state: RLHFState, episodes: Episodes, key: jax.Array):
         state, metrics = learn(config, optimizer, roles, shape, state, episodes, key)
@@ -262,7 +270,7 @@ def make_episode_trainer(
             return compiled_learn(state, episodes, update_key)
         return learn_played(state, episodes, update_key)
 
-    return EpisodeTrainer(init, step, config, settings)
+    return EpisodeTrainer(initializer(config, optimizer), step, config, settings)
 
 
 def make_trainer(
@@ -288,12 +296,6 @@ def make_trainer(
     model = policy_apply if kv_cache is None else kv_cache
     names = reward_names(fns)
 
-    def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> RLHFState:
-        """The state at step 0: the policy (or zero-effect adapters), the critic, the frozen
-        reference and beta = config.kl_coef."""
-        policy = initial_policy(config, policy_params, key)
-        return initial_state(config, optimizer, policy, policy_params, critic_params)
-
     def step(
         state: RLHFState, prompts: jax.Array, prompt_mask: jax.Array, key: jax.Array
     ) -> tuple[RLHFState, dict[str, jax.Array]]:
@@ -303,13 +305,12 @@ def make_trainer(
         policy = policy_params_fn(config, state.reference)(compute_params(state))
         played = play_prompts(config, model, fns, policy, prompts, prompt_mask, sample_key)
         layout = EpisodeLayout(prompts.shape[1], config.response_len, 0, 1)
-        shape = EpisodeShape(config.response_len, None, layout.turn_index, layout.prompt_len,
-                             layout)  # fmt: skip
+        shape = EpisodeShape(layout, config.response_len)
         state, metrics = learn(config, optimizer, roles, shape, state, played.episodes,
                                update_key)  # fmt: skip
         return state, one_turn_metrics(metrics, played, names)
 
-    return Trainer(init, step, names, config)
+    return Trainer(initializer(config, optimizer), step, names, config)
 
 
 def one_turn_metrics(
