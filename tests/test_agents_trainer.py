@@ -346,7 +346,8 @@ def test_a_group_reads_its_prompt_once_and_plays_as_if_each_row_had_read_it():
 
 def test_make_trainer_samples_through_a_cache_hook_without_extend():
     """``KVCacheHook(prefill, decode)``, the contract ``make_trainer`` promises, plays its
-    one-turn episodes a token at a time: the step equals the one through ``extend``; an env
+    one-turn episodes a token at a time: the step equals the one through ``extend`` to float32
+    rounding; an env
     that replies needs ``extend`` and says so."""
     config = RLHFConfig(
         algorithm="grpo", group_size=2, response_len=RESPONSE, pad_id=0, eos_id=2,
@@ -365,10 +366,14 @@ def test_make_trainer_samples_through_a_cache_hook_without_extend():
         lambda: (step(lm.kv_cache), step(decode_only))
     )()
     # the same tokens (the logits of decode and extend agree to float32 rounding, and no two
-    # tokens tie at it here), so the learn step reads the same batch: the same bits
-    assert differences(extended, decoded) == []
+    # tokens tie at it here), so both learn steps read the same batch; they are two fused
+    # copies of one computation, so allow float32 rounding: params and metrics are O(1) (ulp
+    # ~1e-7), and Adam's normalized step at lr 1e-4 moves a rounding difference of the
+    # gradients by far less than 1e-6
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
+    jax.tree.map(close, extended, decoded)
     for name in extended_metrics:
-        np.testing.assert_array_equal(extended_metrics[name], decoded_metrics[name], name)
+        close(extended_metrics[name], decoded_metrics[name], err_msg=name)
     settings = EpisodeSettings(2, RESPONSE, 1.0, 0, 2)
     env = g.NumberGuessing(num_values=8, max_turns=2)
     guesser = transformer(g.VOCAB_SIZE, 16, d_model=16, num_heads=2, num_layers=1)
