@@ -16,10 +16,13 @@
 #                                     "inside" (~6-8 min; rows saved as they come)
 #   bash benchmarks/gpu.sh rlhf       (d) gpu.py --parts rlhf: ppojax.rlhf's PPO and GRPO steps
 #                                     at GPT-2-small shape -> gpu.json's "rlhf" (~3 min)
-#   bash benchmarks/gpu.sh plan       (e) plan_check.py: Qwen2.5-0.5B's GRPO step (8 x 8, 512 +
-#                                     1024, bf16) from zero weights, the planner's bytes and
-#                                     time estimate against memory_stats and the measured step
-#                                     -> benchmarks/results/plan_check.json (~5 min)
+#   bash benchmarks/gpu.sh plan       (e) plan_check.py, for each of PLAN_SHAPES ("small
+#                                     large"): Qwen2.5-0.5B's GRPO step (8 x 8, 512 + 1024,
+#                                     bf16), then Qwen2.5-1.5B's with --remat-layers, from zero
+#                                     weights, the planner's bytes, verdict and time estimate
+#                                     against memory_stats, the budget and the measured step
+#                                     -> benchmarks/results/plan_check.json, a row each (~5 min
+#                                     each: PLAN_SHAPES=large runs the second apart)
 #
 # Each part runs under its own timeout (LEARNING_TIMEOUT, SPEED_TIMEOUT seconds; LEARNING_TASKS
 # and LEARNING_JOBS change (a)'s tasks, space-separated, and its processes) and writes its
@@ -146,13 +149,16 @@ for part in inside rlhf; do
     echo "$part done at $(($(date +%s) - began)) s"
 done
 if [[ "$PART" == plan ]]; then
-    echo "== plan: timeout ${PLAN_TIMEOUT} s"
-    timeout -k 15 "$PLAN_TIMEOUT" "$PYTHON" benchmarks/plan_check.py "${SMOKE_FLAG[@]}" \
-        "${MIRROR[@]}" || {
-        status=$?
-        echo "plan_check.py stopped (exit $status: 124 is the timeout)" >&2
-    }
-    echo "plan done at $(($(date +%s) - began)) s"
+    for shape in ${PLAN_SHAPES:-small large}; do
+        echo "== plan $shape: timeout ${PLAN_TIMEOUT} s"
+        timeout -k 15 "$PLAN_TIMEOUT" "$PYTHON" benchmarks/plan_check.py --shape "$shape" \
+            "${SMOKE_FLAG[@]}" "${MIRROR[@]}" || {
+            status=$?
+            echo "plan_check.py --shape $shape stopped (exit $status: 124 is the timeout," \
+                "1 a step that did not run)" >&2
+        }
+        echo "plan $shape done at $(($(date +%s) - began)) s"
+    done
 fi
 if [[ -n "${OUT:-}" ]]; then
     for file in learning.json learning.png gpu.json gpu.png plan_check.json; do

@@ -1,8 +1,15 @@
 """The planner against a GPU: what ``ppojax plan`` says a step needs, beside what the step
 takes on the GPU itself.
 
-    python benchmarks/plan_check.py [--model qwen2.5-0.5b] [--algorithm grpo] [--prompts 8]
-        [--group-size 8] [--prompt-len 512] [--response-len 1024] [--steps 3] [--smoke]
+    python benchmarks/plan_check.py [--shape small|large] [--model M] [--algorithm grpo]
+        [--prompts 8] [--group-size 8] [--prompt-len 512] [--response-len 1024]
+        [--remat-layers] [--lora-rank R] [--steps 3] [--smoke]
+
+``--shape`` picks one of two steps the plan table says fit one H100 (an H200 too), whose
+flags the others then change: ``small``, Qwen2.5-0.5B GRPO 8 x 8, 512 + 1024 (the default),
+and ``large``, Qwen2.5-1.5B GRPO 8 x 8, 512 + 1024 with ``--remat-layers`` (three times the
+parameters; without remat it does not fit one H100). Each run adds or replaces its row
+(keyed by model and step) in the result file, so the two can run as separate commands.
 
 On the machine's first GPU it builds the program ``ppojax.plan.plan`` sizes
 (``planner.program`` over a mesh of that one device), compiles it, and records:
@@ -15,7 +22,12 @@ On the machine's first GPU it builds the program ``ppojax.plan.plan`` sizes
   the bytes in use before the first step, and the total), and the median seconds of a step
   after the first, each waited for with ``block_until_ready``;
 - the planner's time ESTIMATE (``estimate.estimate``: FLOPs at the dense peak, bytes at the
-  memory bandwidth) for the same program, beside the measured step.
+  memory bandwidth) for the same program, beside the measured step;
+- the budget: the bytes JAX's allocator may hold (``memory_stats()["bytes_limit"]``, which
+  ``XLA_PYTHON_CLIENT_MEM_FRACTION`` sets: 0.9 here unless the caller set it, as the training
+  commands do, ``ppojax.runtime.memory``), the planner's verdict against that same budget,
+  and whether the step ran in it (a step that runs out of memory is recorded as such, with
+  the allocator's message, not lost).
 
 No weights are needed: every floating-point input is zeros (the program and the bytes it
 moves do not depend on values; zero parameters give uniform logits, so responses run to
@@ -30,6 +42,7 @@ them (CPU: none). Writes benchmarks/results/plan_check.json (``--smoke``: a temp
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -39,12 +52,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from common import record, result_path, write_json
+from common import merge_row, read_rows, record, result_path, write_json
 
 from ppojax.plan import estimate, planner, sizing, targets
 from ppojax.rlhf.core.sharding import make_mesh
 from ppojax.rlhf.models.config import DecoderConfig, parse_config
-from ppojax.runtime import launches
+from ppojax.runtime import launches, memory
+
+# Two steps the plan table says fit one H100: --shape picks one, the other flags change it.
+SHAPES = {
+    "small": {"model": "qwen2.5-0.5b", "remat_layers": False},
+    "large": {"model": "qwen2.5-1.5b", "remat_layers": True},
+}
 
 SMOKE_CONFIG = {  # a config.json of a Qwen2-shaped model
     "model_type": "qwen2",
@@ -62,7 +81,12 @@ SMOKE_CONFIG = {  # a config.json of a Qwen2-shaped model
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--model", help="a planner model name (default: the shape's)")
+    parser.add_argument(
+        "--remat-layers", action=argparse.BooleanOptionalAction, help="(default: the shape's)"
+    )
+    parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--algorithm", default="grpo", choices=planner.RL_ALGORITHMS)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -73,7 +97,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", type=Path, help="the result file (default: see the docstring)")
     parser.add_argument("--mirror", type=Path, help="also copy the result file into this folder")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, value in SHAPES[args.shape].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def concrete(tree: Any, seed: int, vocab: int) -> Any:
@@ -97,14 +125,10 @@ def concrete(tree: Any, seed: int, vocab: int) -> Any:
     return jax.tree.map(make, tree)
 
 
-def peak_in_use() -> int | None:
+def stat(name: str) -> int | None:
+    """One of the first device's ``memory_stats()`` (None where the backend keeps none)."""
     stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
-
-
-def in_use() -> int | None:
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("bytes_in_use")
+    return stats.get(name)
 
 
 def deviceless_plan(config: DecoderConfig, step: planner.StepShape, target: str) -> Any:
@@ -120,7 +144,17 @@ def deviceless_plan(config: DecoderConfig, step: planner.StepShape, target: str)
 def check(args: argparse.Namespace) -> dict[str, Any]:
     if args.smoke:
         config = parse_config(SMOKE_CONFIG)
-        step = planner.StepShape(args.algorithm, 2, 2, 8, 8, dtype="float32", num_minibatches=2)
+        step = planner.StepShape(
+            args.algorithm,
+            2,
+            2,
+            8,
+            8,
+            dtype="float32",
+            num_minibatches=2,
+            remat_layers=args.remat_layers,
+            lora_rank=args.lora_rank,
+        )
     else:
         config = sizing.model_config(args.model)
         step = planner.StepShape(
@@ -130,6 +164,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             args.prompt_len,
             args.response_len,
             dtype=args.dtype,
+            remat_layers=args.remat_layers,
+            lora_rank=args.lora_rank,
         )
     device = jax.local_devices()[0]
     mesh = make_mesh(fsdp=1, devices=[device])
@@ -145,17 +181,23 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     # the GPU the planner has figures for, by name (a TPU's kind names no target)
     target = next((name for name in targets.CHIPS if name in kind), None)
 
+    planned_peak = arguments + outputs - aliased + temporaries
+    limit = stat("bytes_limit")  # the allocator's budget: the memory fraction of the device
+    metrics, error, seconds = None, None, []
     state, *rest = concrete(prog.args, 0, config.vocab_size)
-    before = in_use()
-    seconds = []
-    for _ in range(args.steps):
-        began = time.perf_counter()
-        state, metrics = compiled(state, *rest)
-        jax.block_until_ready((state, metrics))
-        seconds.append(time.perf_counter() - began)
-    peak = peak_in_use()
+    before = stat("bytes_in_use")
+    try:
+        for _ in range(args.steps):
+            began = time.perf_counter()
+            state, metrics = compiled(state, *rest)
+            jax.block_until_ready((state, metrics))
+            seconds.append(time.perf_counter() - began)
+    except jax.errors.JaxRuntimeError as failed:  # out of memory: the row says so
+        error = f"{type(failed).__name__}: {failed}"[:1000]
+    peak = stat("peak_bytes_in_use")
     estimated = estimate.estimate(config, step, target, 1, moved) if target else None
     return {
+        "key": row_key(args, step),
         "model": SMOKE_CONFIG if args.smoke else args.model,
         "step": {
             "algorithm": step.algorithm,
@@ -164,19 +206,28 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             "prompt_len": step.prompt_len,
             "response_len": step.response_len,
             "dtype": step.dtype,
+            "remat_layers": step.remat_layers,
+            "lora_rank": step.lora_rank,
         },
         "device": device.device_kind,
+        "budget": {
+            "memory_fraction": os.environ.get(memory.FRACTION_VARIABLE),
+            "bytes_limit": limit,
+            "planned_fits": None if limit is None else planned_peak <= limit,
+        },
         "compile_s": round(compile_s, 2),
         "planned": {
             "arguments": arguments,
             "outputs": outputs,
             "aliased": aliased,
             "temporaries": temporaries,
-            "peak": arguments + outputs - aliased + temporaries,
+            "peak": planned_peak,
             "bytes_moved_per_step": moved,
             "deviceless": deviceless_plan(config, step, target) if target else None,
         },
         "measured": {
+            "ran": error is None,
+            "error": error,
             "bytes_in_use_before_steps": before,
             "peak_bytes_in_use": peak,
             "peak_growth_over_state": None if peak is None or before is None else peak - before,
@@ -189,33 +240,39 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         "estimate_bound": None
         if estimated is None
         else ("memory" if estimated.memory >= estimated.compute else "compute"),
-        "finite_metrics": all(
-            bool(np.isfinite(np.asarray(value)).all()) for value in jax.tree.leaves(metrics)
-        ),
+        "finite_metrics": metrics is not None
+        and all(bool(np.isfinite(np.asarray(value)).all()) for value in jax.tree.leaves(metrics)),
     }
+
+
+def row_key(args: argparse.Namespace, step: planner.StepShape) -> str:
+    """A row's key in the result file: the model and the step, as plan.json's keys read."""
+    model = "smoke" if args.smoke else args.model
+    key = (
+        f"{model} {step.algorithm} {step.prompts}x{step.group_size} "
+        f"{step.prompt_len}+{step.response_len} {step.dtype} lora{step.lora_rank}"
+    )
+    return key + (" remat" if step.remat_layers else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
+    memory.use_memory_fraction()  # before JAX's GPU backend starts: the commands' budget
     path = result_path(args.out, args.smoke, "plan_check.json")
-    row = check(args)
-    document = {
-        **record(__file__, argv),
-        "benchmark": "plan_check",
-        "description": __doc__.split("\n\n")[0],
-        "row": row,
-    }
-    write_json(path, document, args.mirror)
+    row = {**record(__file__, argv), **check(args)}
+    results = read_rows(path, "plan_check", __doc__.split("\n\n")[0])
+    write_json(path, merge_row(results, row, "key"), args.mirror)
     print(f"wrote {path}")
     planned, measured = row["planned"], row["measured"]
     peak = measured["peak_bytes_in_use"]
     print(
-        f"planned peak {planned['peak'] / 2**30:.3f} GiB, measured peak "
+        f"{row['key']}: planned peak {planned['peak'] / 2**30:.3f} GiB, measured peak "
         + ("- (not reported)" if peak is None else f"{peak / 2**30:.3f} GiB")
         + f", step {measured['step_s_median_after_first']} s, estimate {row['estimate_s']} s"
+        + ("" if measured["ran"] else f"; did not run: {measured['error']}")
     )
-    return 0
+    return 0 if measured["ran"] else 1
 
 
 if __name__ == "__main__":
