@@ -1,4 +1,4 @@
-"""Demonstrations for SFT on agents (ppojax/rlhf/agents/demos.py): the scripted episodes are
+"""Demonstrations for SFT on agents (ppojax/rlhf/post/demos.py): the scripted episodes are
 valid and win at the rate their script should; the SFT loss reads the model's tokens only
 and equals a hand computation; ``make_sft_step``'s ``loss`` option takes it."""
 
