@@ -31,9 +31,10 @@ import numpy as np
 from common import RESULTS, record, rounded, write_json
 
 from ppojax.rlhf import RLHFConfig
-from ppojax.rlhf.agents import EpisodeLayout, rollout_episodes
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.trainer import make_episode_trainer
+from ppojax.rlhf.core.episode_trainer import make_episode_trainer
+from ppojax.rlhf.core.episodes import rollout_episodes
+from ppojax.rlhf.core.turns import EpisodeLayout
+from ppojax.rlhf.envs import guessing as g
 from ppojax.rlhf.models.transformer import transformer
 
 EPISODES = 64

@@ -10,8 +10,8 @@ episodes?
     python benchmarks/agents_sft.py --table            # both result files as docs/rlhf.md's table
 
 For each env and each seed a transformer (d_model 64, 4 heads, 2 layers) starts from random
-weights, is trained by ``agents.demos.train_on_demos`` on a few episodes a scripted policy
-played (``agents.demos.play_demos``; ``--guessing-demos``, ``--calculator-demos``; one set
+weights, is trained by ``post.demos.train_on_demos`` on a few episodes a scripted policy
+played (``post.demos.play_demos``; ``--guessing-demos``, ``--calculator-demos``; one set
 for every seed, the seed sets the initialisation, the SFT batches and the RL steps), then
 by ``make_episode_trainer`` (GRPO in groups of 8, or PPO: one episode per start, token-level
 GAE with a critic that starts as a copy of the SFT model, value head included, and trains alone
@@ -54,13 +54,14 @@ from common import (
 )
 
 from ppojax.rlhf import RLHFConfig
-from ppojax.rlhf.agents import EpisodeLayout, rollout_episodes
-from ppojax.rlhf.agents import calculator as calc
-from ppojax.rlhf.agents import demos as d
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.host import HostRollout
-from ppojax.rlhf.agents.trainer import make_episode_trainer
+from ppojax.rlhf.core.episode_trainer import make_episode_trainer
+from ppojax.rlhf.core.episodes import rollout_episodes
+from ppojax.rlhf.core.host_rollout import HostRollout
+from ppojax.rlhf.core.turns import EpisodeLayout
+from ppojax.rlhf.envs import calculator as calc
+from ppojax.rlhf.envs import guessing as g
 from ppojax.rlhf.models.transformer import transformer
+from ppojax.rlhf.post import demos as d
 
 RESULT = RESULTS / "agents_sft.json"
 RESULT_PPO = RESULTS / "agents_sft_ppo.json"

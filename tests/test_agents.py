@@ -13,10 +13,9 @@ import pytest
 
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.credit import episode_gae, model_slots, turn_advantages
-from ppojax.rlhf.agents.env import Tokens, make_text_env, register_text_env, text_env_ids
-from ppojax.rlhf.agents.episodes import (
+from ppojax.rlhf.core.credit import episode_gae, model_slots, turn_advantages
+from ppojax.rlhf.core.episode_trainer import check_turn_weight, make_episode_trainer
+from ppojax.rlhf.core.episodes import (
     EpisodeLayout,
     EpisodeSettings,
     episode_stats,
@@ -24,15 +23,16 @@ from ppojax.rlhf.agents.episodes import (
     previous_real,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.trainer import check_turn_weight, make_episode_trainer
-from ppojax.rlhf.agents.update import (
+from ppojax.rlhf.core.objective import LossParts
+from ppojax.rlhf.core.update import (
     EpisodeBatch,
     at_positions,
     credit,
     episode_advantages,
     episode_loss,
 )
-from ppojax.rlhf.core.objective import LossParts
+from ppojax.rlhf.envs import guessing as g
+from ppojax.rlhf.envs.env import Tokens, make_text_env, register_text_env, text_env_ids
 from ppojax.rlhf.models.transformer import transformer
 
 D5 = g.FIRST_DIGIT + 5

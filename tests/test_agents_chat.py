@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppojax.rlhf.agents import calculator as c
-from ppojax.rlhf.agents.chat import ChatFormat
-from ppojax.rlhf.agents.env import make_text_env
-from ppojax.rlhf.agents.episodes import EpisodeSettings
-from ppojax.rlhf.agents.host import HostRollout, ToolError
+from ppojax.rlhf.core.episodes import EpisodeSettings
+from ppojax.rlhf.core.host_rollout import HostRollout
+from ppojax.rlhf.envs import calculator as c
+from ppojax.rlhf.envs.chat import ChatFormat
+from ppojax.rlhf.envs.env import make_text_env
+from ppojax.rlhf.envs.host import ToolError
 from ppojax.rlhf.models.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "chat"

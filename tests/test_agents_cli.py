@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from ppojax.cli.commands import main
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.env import Tokens, register_text_env
-from ppojax.rlhf.agents.host import PythonTextEnv
+from ppojax.rlhf.envs import guessing as g
+from ppojax.rlhf.envs.env import Tokens, register_text_env
+from ppojax.rlhf.envs.host import PythonTextEnv
 from ppojax.runs import loop
 
 TINY = ["--batch-size", "2", "--group-size", "2", "--eval-episodes", "8", "--no-progress"]
@@ -322,7 +322,7 @@ def test_a_resume_refuses_flags_that_would_change_the_folders_settings(tmp_path,
 
 
 def test_the_guessing_and_calculator_envs_say_their_vocabulary():
-    from ppojax.rlhf.agents import calculator as c
+    from ppojax.rlhf.envs import calculator as c
 
     for module, env in ((g, g.NumberGuessing()), (c, c.Calculator())):
         assert (env.vocab_size, env.pad_id, env.eos_id) == (

@@ -1,4 +1,4 @@
-"""Demonstrations for SFT on agents (ppojax/rlhf/agents/demos.py): the scripted episodes are
+"""Demonstrations for SFT on agents (ppojax/rlhf/post/demos.py): the scripted episodes are
 valid and win at the rate their script should; the SFT loss reads the model's tokens only
 and equals a hand computation; ``make_sft_step``'s ``loss`` option takes it."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import optax
 import pytest
 
-from ppojax.rlhf.agents import calculator as calc
-from ppojax.rlhf.agents import demos as d
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.turns import EpisodeLayout, Episodes, EpisodeSettings
+from ppojax.rlhf.core.turns import EpisodeLayout, Episodes, EpisodeSettings
+from ppojax.rlhf.envs import calculator as calc
+from ppojax.rlhf.envs import guessing as g
+from ppojax.rlhf.post import demos as d
 from ppojax.rlhf.post.sft import make_sft_step
 
 

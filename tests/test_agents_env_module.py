@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from ppojax.cli.commands import main
-from ppojax.rlhf.agents import env as env_module
+from ppojax.rlhf.envs import env as env_module
 
 # A JAX env with partial credit: each turn scores 0.25, the right answer (token A) 1 and ends
 # the episode, so every return is positive but only a right answer is a success.
 ENV_FILE = """
 import jax.numpy as jnp
 
-from ppojax.rlhf.agents.env import Tokens, register_text_env
+from ppojax.rlhf.envs.env import Tokens, register_text_env
 
 PAD, BOS, EOS, A, B = range(5)
 

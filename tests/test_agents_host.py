@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from ppojax.rlhf import RLHFConfig
-from ppojax.rlhf.agents import calculator as c
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.env import make_text_env
-from ppojax.rlhf.agents.episodes import EpisodeLayout, EpisodeSettings, rollout_episodes
-from ppojax.rlhf.agents.host import HostEnvError, HostRollout, PythonTextEnv
-from ppojax.rlhf.agents.trainer import make_episode_trainer
+from ppojax.rlhf.core.episode_trainer import make_episode_trainer
+from ppojax.rlhf.core.episodes import EpisodeLayout, EpisodeSettings, rollout_episodes
+from ppojax.rlhf.core.host_rollout import HostRollout
+from ppojax.rlhf.envs import calculator as c
+from ppojax.rlhf.envs import guessing as g
+from ppojax.rlhf.envs.env import make_text_env
+from ppojax.rlhf.envs.host import HostEnvError, PythonTextEnv
 from ppojax.rlhf.models.transformer import transformer
 
 

@@ -3,8 +3,8 @@ temperature of 0 (greedy play is its own flag, argmax with finite log-probs), an
 token unlike the env's; and bad output of a Python env caught at any turn: a reward not
 finite, a token id past the model's vocabulary, an exception named with the env's file and
 line; a JAX env's such ids and rewards flagged in the program and raised after it; the command
-exits 2 for both, not 3. The names docs/rlhf.md's agents section uses import from
-``ppojax.rlhf.agents``."""
+exits 2 for both, not 3. The names docs/rlhf.md's agents section uses import from their rooms
+(``ppojax.rlhf.envs``, ``core``, ``post``)."""
 
 import dataclasses
 import inspect
@@ -18,13 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ppojax.rlhf.agents as agents
+import ppojax.rlhf.agents as agents  # its names only: each is deprecated
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig
-from ppojax.rlhf.agents import calculator as c
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.env import Tokens, register_text_env
-from ppojax.rlhf.agents.episodes import (
+from ppojax.rlhf.core.episode_trainer import make_episode_trainer
+from ppojax.rlhf.core.episodes import (
     EnvOutputError,
     EnvTraceError,
     check_env_faults,
@@ -33,9 +31,12 @@ from ppojax.rlhf.agents.episodes import (
     previous_real,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.host import HostEnvError, HostRollout, PythonTextEnv
-from ppojax.rlhf.agents.trainer import make_episode_trainer
-from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
+from ppojax.rlhf.core.host_rollout import HostRollout
+from ppojax.rlhf.core.turns import EpisodeLayout, EpisodeSettings, model_context
+from ppojax.rlhf.envs import calculator as c
+from ppojax.rlhf.envs import guessing as g
+from ppojax.rlhf.envs.env import Tokens, register_text_env
+from ppojax.rlhf.envs.host import HostEnvError, PythonTextEnv
 from ppojax.rlhf.models.transformer import transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,24 +283,44 @@ def test_the_command_stops_a_jax_env_at_the_chunks_end_with_exit_2(tmp_path, cap
 NOT_EXPORTED = {"add", "episode_gae"}
 
 
-def test_the_agents_section_of_the_docs_imports_from_ppojax_rlhf_agents():
-    """Its code imports run, and every name of ``ppojax/rlhf/agents`` it mentions is there."""
+# The modules that were ppojax/rlhf/agents/, in their rooms now.
+AGENT_MODULES = (
+    *(f"envs/{name}.py" for name in ("env", "chat", "host", "guessing", "calculator", "one_turn")),
+    *(
+        f"core/{name}.py"
+        for name in (
+            "context", "turns", "host_rollout", "episodes", "prompts", "credit", "update",
+            "episode_trainer",
+        )
+    ),
+    "post/demos.py",
+)  # fmt: skip
+
+
+def test_the_agents_section_of_the_docs_imports_from_the_rooms():
+    """Its code imports run, each from a room (``ppojax.rlhf.envs``, ``core`` or ``post``),
+    and every name of the agents' modules it mentions was a name of ``ppojax.rlhf.agents``,
+    whose deprecated package keeps them a release."""
     text = (ROOT / "docs" / "rlhf.md").read_text()
     start = text.index("## Multi-turn episodes")
     section = text[start : text.index("\n## ", start + 1)]
-    imports = re.findall(r"^from ppojax\.rlhf\.agents import .*$", section, re.MULTILINE)
+    assert not re.findall(r"^from ppojax\.rlhf\.agents", section, re.MULTILINE)
+    imports = re.findall(
+        r"^from ppojax\.rlhf\.(?:envs|core|post)\b.* import .*$", section, re.MULTILINE
+    )
     assert imports
     for line in imports:
         exec(line, {})
-    from ppojax.rlhf.agents import play_demos, train_on_demos  # once only in agents.demos
+    from ppojax.rlhf.post.demos import play_demos, train_on_demos  # named, not imported there
 
     assert callable(play_demos) and callable(train_on_demos)
     defined = set()
-    for path in (ROOT / "ppojax" / "rlhf" / "agents").glob("*.py"):
-        defined |= set(re.findall(r"^(?:def|class) (\w+)", path.read_text(), re.MULTILINE))
+    for path in AGENT_MODULES:
+        source = (ROOT / "ppojax" / "rlhf" / path).read_text()
+        defined |= set(re.findall(r"^(?:def|class) (\w+)", source, re.MULTILINE))
     named = set(re.findall(r"`([A-Za-z_]\w*)[`(]", section)) & defined
     assert {"play_demos", "train_on_demos", "model_context", "EpisodeLayout"} <= named
-    assert sorted(n for n in named - NOT_EXPORTED if not hasattr(agents, n)) == []
+    assert sorted(n for n in named - NOT_EXPORTED if n not in agents.__all__) == []
 
 
 class NanLater(PythonTextEnv):

@@ -13,22 +13,23 @@ import numpy as np
 import pytest
 
 from ppojax.rlhf import RLHFConfig, make_trainer
-from ppojax.rlhf.agents import calculator as c
-from ppojax.rlhf.agents import guessing as g
-from ppojax.rlhf.agents.context import cached_context
-from ppojax.rlhf.agents.credit import model_slots
-from ppojax.rlhf.agents.episodes import (
+from ppojax.rlhf.core.context import cached_context
+from ppojax.rlhf.core.credit import model_slots
+from ppojax.rlhf.core.episode_trainer import make_episode_trainer
+from ppojax.rlhf.core.episodes import (
     EpisodeLayout,
     EpisodeSettings,
     previous_real,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.host import HostRollout
-from ppojax.rlhf.agents.one_turn import OneTurnEnv, play_prompts
-from ppojax.rlhf.agents.trainer import make_episode_trainer
-from ppojax.rlhf.agents.turns import rollout_keys
-from ppojax.rlhf.agents.update import EpisodeBatch, slot_stats
+from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.core.lora import merge
+from ppojax.rlhf.core.prompts import play_prompts
+from ppojax.rlhf.core.turns import rollout_keys
+from ppojax.rlhf.core.update import EpisodeBatch, slot_stats
+from ppojax.rlhf.envs import calculator as c
+from ppojax.rlhf.envs import guessing as g
+from ppojax.rlhf.envs.one_turn import OneTurnEnv
 from ppojax.rlhf.models.transformer import transformer
 
 VOCAB, PROMPT, RESPONSE = 12, 3, 4

@@ -144,3 +144,21 @@ def test_rlhf_is_library_code_below_the_host_side():
     )
     assert upward == [], "move host-side code into ppojax/runs/lm/"
     assert any(target.startswith("ppojax.rlhf") for target in graph["ppojax.runs.lm.jobs"])
+
+
+def test_rlhf_text_envs_sit_below_the_trainer_and_nothing_imports_the_old_agents_package():
+    """Inside ppojax.rlhf the rooms go envs -> core -> models -> post: the text envs import
+    nothing of the trainer (core plays them), and no module imports the deprecated
+    ppojax.rlhf.agents, which keeps its old names a release for users only."""
+    _, graph = package_imports()
+    up = sorted(
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        if source.startswith("ppojax.rlhf.envs")
+        for target in targets
+        if target.startswith("ppojax.rlhf.") and not target.startswith("ppojax.rlhf.envs")
+    )
+    assert up == [], "the text envs must not import the trainer: move it to ppojax/rlhf/core/"
+    assert "ppojax.rlhf.envs.env" in graph["ppojax.rlhf.core.episodes"]
+    old = sorted(source for source, targets in graph.items() if "ppojax.rlhf.agents" in targets)
+    assert old == [], "import from ppojax.rlhf.envs, core or post, not the deprecated agents"

@@ -243,12 +243,12 @@ def test_the_names_moved_out_of_ppojax_rlhf_are_deprecated_aliases():
     lives now; an unknown name is still an AttributeError."""
     import ppojax.plan
     import ppojax.rlhf
-    from ppojax.rlhf.agents.update import EpisodeBatch
+    from ppojax.rlhf.core.update import EpisodeBatch
 
     for name in ("plan", "Plan", "PlanError", "StepShape"):
         with pytest.warns(DeprecationWarning, match=f"use ppojax.plan.{name}"):
             assert getattr(ppojax.rlhf, name) is getattr(ppojax.plan, name)
-    with pytest.warns(DeprecationWarning, match="use ppojax.rlhf.agents.update.EpisodeBatch"):
+    with pytest.warns(DeprecationWarning, match="use ppojax.rlhf.core.update.EpisodeBatch"):
         assert ppojax.rlhf.RLHFBatch is EpisodeBatch
     with pytest.raises(AttributeError, match="no attribute 'plans'"):
         ppojax.rlhf.plans  # noqa: B018

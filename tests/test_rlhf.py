@@ -25,13 +25,13 @@ from ppojax.rlhf import (
     token_rewards,
     update_kl_coef,
 )
-from ppojax.rlhf.agents.credit import model_slots
-from ppojax.rlhf.agents.one_turn import score
-from ppojax.rlhf.agents.turns import EpisodeLayout, Episodes
-from ppojax.rlhf.agents.update import ppo_advantages
 from ppojax.rlhf.core.config import config_names
+from ppojax.rlhf.core.credit import model_slots
 from ppojax.rlhf.core.kl import update_kl
 from ppojax.rlhf.core.lora import adapted_kernels, init_adapters, merge
+from ppojax.rlhf.core.prompts import score
+from ppojax.rlhf.core.turns import EpisodeLayout, Episodes
+from ppojax.rlhf.core.update import ppo_advantages
 from ppojax.rlhf.post.reward_model import pair_margins
 from ppojax.rlhf.tasks.digits import BOS, EOS, PAD, DigitTask, sample_prompts
 from ppojax.rlhf.tasks.reversal import checker, reversal_targets

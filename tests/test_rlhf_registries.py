@@ -7,10 +7,10 @@ import pytest
 
 from ppojax.checks import ConfigError
 from ppojax.rlhf import RLHFConfig, make_trainer
-from ppojax.rlhf.agents.credit import masked_group_advantages
 from ppojax.rlhf.core import advantages as adv
 from ppojax.rlhf.core import kl
 from ppojax.rlhf.core.aggregation import AGGREGATIONS, aggregate
+from ppojax.rlhf.core.credit import masked_group_advantages
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,12 @@ from ppojax.rlhf import (
     run_steps,
     sample_responses,
 )
-from ppojax.rlhf.agents.one_turn import play_prompts
-from ppojax.rlhf.agents.turns import EpisodeLayout
-from ppojax.rlhf.agents.update import collect_episodes, episode_loss
 from ppojax.rlhf.core.lora import tree_bytes
 from ppojax.rlhf.core.objective import LossParts
+from ppojax.rlhf.core.prompts import play_prompts
 from ppojax.rlhf.core.trainer import policy_params_fn
+from ppojax.rlhf.core.turns import EpisodeLayout
+from ppojax.rlhf.core.update import collect_episodes, episode_loss
 from ppojax.rlhf.models.transformer import transformer
 
 VOCAB, PAD, EOS, GOOD = 6, 0, 1, 4

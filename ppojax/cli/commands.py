@@ -409,7 +409,7 @@ def list_env_ids() -> int:
     --env`` (built in and registered) and the adapter suites, each with whether it is
     installed or the extra that installs it."""
     from ppojax.envs.registry import SUITES, gymnax_envs, registered_envs, suite_installed
-    from ppojax.rlhf.agents.env import text_env_ids
+    from ppojax.rlhf.envs.env import text_env_ids
 
     print("gymnax:")
     for env_id in gymnax_envs():

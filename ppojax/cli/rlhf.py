@@ -134,7 +134,7 @@ def is_are(flags: Sequence[str]) -> str:
 def help_text(parsers: dict[str, argparse.ArgumentParser], own: dict[str, set[str]]) -> str:
     """The help of ``ppojax rlhf``: every form's usage, each form's own flags, then the flags
     they share (with each form's help where they differ) and the RLHFConfig fields."""
-    from ppojax.rlhf.agents.env import text_env_ids
+    from ppojax.rlhf.envs.env import text_env_ids
 
     fields = set(config_names())
     actions = {

@@ -30,8 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
-from ppojax.rlhf.agents.trainer import make_trainer
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.episode_trainer import make_trainer
 from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import (
     batch_sharding,

@@ -2,15 +2,15 @@
 step of (state, prompts, prompt_mask, key), built from the user's ``policy_apply``, optional
 ``critic_apply`` and reward functions by ``make_trainer``; SFT, reward models and DPO beside it.
 
-In tiers, each importing only those before it: ``core`` (the algorithm on token arrays),
-``models`` (the built-in transformer, Hugging Face families), ``agents`` (text envs, episodes
-and the one LM trainer: ``make_trainer`` is its one-turn form), ``data`` and ``text_rewards``
-(text as arrays, rewards on text), ``post`` (SFT, reward models, DPO). ``tasks`` (the digit
-demos) sits on top, and the run folders of the commands above in ``ppojax.runs.lm``; the
-library never imports them, nor anything of ``ppojax.runs`` or ``ppojax.cli``."""
+In tiers, each importing only those before it: ``envs`` (the text env API, the games, the
+one-turn env, Python and chat envs on the host), ``core`` (the algorithm on token arrays and
+the one LM trainer over turns: ``make_trainer`` is its one-turn form), ``models`` (the
+built-in transformer, Hugging Face families), ``data`` and ``text_rewards`` (text as arrays,
+rewards on text), ``post`` (SFT, reward models, DPO, SFT on demonstrations). ``tasks`` (the
+digit demos) sits on top, and the run folders of the commands above in ``ppojax.runs.lm``; the
+library never imports them, nor anything of ``ppojax.runs`` or ``ppojax.cli``. ``agents``, the
+old home of envs, the trainer and the demonstrations, keeps its names a release, deprecated."""
 
-from ppojax.rlhf.agents.trainer import make_trainer
-from ppojax.rlhf.agents.update import EpisodeBatch
 from ppojax.rlhf.core.advantages import (
     group_advantages,
     leave_one_out_advantages,
@@ -19,6 +19,7 @@ from ppojax.rlhf.core.advantages import (
 )
 from ppojax.rlhf.core.aggregation import aggregate
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.episode_trainer import make_trainer
 from ppojax.rlhf.core.kl import kl_estimate, update_kl_coef
 from ppojax.rlhf.core.logprobs import SplitPolicy
 from ppojax.rlhf.core.lora import tree_bytes
@@ -32,6 +33,7 @@ from ppojax.rlhf.core.sampling import (
     sample_responses,
 )
 from ppojax.rlhf.core.trainer import RLHFState, Trainer, run_steps
+from ppojax.rlhf.core.update import EpisodeBatch
 from ppojax.rlhf.data import (
     PromptData,
     draw_batch,
@@ -125,7 +127,7 @@ __all__ = [
 
 
 # Names moved out of ppojax.rlhf, with where they live now: deprecated aliases for a release.
-MOVED = {"RLHFBatch": "ppojax.rlhf.agents.update.EpisodeBatch"} | {
+MOVED = {"RLHFBatch": "ppojax.rlhf.core.update.EpisodeBatch"} | {
     name: f"ppojax.plan.{name}" for name in ("Plan", "PlanError", "StepShape", "plan")
 }
 

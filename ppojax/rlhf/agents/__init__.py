@@ -1,91 +1,71 @@
-"""Language-model agents: text environments (``TextEnv``, ``register_text_env``,
-``make_text_env``), the number-guessing game, multi-turn episodes rolled out in one compiled
-program (``rollout_episodes``), Python envs and tools stepped on the host between compiled
-turns (``PythonTextEnv``, ``HostRollout``, the ``Calculator``), Python envs over text through a
-model's chat template (``ChatFormat``, ``ChatEnv``), SFT on scripted demonstrations
-(``play_demos``, ``train_on_demos``), and GRPO / RLOO / PPO on them with episode- or
-turn-level credit (``make_episode_trainer``), and on one-turn episodes of given prompts
-(``make_trainer``, ``OneTurnEnv``): the one LM trainer."""
+"""Deprecated: language-model agents now live in three rooms of ``ppojax.rlhf``, and this
+package keeps its names for one release, each imported from its new home when asked for,
+with a ``DeprecationWarning``:
 
-from ppojax.rlhf.agents.calculator import Calculator
-from ppojax.rlhf.agents.chat import ChatFormat
-from ppojax.rlhf.agents.demos import (
-    consistent_guesser,
-    demo_loss,
-    env_script,
-    play_demos,
-    tool_then_answer,
-    train_on_demos,
-)
-from ppojax.rlhf.agents.env import (
-    TextEnv,
-    Tokens,
-    make_text_env,
-    register_text_env,
-    success_rule,
-    text_env_ids,
-)
-from ppojax.rlhf.agents.episodes import (
-    EnvOutputError,
-    EnvTraceError,
-    EpisodeLayout,
-    Episodes,
-    EpisodeSettings,
-    check_env_faults,
-    episode_stats,
-    rollout_episodes,
-)
-from ppojax.rlhf.agents.guessing import NumberGuessing
-from ppojax.rlhf.agents.host import (
-    ChatEnv,
-    HostEnvError,
-    HostRollout,
-    PythonTextEnv,
-    ToolError,
-    call_tool,
-    rollout_host_episodes,
-)
-from ppojax.rlhf.agents.one_turn import OneTurnEnv, play_prompts
-from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer, make_trainer
-from ppojax.rlhf.agents.turns import model_context
-from ppojax.rlhf.agents.update import EpisodeBatch
+- ``ppojax.rlhf.envs``: the text env API, the games, the one-turn env, Python envs and tools
+  on the host, envs through a chat template;
+- ``ppojax.rlhf.core``: the one LM trainer (``core.episode_trainer``: ``make_trainer``,
+  ``make_episode_trainer``), its turns, rollouts (``core.episodes``, ``core.host_rollout``),
+  credit and update;
+- ``ppojax.rlhf.post.demos``: SFT on scripted demonstrations before RL.
 
-__all__ = [
-    "Calculator",
-    "ChatEnv",
-    "ChatFormat",
-    "EnvOutputError",
-    "EnvTraceError",
-    "HostEnvError",
-    "HostRollout",
-    "PythonTextEnv",
-    "ToolError",
-    "call_tool",
-    "check_env_faults",
-    "consistent_guesser",
-    "demo_loss",
-    "env_script",
-    "rollout_host_episodes",
-    "EpisodeBatch",
-    "EpisodeLayout",
-    "EpisodeSettings",
-    "EpisodeTrainer",
-    "Episodes",
-    "NumberGuessing",
-    "OneTurnEnv",
-    "TextEnv",
-    "Tokens",
-    "episode_stats",
-    "make_episode_trainer",
-    "make_trainer",
-    "make_text_env",
-    "model_context",
-    "play_prompts",
-    "play_demos",
-    "register_text_env",
-    "rollout_episodes",
-    "success_rule",
-    "text_env_ids",
-    "tool_then_answer",
-    "train_on_demos",
-]
+The old submodules (``ppojax.rlhf.agents.env`` and the rest) are gone: import from the new
+modules."""
+
+# Each name this package exported, with the module that holds it now.
+MOVED = {
+    "Calculator": "ppojax.rlhf.envs.calculator",
+    "ChatEnv": "ppojax.rlhf.envs.host",
+    "ChatFormat": "ppojax.rlhf.envs.chat",
+    "EnvOutputError": "ppojax.rlhf.core.episodes",
+    "EnvTraceError": "ppojax.rlhf.core.episodes",
+    "EpisodeBatch": "ppojax.rlhf.core.update",
+    "EpisodeLayout": "ppojax.rlhf.core.turns",
+    "EpisodeSettings": "ppojax.rlhf.core.turns",
+    "EpisodeTrainer": "ppojax.rlhf.core.episode_trainer",
+    "Episodes": "ppojax.rlhf.core.turns",
+    "HostEnvError": "ppojax.rlhf.envs.host",
+    "HostRollout": "ppojax.rlhf.core.host_rollout",
+    "NumberGuessing": "ppojax.rlhf.envs.guessing",
+    "OneTurnEnv": "ppojax.rlhf.envs.one_turn",
+    "PythonTextEnv": "ppojax.rlhf.envs.host",
+    "TextEnv": "ppojax.rlhf.envs.env",
+    "ToolError": "ppojax.rlhf.envs.host",
+    "Tokens": "ppojax.rlhf.envs.env",
+    "call_tool": "ppojax.rlhf.envs.host",
+    "check_env_faults": "ppojax.rlhf.core.episodes",
+    "consistent_guesser": "ppojax.rlhf.post.demos",
+    "demo_loss": "ppojax.rlhf.post.demos",
+    "env_script": "ppojax.rlhf.post.demos",
+    "episode_stats": "ppojax.rlhf.core.episodes",
+    "make_episode_trainer": "ppojax.rlhf.core.episode_trainer",
+    "make_text_env": "ppojax.rlhf.envs.env",
+    "make_trainer": "ppojax.rlhf.core.episode_trainer",
+    "model_context": "ppojax.rlhf.core.turns",
+    "play_demos": "ppojax.rlhf.post.demos",
+    "play_prompts": "ppojax.rlhf.core.prompts",
+    "register_text_env": "ppojax.rlhf.envs.env",
+    "rollout_episodes": "ppojax.rlhf.core.episodes",
+    "rollout_host_episodes": "ppojax.rlhf.core.host_rollout",
+    "success_rule": "ppojax.rlhf.envs.env",
+    "text_env_ids": "ppojax.rlhf.envs.env",
+    "tool_then_answer": "ppojax.rlhf.post.demos",
+    "train_on_demos": "ppojax.rlhf.post.demos",
+}
+
+__all__ = sorted(MOVED)
+
+
+def __getattr__(name: str):
+    if name not in MOVED:
+        raise AttributeError(f"module 'ppojax.rlhf.agents' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    module = MOVED[name]
+    warnings.warn(
+        f"ppojax.rlhf.agents.{name} is deprecated: use {module}.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

@@ -1,5 +1,5 @@
 """What every LM trainer's step stands on: its state (``RLHFState``), the ``Trainer``
-contract of ``make_trainer`` (``agents.trainer``), the checks of its inputs, LoRA and float32
+contract of ``make_trainer`` (``episode_trainer``), the checks of its inputs, LoRA and float32
 masters at init, and the update (``run_update``: epochs of minibatches through
 ``ppojax.engine.epochs.run_epochs``, then the KL controller). Every array of the state and
 every traced config field can be vmapped.

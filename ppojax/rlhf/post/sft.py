@@ -75,7 +75,7 @@ def make_sft_step(
     """``step(params, opt_state, batch) -> (params, opt_state, {"loss"})``: one optimizer step
     on ``loss(policy_apply, params, batch)``, by default the mean cross-entropy of the
     completion tokens (``batch`` a ``CompletionData``, a ``Sequences`` or their four arrays;
-    ``agents.demos.demo_loss`` reads episodes instead). Pure; jit it."""
+    ``demos.demo_loss`` reads episodes instead). Pure; jit it."""
 
     def step(params: Any, opt_state: optax.OptState, batch: Any):
         value, grads = jax.value_and_grad(loss, argnums=1)(policy_apply, params, batch)

@@ -14,11 +14,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.agents.env import Tokens, make_text_env, text_env_factory
-from ppojax.rlhf.agents.episodes import checked_reset, checked_step
-from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
-from ppojax.rlhf.agents.turns import EpisodeSettings
+from ppojax.rlhf.core.episodes import checked_reset, checked_step
+from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.core.sampling import KVCacheHook
+from ppojax.rlhf.core.turns import EpisodeSettings
+from ppojax.rlhf.envs.env import Tokens, make_text_env, text_env_factory
+from ppojax.rlhf.envs.host import HostEnvError, runs_on_host
 
 
 class Vocabulary(NamedTuple):

@@ -1,5 +1,5 @@
 """``ppojax rlhf``'s episode form: the built-in transformer, from random weights, trained with
-GRPO, RLOO or PPO on multi-turn episodes of a text env (``ppojax.rlhf.agents``) into a run
+GRPO, RLOO or PPO on multi-turn episodes of a text env (``ppojax.rlhf.envs``) into a run
 folder.
 
     ppojax rlhf --env guessing --env-arg num_values=4 --turns 2 --steps 300
@@ -35,13 +35,14 @@ import numpy as np
 
 from ppojax.checks import ConfigError
 from ppojax.envs.registry import import_env_modules, module_reference
-from ppojax.rlhf.agents.env import success_rule, text_env_ids
-from ppojax.rlhf.agents.episodes import EnvOutputError, check_env_faults, rollout_episodes
-from ppojax.rlhf.agents.host import HostEnvError, HostRollout, runs_on_host
-from ppojax.rlhf.agents.trainer import EpisodeTrainer, make_episode_trainer
-from ppojax.rlhf.agents.turns import EpisodeLayout, EpisodeSettings, model_context
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.episode_trainer import EpisodeTrainer, make_episode_trainer
+from ppojax.rlhf.core.episodes import EnvOutputError, check_env_faults, rollout_episodes
+from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.core.trainer import RLHFState, policy_params_fn
+from ppojax.rlhf.core.turns import EpisodeLayout, EpisodeSettings, model_context
+from ppojax.rlhf.envs.env import success_rule, text_env_ids
+from ppojax.rlhf.envs.host import HostEnvError, runs_on_host
 from ppojax.rlhf.models.transformer import LanguageModel, transformer, zero_value_head
 from ppojax.runs import folder
 from ppojax.runs.lm import episode_checks as checks

@@ -18,10 +18,10 @@ from typing import Any
 
 import jax
 
-from ppojax.rlhf.agents.demos import env_script, play_demos, train_on_demos
-from ppojax.rlhf.agents.turns import Episodes
 from ppojax.rlhf.core.trainer import policy_params_fn
+from ppojax.rlhf.core.turns import Episodes
 from ppojax.rlhf.models.transformer import zero_value_head
+from ppojax.rlhf.post.demos import env_script, play_demos, train_on_demos
 from ppojax.runs import folder
 
 SFT_FILE = "sft.json"

@@ -22,8 +22,8 @@ from jax.sharding import Mesh
 
 from ppojax.engine import precision
 from ppojax.engine.optim import clipped_adam
-from ppojax.rlhf.agents.trainer import make_trainer
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.episode_trainer import make_trainer
 from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import (
     MIN_SHARD_SIZE,

@@ -26,8 +26,8 @@ from typing import Any
 
 import jax
 
-from ppojax.rlhf.agents.trainer import make_trainer
 from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.episode_trainer import make_trainer
 from ppojax.rlhf.models.transformer import zero_value_head
 from ppojax.rlhf.post.reward_model import reward_model
 from ppojax.rlhf.tasks.digits import EOS, PAD, DigitTask

@@ -1,7 +1,8 @@
 """The pieces of a multi-turn rollout that both paths share (the one-program rollout of a JAX
-env in ``episodes``, the host's turn by turn for a Python env in ``host``): what a rollout
-plays (``EpisodeSettings``), where everything sits (``EpisodeLayout``), the ``Episodes`` it
-returns, sampling one turn with the model's state carried in, and assembling the turns."""
+env in ``episodes``, the host's turn by turn for a Python env in ``host_rollout``): what a
+rollout plays (``EpisodeSettings``), where everything sits (``EpisodeLayout``), the
+``Episodes`` it returns, sampling one turn with the model's state carried in, and assembling
+the turns."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax.checks import ConfigError, check_range
-from ppojax.rlhf.agents.context import Context
-from ppojax.rlhf.agents.env import Tokens
 from ppojax.rlhf.core import sharding
+from ppojax.rlhf.core.context import Context
 from ppojax.rlhf.core.sampling import SamplingSettings, choose
+from ppojax.rlhf.envs.env import Tokens
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from ppojax.rlhf.agents.chat import ChatFormat
-from ppojax.rlhf.agents.host import ChatEnv, PythonTextEnv, ToolError, call_tool
+from ppojax.rlhf.envs.chat import ChatFormat
+from ppojax.rlhf.envs.host import ChatEnv, PythonTextEnv, ToolError, call_tool
 
 PAD = 0
 BOS = 1

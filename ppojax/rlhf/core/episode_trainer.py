@@ -25,7 +25,7 @@ The metrics ``env/bad_*`` say where the env's output first went wrong (an id out
 vocabulary, a reward not finite; ``episodes.env_faults``), -1 where it did not: a JAX env
 runs inside the program, where nothing can raise; ``episodes.check_env_faults`` raises for
 them after it.
-With a Python env (``host``) the step plays on the host, a compiled call per turn, then runs
+With a Python env (``envs.host``) the step plays on the host, a compiled call per turn, then runs
 the compiled update: it is not jittable as a whole.
 
 The update's batch, advantages and loss are in ``update`` (each episode's model tokens in
@@ -46,20 +46,17 @@ import optax
 
 from ppojax.checks import ConfigError
 from ppojax.engine.optim import clipped_adam
-from ppojax.rlhf.agents.env import TextEnv
-from ppojax.rlhf.agents.episodes import (
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.episodes import (
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
     env_faults,
     rollout_episodes,
 )
-from ppojax.rlhf.agents.host import HostRollout, runs_on_host
-from ppojax.rlhf.agents.one_turn import RewardFn, ScoredEpisodes, play_prompts
-from ppojax.rlhf.agents.turns import check_context, check_end_of_turn
-from ppojax.rlhf.agents.update import collect_episodes, episode_loss
-from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.core.objective import LossParts
+from ppojax.rlhf.core.prompts import ScoredEpisodes, play_prompts
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
 from ppojax.rlhf.core.trainer import (
     CriticApply,
@@ -75,6 +72,11 @@ from ppojax.rlhf.core.trainer import (
     reward_names,
     run_update,
 )
+from ppojax.rlhf.core.turns import check_context, check_end_of_turn
+from ppojax.rlhf.core.update import collect_episodes, episode_loss
+from ppojax.rlhf.envs.env import TextEnv
+from ppojax.rlhf.envs.host import runs_on_host
+from ppojax.rlhf.envs.one_turn import RewardFn
 
 
 class EpisodeTrainer(NamedTuple):
@@ -213,7 +215,7 @@ def make_episode_trainer(
     (``token_budget`` model tokens in all). ``kv_cache``: the model's hook with ``extend``;
     without one the rollout recomputes the whole context for every token. ``turn_weight``
     w in [0, 1] (may be traced): each model token of turn k gets (1 - w) * the episode
-    advantage + w * turn k's (MT-GRPO style, ``agents.credit``); None: episode-level only.
+    advantage + w * turn k's (MT-GRPO style, ``core.credit``); None: episode-level only.
     ``critic_apply`` (PPO, as ``make_trainer``'s): ``(params, tokens, mask) -> values [B,
     L]``; without critic params at init it reads the policy's (a value head). LoRA
     (``lora_rank``), the adaptive KL controller and ``critic_warmup_steps`` work as in

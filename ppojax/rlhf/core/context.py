@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.agents.env import Tokens
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
+from ppojax.rlhf.envs.env import Tokens
 
 
 class Context(NamedTuple):

@@ -27,13 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppojax.engine import losses
-from ppojax.rlhf.agents import calculator as calc
-from ppojax.rlhf.agents import guessing
-from ppojax.rlhf.agents.env import Tokens
-from ppojax.rlhf.agents.episodes import episode_stats
-from ppojax.rlhf.agents.host import runs_on_host
-from ppojax.rlhf.agents.turns import EpisodeLayout, Episodes, EpisodeSettings
+from ppojax.rlhf.core.episodes import episode_stats
 from ppojax.rlhf.core.sampling import PolicyApply
+from ppojax.rlhf.core.turns import EpisodeLayout, Episodes, EpisodeSettings
+from ppojax.rlhf.envs import calculator as calc
+from ppojax.rlhf.envs import guessing
+from ppojax.rlhf.envs.env import Tokens
+from ppojax.rlhf.envs.host import runs_on_host
 from ppojax.rlhf.post.sft import train_sft
 
 Script = Callable[[np.random.Generator, list[int], list[tuple[list[int], list[int]]]], list[int]]

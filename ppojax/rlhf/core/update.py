@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.engine import losses
-from ppojax.rlhf.agents.credit import (
+from ppojax.rlhf.core import advantages as adv
+from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.credit import (
     Slots,
     episode_token_rewards,
     mixed_advantages,
@@ -22,9 +24,7 @@ from ppojax.rlhf.agents.credit import (
     slot_gae,
     turn_advantages,
 )
-from ppojax.rlhf.agents.episodes import Episodes, previous_real
-from ppojax.rlhf.core import advantages as adv
-from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.episodes import Episodes, previous_real
 from ppojax.rlhf.core.kl import kl_estimate, reward_coef
 from ppojax.rlhf.core.logprobs import SplitPolicy, chunked_token_stats
 from ppojax.rlhf.core.objective import LossParts, assemble_loss

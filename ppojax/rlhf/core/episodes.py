@@ -23,9 +23,9 @@ Two decodings, the same tokens for the same key (up to float32 rounding in the l
 - full recomputation (``model`` a ``policy_apply``): one forward pass over all L columns per
   sampled position and per reply, max_turns * (R + 1) + 1 passes of [B, L].
 
-A Python env (``host.PythonTextEnv``) cannot run inside a program: ``rollout_episodes`` hands
-it to ``host.HostRollout``, which plays the same episodes a compiled call per turn. The pieces
-both share are in ``turns``.
+A Python env (``envs.host.PythonTextEnv``) cannot run inside a program: ``rollout_episodes``
+hands it to ``host_rollout.HostRollout``, which plays the same episodes a compiled call per
+turn. The pieces both share are in ``turns``.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.rlhf.agents.context import Context, cached_context, recomputed_context
-from ppojax.rlhf.agents.env import TextEnv, Tokens, check_observation, check_scalar
-from ppojax.rlhf.agents.host import env_raised_at, rollout_host_episodes, runs_on_host
-from ppojax.rlhf.agents.turns import (
+from ppojax.rlhf.core.context import Context, cached_context, recomputed_context
+from ppojax.rlhf.core.host_rollout import rollout_host_episodes
+from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
+from ppojax.rlhf.core.turns import (
     EpisodeLayout,
     Episodes,
     EpisodeSettings,
@@ -54,7 +54,8 @@ from ppojax.rlhf.agents.turns import (
     rollout_keys,
     sample_turn,
 )
-from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
+from ppojax.rlhf.envs.env import TextEnv, Tokens, check_observation, check_scalar
+from ppojax.rlhf.envs.host import env_raised_at, runs_on_host
 
 
 def select_rows(chosen: jax.Array, new: Any, old: Any) -> Any:
@@ -227,8 +228,8 @@ def rollout_episodes(
     reads once: its state after the prompt is copied to the group's rows. ``starts``: the
     groups' (env states, prompts) [batch_size / group_size, ...] to play from instead of
     resets (a one-turn task's given prompts). ``env_name`` names the env in errors
-    (default: its class). A Python env (``host.PythonTextEnv``) is played by
-    ``host.HostRollout`` instead, a compiled call per turn and the env on the host."""
+    (default: its class). A Python env (``envs.host.PythonTextEnv``) is played by
+    ``host_rollout.HostRollout`` instead, a compiled call per turn and the env on the host."""
     if runs_on_host(env):
         if starts is not None:
             raise ValueError("a Python env plays from its own resets: pass starts=None")

@@ -1,71 +1,24 @@
-"""One-turn text tasks: a set of prompts and a token reward, as episodes of one turn.
+"""Given prompts played as one-turn episodes and scored in a batch: ``make_trainer``'s step.
 
-    env = OneTurnEnv(prompts [K, P], prompt_mask [K, P], reward_fn)
-
-``reset`` draws one of the K left-padded prompts, uniformly with its key; ``step`` scores the
-model's one turn with ``reward_fn(prompts, prompt_mask, responses, response_mask) -> [B]``
-(the reward contract, called on a batch of one), replies nothing (``reply_len`` 0) and ends
-the episode. ``make_episode_trainer`` plays it with ``max_turns=1``.
-
-``make_trainer``'s step is the same episodes on the prompts it is given (``play_prompts``):
-each prompt starts a group of ``group_size`` episodes, and the responses are scored after the
-turn in one batch by all the reward functions (``score``), as a reward model scores best, with
-``reward_weights`` and ``missing_eos_penalty``. Both then learn through the one learn step.
+Each prompt starts a group of ``group_size`` episodes of a ``OneTurnEnv``
+(``ppojax.rlhf.envs.one_turn``) on those prompts (``play_prompts``), and the responses are
+scored after the turn in one batch by all the reward functions (``score``), as a reward model
+scores best, with ``reward_weights`` and ``missing_eos_penalty``. ``make_episode_trainer``
+plays a ``OneTurnEnv`` with ``max_turns=1``; both then learn through the one learn step.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.agents.env import Tokens
-from ppojax.rlhf.agents.episodes import rollout_episodes
-from ppojax.rlhf.agents.turns import Episodes, EpisodeSettings
 from ppojax.rlhf.core.config import RLHFConfig
+from ppojax.rlhf.core.episodes import rollout_episodes
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, Sequences
-
-RewardFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class OneTurnEnv:
-    """A JAX text env of one turn (see the module); its state is the prompt drawn.
-    ``reward_fn`` None: the turn's reward is 0, the trainer scoring the responses after."""
-
-    prompts: Any
-    prompt_mask: Any
-    reward_fn: RewardFn | None
-    reply_len: int = 0
-
-    @property
-    def prompt_len(self) -> int:
-        return int(self.prompts.shape[1])
-
-    def reset(self, key: jax.Array) -> tuple[Tokens, Tokens]:
-        """A prompt drawn uniformly from the K prompts; the state is that prompt."""
-        index = jax.random.randint(key, (), 0, self.prompts.shape[0])
-        prompts = jnp.asarray(self.prompts, jnp.int32)
-        prompt = Tokens(prompts[index], jnp.asarray(self.prompt_mask, bool)[index])
-        return prompt, prompt
-
-    def starts(self) -> tuple[Tokens, Tokens]:
-        """Every prompt in order, as ``reset`` would give it: (states, prompts) [K, ...]."""
-        prompts = Tokens(jnp.asarray(self.prompts, jnp.int32), jnp.asarray(self.prompt_mask, bool))
-        return prompts, prompts
-
-    def step(self, state: Tokens, response: Tokens) -> tuple[Tokens, Tokens, jax.Array, jax.Array]:
-        """The reward of the response to the prompt ``state``; no reply; done."""
-        reply = Tokens(jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool))
-        if self.reward_fn is None:
-            return state, reply, jnp.float32(0.0), jnp.bool_(True)
-        reward = self.reward_fn(
-            state.tokens[None], state.mask[None], response.tokens[None], response.mask[None]
-        )
-        return state, reply, jnp.asarray(reward, jnp.float32).reshape(()), jnp.bool_(True)
+from ppojax.rlhf.core.turns import Episodes, EpisodeSettings
+from ppojax.rlhf.envs.one_turn import OneTurnEnv, RewardFn
 
 
 class ScoredEpisodes(NamedTuple):

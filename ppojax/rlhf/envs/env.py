@@ -60,8 +60,8 @@ TextEnvFactory = Callable[..., TextEnv]
 _FACTORIES: dict[str, TextEnvFactory] = {}
 # The library's own ids: module and factory, imported on first use.
 BUILT_IN = {
-    "guessing": ("ppojax.rlhf.agents.guessing", "number_guessing"),
-    "calculator": ("ppojax.rlhf.agents.calculator", "calculator"),
+    "guessing": ("ppojax.rlhf.envs.guessing", "number_guessing"),
+    "calculator": ("ppojax.rlhf.envs.calculator", "calculator"),
 }
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppojax.rlhf.agents.env import Tokens
+from ppojax.rlhf.envs.env import Tokens
 
 PAD = 0
 BOS = 1
