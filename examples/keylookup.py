@@ -2,7 +2,7 @@
 worked example: key lookup").
 
     ppojax rlhf --env-module examples/keylookup.py --env keylookup --turns 4 --turn-len 3 \\
-        --sft-steps 300 --steps 100
+        --sft-steps 100 --sft-demos 64 --steps 300 --learning-rate 1e-3 --group-size 8
 
 Each episode hides a value in 0..max_value-1 under each of ``num_keys`` keys and asks for the
 sum of two of them. The prompt is BOS and the two keys; the values are never shown. A turn is
