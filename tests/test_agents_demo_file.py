@@ -59,7 +59,8 @@ def test_a_replay_reads_the_envs_prompt_replies_and_rewards_not_the_files(tmp_pa
     short = {"seed": 5, "turns": [[GET, KEY, EOS]]}  # its turns end before the episode
     path = write(tmp_path / "demos.jsonl", [right, "", wrong, short])
     settings = EpisodeSettings(4, 3, 1.0, k.PAD, EOS)
-    source = episode_demos.file_settings(path)
+    source, count = episode_demos.file_settings(path)
+    assert count == 3  # the blank line skipped
     demos = episode_demos.replay_file(source, env, "keylookup", settings, env.vocab_size)
     assert np.asarray(demos.rewards).tolist() == [[0, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
     assert np.asarray(demos.num_turns).tolist() == [3, 3, 1]

@@ -98,15 +98,11 @@ def parse_line(path: Path, number: int, text: str) -> dict[str, Any]:
     return line
 
 
-def file_settings(path: Path) -> dict[str, Any]:
-    """config.json's ``sft.demos_file`` for ``path``: its absolute path and sha256."""
-    _, digest = read_lines(path)
-    return {"path": str(Path(path).resolve()), "sha256": digest}
-
-
-def count(path: Path) -> int:
-    """The episodes ``path`` holds (its fields checked, the env not played)."""
-    return len(read_lines(path)[0])
+def file_settings(path: Path) -> tuple[dict[str, Any], int]:
+    """config.json's ``sft.demos_file`` for ``path`` (its absolute path and sha256) and the
+    episodes it holds, from one read (its fields checked, the env not played)."""
+    lines, digest = read_lines(path)
+    return {"path": str(Path(path).resolve()), "sha256": digest}, len(lines)
 
 
 def replay_file(

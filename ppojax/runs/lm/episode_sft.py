@@ -41,7 +41,7 @@ def add_sft_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="SFT steps on the env's demonstrations before RL (0: none); the env plays them "
-        "with its demonstrate() script (the built-in envs have one)",
+        "with its demonstrate() script (the built-in envs have one), or --sft-demos-file's",
     )
     parser.add_argument(
         "--sft-demos", type=int, help=f"demonstration episodes ({DEFAULTS['demos']})"
@@ -62,9 +62,11 @@ def add_sft_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def sft_settings(args: argparse.Namespace) -> dict[str, Any] | None:
-    """config.json's ``sft`` of the SFT flags (None without ``--sft-steps``); a
-    ``ValueError`` naming the flag for a count below 1, a rate not above 0, or an SFT flag
-    given without ``--sft-steps``."""
+    """config.json's ``sft`` of the SFT flags (None without ``--sft-steps``; with
+    ``--sft-demos-file``, ``demos`` its episode count and ``demos_file`` its path and sha256);
+    a ``ValueError`` naming the flag for a count below 1, a rate not above 0, an SFT flag
+    given without ``--sft-steps``, both ``--sft-demos`` and ``--sft-demos-file``, or a bad
+    line of the file (``episode_demos``)."""
     given = {name: getattr(args, f"sft_{name}") for name in (*DEFAULTS, "demos_file")}
     if args.sft_steps < 0:
         raise ValueError(f"--sft-steps must be at least 0, got {args.sft_steps}")
@@ -81,8 +83,7 @@ def sft_settings(args: argparse.Namespace) -> dict[str, Any] | None:
                 f"--sft-demos {given['demos']} and --sft-demos-file {source}: give one (the "
                 "file's lines are the demonstrations)"
             )
-        given["demos"] = episode_demos.count(source)
-        settings["demos_file"] = episode_demos.file_settings(source)
+        settings["demos_file"], given["demos"] = episode_demos.file_settings(source)
     for name, value in given.items():
         flag = f"--sft-{name.replace('_', '-')}"
         value = DEFAULTS[name] if value is None else value
@@ -94,7 +95,8 @@ def sft_settings(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def demonstrations(settings: dict[str, Any], prepared: Any) -> Episodes:
     """The demonstrations the run's ``sft`` settings ask of its env, in the trainer's episode
-    layout; a ``ValueError`` naming ``--sft-steps`` and the env for an env without a script,
+    layout: its script's, or ``sft.demos_file``'s lines replayed (``episode_demos``); a
+    ``ValueError`` naming ``--sft-steps`` and the env for an env without a script,
     a token budget (demonstrations play none), or a script's turn that does not fit."""
     env_id = settings["env"]["id"]
     turn = prepared.trainer.settings
