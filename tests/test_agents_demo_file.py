@@ -1,8 +1,8 @@
 """``ppojax rlhf --sft-demos-file FILE.jsonl``: demonstrations replayed from a file against
 the env (examples/keylookup.py), its rewards and replies the env's own; a run trained from
 one, resumed after its SFT, and resumed before it (the SFT trained again from the same file,
-or refused when the file changed or is gone); each bad line one error naming the file, the
-line and the field, exit 2 and no run folder."""
+or refused when the file changed or is gone); each bad line, and a Python env failing on
+one, one error naming the file, the line and the field, exit 2 and no run folder."""
 
 import hashlib
 import json
@@ -15,6 +15,7 @@ import pytest
 
 from ppojax.cli.commands import main
 from ppojax.envs.registry import import_env_modules
+from ppojax.rlhf.agents import PythonTextEnv, register_text_env
 from ppojax.rlhf.agents import env as env_module
 from ppojax.rlhf.agents.turns import EpisodeSettings
 from ppojax.runs.lm import episode_demos
@@ -74,6 +75,7 @@ def test_a_replay_reads_the_envs_prompt_replies_and_rewards_not_the_files(tmp_pa
     assert model == [False] * 3 + ([True] * 3 + [False]) * 3 + [False] * 4
 
 
+@pytest.mark.heavy
 def test_a_run_trains_from_a_file_and_resumes_or_refuses_a_changed_one(tmp_path, keylookup, capsys):
     path = write(tmp_path / "demos.jsonl", lines_of(keylookup, 16))
     out = tmp_path / "runs"
@@ -186,3 +188,39 @@ def test_a_bad_file_or_flag_is_one_error_and_no_run_folder(tmp_path, keylookup, 
         assert main([*argv, *flags]) == 2
         assert capsys.readouterr().err == f"ppojax rlhf: error: {message}\n"
     assert not out.exists()
+
+
+class Faulty(PythonTextEnv):
+    """A Python env that replies past its width to a turn of 3, and raises on a turn of 4
+    (the check before training steps a turn of EOS alone, which it answers well)."""
+
+    prompt_len, reply_len = 1, 1
+    vocab_size, pad_id, eos_id = 5, 0, 2
+
+    def reset(self, key):
+        return 0, [1]
+
+    def step(self, state, response):
+        if response[0] == 4:
+            raise RuntimeError("no such command")
+        return state, [1, 1] if response[0] == 3 else [1], 0.0, False
+
+
+@pytest.mark.parametrize(
+    "turn, message",
+    [
+        ([3, 2], "line 1: the env replied 2 token ids to turn 0, more than its reply_len 1"),
+        ([4, 2], "line 1: text env 'faulty' raised RuntimeError: no such command"),
+    ],
+)
+def test_a_python_env_failing_on_a_line_is_named_with_it(tmp_path, capsys, turn, message):
+    register_text_env("faulty", Faulty)
+    try:
+        path = write(tmp_path / "demos.jsonl", [{"seed": 0, "turns": [turn]}])
+        out = tmp_path / "runs"
+        argv = ["rlhf", "--env", "faulty", "--sft-steps", "2", "--sft-demos-file", str(path)]
+        assert main([*argv, *TINY, "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"ppojax rlhf: error: --sft-demos-file {path} {message}\n"
+        assert not out.exists()
+    finally:
+        env_module._FACTORIES.pop("faulty", None)

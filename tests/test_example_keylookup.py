@@ -63,6 +63,7 @@ def guide_command() -> list[str]:
     return words[2:]
 
 
+@pytest.mark.heavy
 def test_the_guides_command_runs_from_the_shell_at_a_few_steps(tmp_path):
     command = guide_command()
     assert command[:4] == ["--env-module", "examples/keylookup.py", "--env", "keylookup"]

@@ -221,6 +221,11 @@ def replay_line(
                 f"the episode after turn {index}: drop the turns after it"
             )
         state, reply, rewards[index], done = calls.step(state, response)
+        if len(reply) > layout.reply_len:  # a Python env's reply, past its own width
+            raise ValueError(
+                f"{where}: the env replied {len(reply)} token ids to turn {index}, more than "
+                f"its reply_len {layout.reply_len}"
+            )
         for ids, width in ((response, layout.turn_len), (reply, layout.reply_len)):
             more_tokens, more_mask = padded(ids, width, pad_id, left=False)
             tokens, mask = tokens + more_tokens, mask + more_mask
