@@ -152,6 +152,23 @@ def play_demo(
     return tokens, mask, model_mask + [False] * gap, rewards, len(history), done
 
 
+def episodes_of(rows: list[tuple]) -> Episodes:
+    """``Episodes`` of played rows (``play_demo``'s tuples), log-probs 0: no model sampled
+    them."""
+    tokens, mask, model_mask, rewards, turns, done = (
+        np.asarray(part) for part in zip(*rows, strict=True)
+    )
+    return Episodes(
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(mask, bool),
+        jnp.asarray(model_mask, bool),
+        jnp.zeros(tokens.shape, jnp.float32),
+        jnp.asarray(rewards, jnp.float32),
+        jnp.asarray(turns, jnp.int32),
+        jnp.asarray(done, bool),
+    )
+
+
 def play_demos(
     env: Any, script: Script, key: jax.Array, num_episodes: int, settings: EpisodeSettings
 ) -> Episodes:
@@ -170,18 +187,7 @@ def play_demos(
         rows.append(
             play_demo(calls, checked(script, settings), episode_key, layout, settings.pad_id)
         )
-    tokens, mask, model_mask, rewards, turns, done = (
-        np.asarray(part) for part in zip(*rows, strict=True)
-    )
-    return Episodes(
-        jnp.asarray(tokens, jnp.int32),
-        jnp.asarray(mask, bool),
-        jnp.asarray(model_mask, bool),
-        jnp.zeros(tokens.shape, jnp.float32),
-        jnp.asarray(rewards, jnp.float32),
-        jnp.asarray(turns, jnp.int32),
-        jnp.asarray(done, bool),
-    )
+    return episodes_of(rows)
 
 
 def checked(script: Script, settings: EpisodeSettings) -> Script:

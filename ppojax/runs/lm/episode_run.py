@@ -407,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.enter_context(run_lock(run_dir))  # before a resume reads anything
             settings = resumed_settings(run_dir, args.steps)
             prepared = prepare(settings)
+            if settings.get("sft") and not episode_sft.sft_done(run_dir):
+                # the SFT is trained again: its demonstrations checked before a write
+                demos = episode_sft.demonstrations(settings, prepared)
         else:
             settings = settings_from_args(args)
             prepared = prepare(settings)

@@ -1,5 +1,6 @@
 """SFT on a text env's demonstrations before RL, for ``ppojax rlhf --env ID --sft-steps N``:
-the env's script (``demos.env_script``) plays ``--sft-demos`` episodes, checked before the run
+the env's script (``demos.env_script``) plays ``--sft-demos`` episodes, or the episodes of
+``--sft-demos-file`` are replayed against the env (``episode_demos``), checked before the run
 folder is made; in the folder, ``train_on_demos`` trains the model from random weights on
 them, and RL starts from the SFT weights, the SFT model its reference.
 
@@ -23,6 +24,7 @@ from ppojax.rlhf.core.turns import Episodes
 from ppojax.rlhf.models.transformer import zero_value_head
 from ppojax.rlhf.post.demos import env_script, play_demos, train_on_demos
 from ppojax.runs import folder
+from ppojax.runs.lm import episode_demos
 
 SFT_FILE = "sft.json"
 # Each SFT flag's default when --sft-steps is given (benchmarks/agents_sft.py's batch and
@@ -39,10 +41,17 @@ def add_sft_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="SFT steps on the env's demonstrations before RL (0: none); the env plays them "
-        "with its demonstrate() script (the built-in envs have one)",
+        "with its demonstrate() script (the built-in envs have one), or --sft-demos-file's",
     )
     parser.add_argument(
         "--sft-demos", type=int, help=f"demonstration episodes ({DEFAULTS['demos']})"
+    )
+    parser.add_argument(
+        "--sft-demos-file",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="demonstrations from a file instead of the env's script: one episode a line, "
+        '{"seed": S, "turns": [[ids], ...]} (docs/rlhf.md), replayed against the env',
     )
     parser.add_argument(
         "--sft-batch-size", type=int, help=f"demonstrations per SFT step ({DEFAULTS['batch_size']})"
@@ -53,10 +62,12 @@ def add_sft_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def sft_settings(args: argparse.Namespace) -> dict[str, Any] | None:
-    """config.json's ``sft`` of the SFT flags (None without ``--sft-steps``); a
-    ``ValueError`` naming the flag for a count below 1, a rate not above 0, or an SFT flag
-    given without ``--sft-steps``."""
-    given = {name: getattr(args, f"sft_{name}") for name in DEFAULTS}
+    """config.json's ``sft`` of the SFT flags (None without ``--sft-steps``; with
+    ``--sft-demos-file``, ``demos`` its episode count and ``demos_file`` its path and sha256);
+    a ``ValueError`` naming the flag for a count below 1, a rate not above 0, an SFT flag
+    given without ``--sft-steps``, both ``--sft-demos`` and ``--sft-demos-file``, or a bad
+    line of the file (``episode_demos``)."""
+    given = {name: getattr(args, f"sft_{name}") for name in (*DEFAULTS, "demos_file")}
     if args.sft_steps < 0:
         raise ValueError(f"--sft-steps must be at least 0, got {args.sft_steps}")
     if not args.sft_steps:
@@ -65,6 +76,14 @@ def sft_settings(args: argparse.Namespace) -> dict[str, Any] | None:
             raise ValueError(f"{', '.join(extra)} set(s) up SFT: give --sft-steps N too")
         return None
     settings = {"steps": args.sft_steps}
+    source = given.pop("demos_file")
+    if source is not None:
+        if given["demos"] is not None:
+            raise ValueError(
+                f"--sft-demos {given['demos']} and --sft-demos-file {source}: give one (the "
+                "file's lines are the demonstrations)"
+            )
+        settings["demos_file"], given["demos"] = episode_demos.file_settings(source)
     for name, value in given.items():
         flag = f"--sft-{name.replace('_', '-')}"
         value = DEFAULTS[name] if value is None else value
@@ -76,9 +95,15 @@ def sft_settings(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def demonstrations(settings: dict[str, Any], prepared: Any) -> Episodes:
     """The demonstrations the run's ``sft`` settings ask of its env, in the trainer's episode
-    layout; a ``ValueError`` naming ``--sft-steps`` and the env for an env without a script,
+    layout: its script's, or ``sft.demos_file``'s lines replayed (``episode_demos``); a
+    ``ValueError`` naming ``--sft-steps`` and the env for an env without a script,
     a token budget (demonstrations play none), or a script's turn that does not fit."""
     env_id = settings["env"]["id"]
+    turn = prepared.trainer.settings
+    source = settings["sft"].get("demos_file")  # a folder from before the flag has none
+    if source is not None:
+        vocab_size = prepared.lm.config.vocab_size
+        return episode_demos.replay_file(source, prepared.env, env_id, turn, vocab_size)
     script = env_script(prepared.env)
     if script is None:
         raise ValueError(
@@ -86,7 +111,6 @@ def demonstrations(settings: dict[str, Any], prepared: Any) -> Episodes:
             "demonstrate(rng, prompt, history) -> response ids (docs/rlhf.md, SFT on "
             "demonstrations), or leave --sft-steps out"
         )
-    turn = prepared.trainer.settings
     if turn.token_budget is not None:
         raise ValueError("--sft-steps plays demonstrations without a token budget: leave out "
                          f"--token-budget {turn.token_budget}")  # fmt: skip
@@ -97,6 +121,14 @@ def demonstrations(settings: dict[str, Any], prepared: Any) -> Episodes:
         raise ValueError(f"--sft-steps: text env {env_id!r}'s demonstrate(): {error}") from None
 
 
+def sft_done(run_dir: Path) -> bool:
+    """Whether the folder ``run_dir`` has its SFT's record and a checkpoint after it: a
+    ``--resume`` of it trains no SFT and needs no demonstrations."""
+    saved = Path(run_dir) / folder.CHECKPOINT_DIR
+    has_checkpoint = any(step.name.isdigit() for step in saved.glob("*"))
+    return (Path(run_dir) / SFT_FILE).is_file() and has_checkpoint
+
+
 def trained_before_rl(
     settings: dict[str, Any], prepared: Any, run_dir: Path, demos: Episodes | None, evaluate: Any
 ) -> tuple[Any, dict[str, Any]]:
@@ -105,8 +137,7 @@ def trained_before_rl(
     checkpoint keeps its record and goes on from its checkpoint (``prepared`` as it is, the
     template it restores into); otherwise the SFT runs, on ``demos`` (None: played again)."""
     path = Path(run_dir) / SFT_FILE
-    saved = Path(run_dir) / folder.CHECKPOINT_DIR
-    if path.is_file() and any(step.name.isdigit() for step in saved.glob("*")):
+    if sft_done(run_dir):
         return prepared, folder.read_json(path)
     sft = settings["sft"]
     demos = demonstrations(settings, prepared) if demos is None else demos
