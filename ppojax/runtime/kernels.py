@@ -85,6 +85,7 @@ CANDIDATES = (
     "packed_steps",
     "flat_params",
     "elementwise_argmax",
+    "pallas_decode_attention",
 )
 CUDA_DEFAULTS = (
     "pallas_ppo_loss",
