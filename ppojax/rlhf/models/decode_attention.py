@@ -37,7 +37,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.models import attention
 from ppojax.runtime import kernels
 
@@ -176,7 +178,13 @@ def attend(
         compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=2),
         name="decode_attention",
     )
-    arrays = (grouped, keys, values, key_mask.astype(bool), jnp.reshape(start, (1,)).astype(jnp.int32))
+    arrays = (
+        grouped,
+        keys,
+        values,
+        key_mask.astype(bool),
+        jnp.reshape(start, (1,)).astype(jnp.int32),
+    )
     if interpret is None:
         # The platform the program is lowered for decides, not the machine that traces it.
         outputs = jax.lax.platform_dependent(
@@ -207,5 +215,20 @@ def attend_cached(
     def kernel(queries, keys, values, key_mask, start):
         return attend(queries, keys, values, key_mask, start, scores)
 
+    mesh = sharding.rows_mesh()
+    if mesh is not None:
+        # A Pallas call has no rule for XLA's partitioner, which would gather its operands
+        # whole onto every device (the cache too); each device runs it on its own rows.
+        devices = mesh.shape[sharding.DATA] * mesh.shape[sharding.FSDP]
+        if queries.shape[0] % devices:
+            return plain(queries, keys, values, key_mask, start)
+        rows = PartitionSpec((sharding.DATA, sharding.FSDP))
+        kernel = jax.shard_map(
+            kernel,
+            mesh=mesh,
+            in_specs=(rows,) * 4 + (PartitionSpec(),),
+            out_specs=rows,
+            check_vma=False,
+        )
     chosen = kernels.by_platform("pallas_decode_attention", plain, kernel)
     return chosen(queries, keys, values, key_mask, jnp.asarray(start))
