@@ -138,6 +138,12 @@ def stand_in(name: str) -> bool:
     return name not in _switches["plain"]
 
 
+def switches() -> tuple[frozenset[str], frozenset[str]]:
+    """The names turned off (``plain``) and chosen (``use``) now: what a cache of programs
+    traced under them keys on."""
+    return _switches["plain"], _switches["chosen"]
+
+
 def stand_ins_on() -> bool:
     """Whether programs traced now use every stand-in and CUDA default (the default)."""
     return not _switches["plain"]
