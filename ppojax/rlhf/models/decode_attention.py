@@ -22,12 +22,20 @@ Configurations it does not cover go to the plain form (``fits``): a cache length
 a multiple of 16 (a key block is a power of two of 16 to ``BLOCK_KEYS`` positions dividing
 it), a head size that is not a power of two of at least 16, more than one query a row. The
 group is padded to a power of two of at least 16 (Triton's products want 16 rows) by
-repeating its last query, whose copies are computed and not stored.
+repeating its last query (a gather of clamped indices); the copies compute the last query's
+numbers through the same instructions and are stored over its row with the same indices
+(a masked store of them is Triton's alone: Pallas's interpreter has none for such an index).
 
-Counted, not timed: on an H100's deviceless compile (benchmarks/decode_program.py) it cuts
-Qwen2.5-0.5B's sampling loop from 397 launches a token to the count in benchmarks/README.md;
-no GPU has run it. Lowered for any platform but CUDA it runs in Pallas's interpreter as plain
-XLA ops, for tests.
+Counted, not timed: no GPU has run it. On an H100's deviceless compile
+(benchmarks/decode_program.py, without autotuning) it cuts a decoded token of Qwen2.5-0.5B
+(64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 301 and 2.78 GB,
+and of Qwen2.5-7B from 518 launches and 23.5 GB to 406 and 22.6 GB; that count takes the
+kernel's operands whole, though it reads the cache only up to the token. Lowered for any
+platform but CUDA it runs in Pallas's interpreter as plain XLA ops, for tests.
+
+Inside a sharded step (``sharding.rows_on``) it runs in ``shard_map`` on each device's rows:
+XLA's partitioner has no rule for a Pallas call and would gather its operands, the cache
+too, whole onto every device.
 """
 
 from __future__ import annotations
