@@ -721,3 +721,23 @@ def test_pallas_decode_attention_runs_on_each_device_s_rows_of_a_sharded_step():
             sharded = jax.jit(lambda *x: attend(*x))(*operands)
     assert "shard_map" in traced and "pallas_call" in traced
     np.testing.assert_array_equal(sharded, alone)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_gemma2_decodes_through_pallas_decode_attention_with_its_softcap_and_window():
+    """The Gemma 2 fixture's decoder (scores capped at 1, a window of 4 positions on its first
+    layer, heads of 32, 4 query heads on 2 KV heads) decoding 3 tokens: the plain decoder's
+    logits, within the bound above."""
+    import json
+    from pathlib import Path
+
+    from ppojax.rlhf.models.config import parse_config
+
+    folder = Path(__file__).parent / "fixtures" / "hf" / "gemma2"
+    config = parse_config(json.loads((folder / "config.json").read_text()))
+    assert config.attn_softcap and config.layer_window(0) and not config.layer_window(1)
+    plain, _ = decode_logits(config)
+    with kernels.use("pallas_decode_attention"):
+        chosen, kernel_in = decode_logits(config)
+    assert kernel_in
+    assert_close(chosen, plain, ulps=256, scale=float(jnp.abs(plain).max()))
