@@ -522,3 +522,222 @@ def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
     assert not kernels.may_lower_for_cuda()
     alone = jax.jit(lambda config, key: ppojax.train(config, key)).lower(tiny_config, key)
     assert alone.as_text().count("stablehlo.case") == without.as_text().count("stablehlo.case")
+
+
+def decode_operands(dtype, length: int = 48, head_dim: int = 16, group: int = 3, seed: int = 0):
+    """One decoded token's queries [3, 1, 2 * group, head_dim] and a cache of ``length``
+    positions, 2 KV heads, in ``dtype`` (normal draws), and a key mask of ragged rows: left
+    padding of 0, 5 and 20 positions."""
+    keys = jax.random.split(jax.random.key(seed), 3)
+    queries = jax.random.normal(keys[0], (3, 1, 2 * group, head_dim)).astype(dtype)
+    cache = [jax.random.normal(key, (3, length, 2, head_dim)).astype(dtype) for key in keys[1:]]
+    key_mask = jnp.arange(length)[None, :] >= jnp.array([0, 5, 20])[:, None]
+    return queries, *cache, key_mask
+
+
+def interpreted_decode(queries, keys, values, key_mask, start, scores):
+    from ppojax.rlhf.models import decode_attention
+
+    def kernel(*operands):
+        return decode_attention.attend(*operands, scores, interpret=True)
+
+    return jax.jit(kernel)(queries, keys, values, key_mask, jnp.int32(start))
+
+
+# scale, softcap, window: a plain layer, Gemma 2's softcap, a window of 7 positions
+DECODE_SCORES = [(0.25, None, None), (0.25, 5.0, None), (0.25, None, 7)]
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("scale, softcap, window", DECODE_SCORES)
+@pytest.mark.parametrize("start", [0, 17, 47])
+def test_pallas_decode_attention_is_the_plain_attention_in_float32(scale, softcap, window, start):
+    """The kernel (Pallas's interpreter) against ``attention.attend`` for one query a row: a
+    group of 3 query heads a KV head (padded to 16 in the kernel), 3 rows of 0, 5 and 20
+    padding positions (at start 17 the last row sees its own key alone), 48 positions in 3
+    blocks of 16, the token first, in the middle and last."""
+    from ppojax.rlhf.models import attention
+
+    scores = attention.Scores(scale, softcap, window)
+    queries, keys, values, key_mask = decode_operands(jnp.float32)
+    out = interpreted_decode(queries, keys, values, key_mask, start, scores)
+    plain = attention.attend(queries, keys, values, key_mask, start, scores)
+    assert out.shape == plain.shape == (3, 1, 6 * 16) and out.dtype == jnp.float32
+    # Each output is a weighted mean of values (|v| < 5): the two sum the same terms in
+    # another order (over blocks, rescaled between them) and the weights' exponents differ by
+    # ulps of the scores (|s| < 4), a few ulps of the values' scale; measured <= 3 ulps of 1
+    assert_close(out, plain, ulps=32, scale=float(jnp.abs(values).max()))
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("scale, softcap, window", DECODE_SCORES)
+@pytest.mark.parametrize("start", [17, 47])
+def test_pallas_decode_attention_in_bfloat16_rounds_only_its_weights_and_output(
+    scale, softcap, window, start
+):
+    """In bfloat16 against the float32 attention of the same (rounded) operands: the kernel
+    rounds its weights (<= 1 a key) to bfloat16 before their product with the values, 2^-9
+    relative each, and its output, 2^-9 relative to |out| <= max |v|; its products and
+    softmax stay float32. So it is within 2^-8 max |v| (measured: 2^-9.6); the plain bfloat16
+    form also rounds the scores' product, and came within 2^-8.5."""
+    from ppojax.rlhf.models import attention
+
+    scores = attention.Scores(scale, softcap, window)
+    operands = decode_operands(jnp.bfloat16, seed=1)
+    out = interpreted_decode(*operands, start, scores)
+    assert out.dtype == jnp.bfloat16
+    wide = [x.astype(jnp.float32) for x in operands[:3]]
+    reference = attention.attend(*wide, operands[3], start, scores)
+    bound = 2.0**-8 * float(jnp.abs(wide[2]).max())
+    np.testing.assert_allclose(np.asarray(out, np.float32), reference, rtol=0, atol=bound)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_pallas_decode_attention_takes_a_group_of_16_and_blocks_of_64():
+    """A group already 16 wide (no padded queries) and 128 positions in 2 blocks of 64, head
+    size 32: the kernel's other shapes."""
+    from ppojax.rlhf.models import attention, decode_attention
+
+    assert decode_attention.key_block(128) == 64 and decode_attention.key_block(48) == 16
+    scores = attention.Scores(0.2)
+    operands = decode_operands(jnp.float32, length=128, head_dim=32, group=16, seed=2)
+    out = interpreted_decode(*operands, 100, scores)
+    plain = attention.attend(*operands, 100, scores)
+    assert_close(out, plain, ulps=32, scale=float(jnp.abs(operands[2]).max()))  # as above
+
+
+def decode_logits(config, tokens: int = 3, length: int = 32):
+    """Logits [tokens, B, V] of ``tokens`` tokens decoded one at a time through the KV cache
+    of a random float32 decoder of ``config``, after a left-padded prompt of 5 positions, and
+    whether the program holds a Pallas call."""
+    from ppojax.rlhf.models.decoder import Decoder, empty_cache
+
+    module = Decoder(config, jnp.float32)
+    prompt = jax.random.randint(jax.random.key(3), (2, 5), 0, config.vocab_size)
+    prompt_mask = jnp.array([[True] * 5, [False, False, True, True, True]])
+    params = module.init(jax.random.key(4), prompt, prompt_mask)
+
+    def run(params):
+        cache = empty_cache(config, 2, length, jnp.float32)
+        logits, cache = module.apply(params, prompt, prompt_mask, cache, 0)
+        steps = []
+        for index in range(tokens):
+            token = jnp.argmax(logits[:, -1], axis=-1)[:, None]
+            logits, cache = module.apply(params, token, jnp.ones((2, 1), bool), cache, 5 + index)
+            steps.append(logits[:, -1])
+        return jnp.stack(steps)
+
+    return jax.jit(run)(params), "pallas_call" in str(jax.make_jaxpr(run)(params))
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_the_decoder_decodes_through_pallas_decode_attention_as_through_the_plain_form():
+    """A Qwen2-shaped decoder (4 query heads on 2 KV heads of 16, GQA) decoding 3 tokens with
+    the candidate chosen gives the plain decoder's logits; a cache length without a key block
+    (40) or a head of 8 leaves the plain form in place, bit for bit."""
+    from ppojax.rlhf.models.config import parse_config
+
+    shape = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 64}
+    shape.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    shape.update(vocab_size=128, max_position_embeddings=64, eos_token_id=2)
+    config, narrow = parse_config(shape), parse_config({**shape, "hidden_size": 32})
+    plain, kernel_in_plain = decode_logits(config)
+    with kernels.use("pallas_decode_attention"):
+        chosen, kernel_in_chosen = decode_logits(config)
+        unfit = [decode_logits(config, length=40), decode_logits(narrow)]
+    assert kernel_in_chosen and not kernel_in_plain
+    # logits of order 1 through two layers: the attention's ulps (above) carried through the
+    # projections and norms, a few dozen ulps of the logits' scale
+    assert_close(chosen, plain, ulps=256, scale=float(jnp.abs(plain).max()))
+    for (logits, kernel_in), unchosen in zip(
+        unfit, [decode_logits(config, length=40), decode_logits(narrow)], strict=True
+    ):
+        assert not kernel_in
+        np.testing.assert_array_equal(logits, unchosen[0])
+
+
+def decode_program(platform: str | None) -> str:
+    """One decoded token of a small Qwen2-shaped decoder (as above) through a 32-position
+    cache, traced as a deviceless GPU compile traces it (``kernels.lowering_for_cuda``): its
+    StableHLO exported for ``platform``, or (None) its optimized CPU program."""
+    from ppojax.rlhf.models.config import parse_config
+    from ppojax.rlhf.models.decoder import Decoder, empty_cache
+
+    shape = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 64}
+    shape.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    shape.update(vocab_size=128, max_position_embeddings=64, eos_token_id=2)
+    config = parse_config(shape)
+    module = Decoder(config, jnp.float32)
+    token = jax.ShapeDtypeStruct((2, 1), jnp.int32)
+    params = jax.eval_shape(module.init, jax.random.key(0), token, jnp.ones((2, 1), bool))
+    cache = jax.eval_shape(lambda: empty_cache(config, 2, 32, jnp.float32))
+
+    def decode(params, token, cache, start):
+        return module.apply(params, token, jnp.ones((2, 1), bool), cache, start)
+
+    args = (params, token, cache, jax.ShapeDtypeStruct((), jnp.int32))
+    with kernels.lowering_for_cuda():
+        if platform is None:
+            return optimized_instructions(jax.jit(decode).lower(*args).compile())
+        return exported_text(decode, args, platform)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_pallas_decode_attention_is_the_default_only_for_cuda():
+    """Unchosen, "pallas_decode_attention" (a CUDA default) is a decoded token's attention
+    in programs lowered for CUDA, one Triton call a layer, and ``plain`` turns it off there;
+    lowered for the CPU the program holds neither the kernel nor its interpreter's loops, and
+    compiles to the program traced without it, instruction for instruction."""
+    assert "pallas_decode_attention" in kernels.CUDA_DEFAULTS
+    assert not kernels.stand_in("pallas_decode_attention")
+    assert decode_program("cuda").count(TRITON_CALL) == 2
+    cpu = decode_program("cpu")
+    assert cpu.count(TRITON_CALL) == 0 and cpu.count("stablehlo.while") == 0
+    with kernels.plain("pallas_decode_attention"):
+        assert decode_program("cuda").count(TRITON_CALL) == 0
+        without = decode_program(None)
+    assert decode_program(None) == without
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_pallas_decode_attention_runs_on_each_device_s_rows_of_a_sharded_step():
+    """Inside a sharded step (``sharding.rows_on``) the kernel runs under ``shard_map`` on
+    each device's rows, where XLA's partitioner would gather a Pallas call's operands whole;
+    here over a mesh of this machine's one device, the output as without the mesh."""
+    from ppojax.rlhf.core import sharding
+    from ppojax.rlhf.models import attention, decode_attention
+
+    scores = attention.Scores(0.25)
+    queries, keys, values, key_mask = decode_operands(jnp.float32)
+
+    def attend(*operands):  # a new function a trace: JAX caches traces by the function
+        return decode_attention.attend_cached(*operands, scores)
+
+    operands = (queries, keys, values, key_mask, 30)
+    with kernels.use("pallas_decode_attention"):
+        alone = jax.jit(attend)(*operands)
+        with sharding.rows_on(sharding.make_mesh(fsdp=1)):
+            traced = str(jax.make_jaxpr(lambda *x: attend(*x))(*operands))
+            sharded = jax.jit(lambda *x: attend(*x))(*operands)
+    assert "shard_map" in traced and "pallas_call" in traced
+    np.testing.assert_array_equal(sharded, alone)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_gemma2_decodes_through_pallas_decode_attention_with_its_softcap_and_window():
+    """The Gemma 2 fixture's decoder (scores capped at 1, a window of 4 positions on its first
+    layer, heads of 32, 4 query heads on 2 KV heads) decoding 3 tokens: the plain decoder's
+    logits, within the bound above."""
+    import json
+    from pathlib import Path
+
+    from ppojax.rlhf.models.config import parse_config
+
+    folder = Path(__file__).parent / "fixtures" / "hf" / "gemma2"
+    config = parse_config(json.loads((folder / "config.json").read_text()))
+    assert config.attn_softcap and config.layer_window(0) and not config.layer_window(1)
+    plain, _ = decode_logits(config)
+    with kernels.use("pallas_decode_attention"):
+        chosen, kernel_in = decode_logits(config)
+    assert kernel_in
+    assert_close(chosen, plain, ulps=256, scale=float(jnp.abs(plain).max()))

@@ -41,6 +41,7 @@ from ppojax.plan.targets import CHIPS
 from ppojax.rlhf.core.sharding import bytes_per_device
 from ppojax.rlhf.models.config import DecoderConfig
 from ppojax.rlhf.models.shapes import model_config
+from ppojax.runtime import kernels
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
@@ -138,13 +139,20 @@ class Plan:
         return report(self)
 
 
-@functools.lru_cache(maxsize=64)
 def measure(
     config: DecoderConfig, step: StepShape, target: str, devices: int
 ) -> tuple[Memory, int, int, tuple[Loop, ...], float, int]:
     """Memory, launches, bytes moved and top-level loops per device of ``step``'s compiled
     program, the compile's seconds and the bytes its collectives move (cached: a search asks
-    again for the same step)."""
+    again for the same step; a program traced under other kernels switches is another)."""
+    return measured(config, step, target, devices, kernels.switches())
+
+
+@functools.lru_cache(maxsize=64)
+def measured(
+    config: DecoderConfig, step: StepShape, target: str, devices: int, switches: tuple
+) -> tuple[Memory, int, int, tuple[Loop, ...], float, int]:
+    """``measure``'s compile, cached by its arguments and the kernels ``switches``."""
     from ppojax.runtime import launches
 
     check_step(step, config, devices)

@@ -45,7 +45,12 @@ computes what its plain form computes (tests/test_kernels.py):
   values and optimizer state);
 - "elementwise_argmax": a discrete action's argmax over at most 8 choices as elementwise
   compares (``ppojax.networks.distributions``), which fuse into the env step, instead of a
-  reduction kernel (the same index).
+  reduction kernel (the same index);
+- "pallas_decode_attention": a decoded token's attention over the LM's KV cache in one
+  Pallas kernel a row and KV head (``ppojax.rlhf.models.decode_attention``): scores, softmax
+  and weighted values on chip, the cache read up to the token's position, instead of XLA's
+  kernels for the scores' product, softmax's max, sum and division and the weighted values
+  (the same attention, its products accumulated in float32).
 
 ``CUDA_DEFAULTS`` are the candidates that programs lowered for CUDA use without being chosen,
 and only those programs: ``by_platform`` traces both forms and ``jax.lax.platform_dependent``
@@ -59,7 +64,10 @@ benchmarks/results/gpu_program.json). At 1 agent x 8192 envs, one update: "palla
 gone, the update's rest 81 -> 73 launches, the rollout 2,176 -> 912); "flat_params" and the
 loss's one reduction of all its outputs over the kernel's programs (``pallas_loss``)
 55 -> 37 launches per minibatch step; "elementwise_argmax" and 16 steps a trip the rollout
--> 704: 1,426 launches and 6.9 GB per update. The others cut neither by 10%. They stay
+-> 704: 1,426 launches and 6.9 GB per update. "pallas_decode_attention" cut a decoded token of
+Qwen2.5-0.5B (64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 301
+and 2.78 GB, and of Qwen2.5-7B from 518 to 406 launches (``benchmarks/decode_program.py``).
+The others cut neither by 10%. They stay
 CUDA's alone because their count is a GPU's; on the CPU the plain program stays the one every
 CPU result and test was made with. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns one off
 for CUDA too.
@@ -85,6 +93,7 @@ CANDIDATES = (
     "packed_steps",
     "flat_params",
     "elementwise_argmax",
+    "pallas_decode_attention",
 )
 CUDA_DEFAULTS = (
     "pallas_ppo_loss",
@@ -92,6 +101,7 @@ CUDA_DEFAULTS = (
     "packed_steps",
     "flat_params",
     "elementwise_argmax",
+    "pallas_decode_attention",
 )
 
 
@@ -126,6 +136,12 @@ def stand_in(name: str) -> bool:
     if name not in STAND_INS:
         raise ValueError(f"no stand-in named {name!r}; they are {STAND_INS + CANDIDATES}")
     return name not in _switches["plain"]
+
+
+def switches() -> tuple[frozenset[str], frozenset[str]]:
+    """The names turned off (``plain``) and chosen (``use``) now: what a cache of programs
+    traced under them keys on."""
+    return _switches["plain"], _switches["chosen"]
 
 
 def stand_ins_on() -> bool:

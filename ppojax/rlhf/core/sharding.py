@@ -141,6 +141,11 @@ def rows_on(mesh: Mesh | None) -> Iterator[None]:
         _ROWS_MESH.reset(token)
 
 
+def rows_mesh() -> Mesh | None:
+    """The mesh of ``rows_on`` while it is open, else None."""
+    return _ROWS_MESH.get()
+
+
 def rows_split(tree: Any) -> Any:
     """Inside jit: every leaf of ``tree`` split along its rows (first axis) over the mesh of
     ``rows_on``, as the prompts are; ``tree`` as it is outside one. Without it XLA's
