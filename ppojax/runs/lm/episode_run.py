@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     episode_sft.add_sft_flags(parser)
     helps = {name: f"default {value!r} (this form's)" for name, value in DEFAULTS.items()}
+    for name in set(DEFAULTS) - set(PRETRAINED_DEFAULTS):
+        helps[name] = f"default {DEFAULTS[name]!r} (this form's; with --model, RLHFConfig's)"
     add_config_flags(parser, ENV_FIELDS, helps)
     return parser
 
