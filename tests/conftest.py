@@ -21,6 +21,7 @@ os.environ.setdefault("PPOJAX_NO_COMPILE_CACHE", "1")
 HOST_MODULES = {
     "test_agents_cli.py",
     "test_agents_env_module.py",
+    "test_agents_model_cli.py",
     "test_cli.py",
     "test_docs.py",
     "test_io.py",

@@ -16,7 +16,7 @@ from ppojax.rlhf.core.episodes import EpisodeSettings
 from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.envs import calculator as c
 from ppojax.rlhf.envs.chat import ChatFormat
-from ppojax.rlhf.envs.env import make_text_env
+from ppojax.rlhf.envs.env import make_text_env, success_rule
 from ppojax.rlhf.envs.host import ToolError
 from ppojax.rlhf.models.tokenizer import Tokenizer
 
@@ -125,6 +125,7 @@ def test_the_calculator_over_a_chat_template_by_hand():
         f"<|im_start|>user\n{a}+{b}<|im_end|>\n<|im_start|>assistant\n"
     )
     assert len(prompt) == env.prompt_len and env.eos_id == chat.eot_id == tokenizer.eos_id
+    assert success_rule(env).says == "return >= 1"  # the calculator's, through the template
     turn = chat.encode(f"{a}+{b}=") + [chat.eot_id]
     called, reply, reward, done = env.step(state, turn)
     assert tokenizer.decode(reply) == QWEN_REPLY.format(a + b) and (reward, done) == (0.0, False)

@@ -48,8 +48,8 @@ def test_the_episode_form_is_picked_by_its_flags_and_refuses_a_mix(tmp_path, cap
     mixes = (
         (["--env", "guessing", "--task", "reversal", "--small"], "--task, --small are flags "
          "of the task form and --env of the episode form"),
-        (["--env", "guessing", "--model", "m", "--prompts", "p.jsonl"], "--model, --prompts "
-         "are flags of the model form and --env of the episode form"),
+        (["--env", "guessing", "--model", "m", "--prompts", "p.jsonl"], "--prompts is a flag "
+         "of the model form and --env, --model of the episode form"),
         (["--task", "reversal", "--model", "m", "--turns", "3"], "--task is a flag of the task "
          "form and --model of the model form and --turns of the episode form"),
     )  # fmt: skip

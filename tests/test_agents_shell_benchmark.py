@@ -30,3 +30,37 @@ def test_the_toy_run_writes_each_runs_command_and_held_out_rows(tmp_path):
     table = run_benchmark("agents_shell", "--table", "--out", str(out)).stdout
     assert table.splitlines()[0].startswith("| env | seed | success at step 0 |")
     assert table in done.stdout
+
+
+# Stands in for each ``ppojax rlhf`` process: prints its command and fails, so that the
+# script stops at its first run having shown the flags it passes.
+PRINT_COMMAND = """
+import subprocess
+class Failed:
+    returncode, stdout, stderr = 1, "", "stopped by the test"
+def run(command, **kwargs):
+    print(" ".join(command[3:]))  # after python -m ppojax
+    return Failed
+subprocess.run = run
+"""
+
+
+@pytest.mark.parametrize("toy", [False, True])
+def test_algorithm_ppo_runs_ppo_with_a_critic_at_agents_sfts_ppo_sizes(toy):
+    """--algorithm ppo's runs parse, flag by flag as ppojax rlhf reads them (a later flag
+    wins), to PPO with a warmed-up critic and one episode per reset, as many a step as GRPO's
+    8 x 8 (the toy: its own few)."""
+    from ppojax.runs.lm import episode_run
+
+    extra = ["--toy"] if toy else []
+    shown = run_benchmark("agents_shell", "--algorithm", "ppo", *extra, before=PRINT_COMMAND,
+                          check=False)  # fmt: skip
+    assert shown.returncode != 0 and "stopped by the test" in shown.stderr
+    flags = shown.stdout.splitlines()[0].split()[1:]  # after "rlhf"
+    args = episode_run.build_parser().parse_args(flags)
+    assert (args.env, args.algorithm, args.group_size) == ("guessing", "ppo", 1)
+    assert args.critic_warmup_steps == (1 if toy else 10)
+    assert args.batch_size == (2 if toy else 64)
+    grpo = run_benchmark("agents_shell", *extra, before=PRINT_COMMAND, check=False)
+    args = episode_run.build_parser().parse_args(grpo.stdout.splitlines()[0].split()[1:])
+    assert args.algorithm is None and args.group_size == (2 if toy else 8)  # the form's grpo

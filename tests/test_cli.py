@@ -479,7 +479,8 @@ def test_rlhf_help_names_every_form_and_each_forms_help_its_own(capsys):
     sections = {part.split(":\n")[0]: part for part in shown.split("\n\n")}
     assert "--task {sorting,reversal}" in sections["task form only"]
     assert "--small" in sections["task form only"]
-    assert "--model FOLDER" in sections["model form only"]
+    both = sections["model and episode forms (the episode form's with --env)"]
+    assert "--model FOLDER" in both and "--dtype" in both
     assert "--reward MODULE:FUNCTION" in sections["model form only"]
     assert "--env ID" in sections["episode form only"]
     assert "guessing" in sections["episode form only"] and "--turns" in shown
@@ -505,7 +506,8 @@ def test_rlhf_picks_its_form_by_the_flags_and_refuses_a_mix(tmp_path, capsys):
     own = rlhf.own_flags(rlhf.form_parsers())
     assert own["task"] == {"--task", "--rm-steps", "--small"}
     assert "--sft-steps" not in own["episode"]  # the task and episode forms share it
-    assert {"--model", "--prompts", "--reward", "--response-len"} <= own["model"]
+    assert {"--prompts", "--reward", "--response-len"} <= own["model"]
+    assert "--model" in rlhf.BOTH  # the model and episode forms share it
     assert rlhf.choose_form(["--steps", "4", "--kl-coef", "0.1"], own) == "task"  # the default
     assert rlhf.choose_form(["--task=reversal"], own) == "task"
     assert rlhf.choose_form(["--model", "m", "--prompts", "p.jsonl"], own) == "model"

@@ -301,6 +301,15 @@ def test_the_shell_agents_table_in_the_rlhf_guide_is_the_result_files():
     assert table in guide.read_text(), f"{guide}: rerun `python benchmarks/agents_shell.py --table`"
 
 
+def test_the_shell_agents_ppo_table_in_the_rlhf_guide_is_the_result_files():
+    table = run_benchmark("agents_shell", "--algorithm", "ppo", "--table").stdout.strip()
+    assert table.startswith("| env | seed | success at step 0 | after SFT | after RL |")
+    guide = ROOT / "docs" / "rlhf.md"
+    assert table in guide.read_text(), (
+        f"{guide}: rerun `python benchmarks/agents_shell.py --algorithm ppo --table`"
+    )
+
+
 def test_the_precision_table_in_the_rlhf_guide_is_the_result_file_s():
     table = run_benchmark("precision", "--table").stdout.strip()
     assert table.startswith("| run | state | compute | first 10 steps |")

@@ -2,14 +2,16 @@
 
     ppojax rlhf --task sorting|reversal [options]                   the task form (the default)
     ppojax rlhf --model FOLDER --prompts FILE.jsonl --reward M:F    the model form
-    ppojax rlhf --env ID [options]                                  the episode form
+    ppojax rlhf --env ID [--model FOLDER] [options]                 the episode form
 
 The task form trains the built-in model on a digit task (``ppojax.runs.lm.task_run``); the
 model form trains a Hugging Face folder on a prompt file (``ppojax.cli.text``); the episode
-form trains the built-in model from random weights on multi-turn episodes of a text env
-(``ppojax.runs.lm.episode_run``). A flag that only one form has (``--model``, ``--prompts``,
-...; ``--task``, ``--small``, ...; ``--env``, ``--turns``, ...) picks that form, and flags of
-two forms are an error naming them. With none, ``--resume RUN_DIR`` follows what made the
+form trains the built-in model from random weights, or a Hugging Face folder (``--model``), on
+multi-turn episodes of a text env (``ppojax.runs.lm.episode_run``). A flag that only one form
+has (``--prompts``, ...; ``--task``, ``--small``, ...; ``--env``, ``--turns``, ...) picks that
+form, and flags of two forms are an error naming them. ``--model`` and ``--dtype``, which the
+model and episode forms share (``BOTH``), count as the episode form's when ``--env`` is given
+and as the model form's otherwise. With none, ``--resume RUN_DIR`` follows what made the
 folder, and anything else is the task form. Every form takes the run flags and every
 ``RLHFConfig`` field. ``--help`` shows every form, or one form's options when a flag of that
 form comes with it."""
@@ -25,9 +27,12 @@ from pathlib import Path
 from ppojax.rlhf.core.config import config_names
 
 FORMS = ("task", "model", "episode")
+# The flags of the model and episode forms both: the episode form's when --env is given.
+BOTH = ("--model", "--dtype")
 USAGE = """ppojax rlhf [--task {sorting,reversal}] [options]
        ppojax rlhf --model FOLDER --prompts FILE.jsonl --reward MODULE:FUNCTION [options]
        ppojax rlhf --env ID [--env-module MODULE] [--sft-steps N] [--turns N] [options]
+       ppojax rlhf --env ID --model FOLDER [--dtype bfloat16] [options]
        ppojax rlhf --resume RUN_DIR"""
 DESCRIPTION = """\
 PPO, GRPO or RLOO for language models, in one of three forms:
@@ -36,7 +41,8 @@ PPO, GRPO or RLOO for language models, in one of three forms:
   model form    a Hugging Face folder on a JSONL file of prompts, scored by text rewards
                 (--reward) and/or a reward model (--reward-model)
   episode form  the built-in model, from random weights (or SFT on the env's demonstrations,
-                --sft-steps), on multi-turn episodes of a text env
+                --sft-steps), or a Hugging Face folder (--model, an env over text through
+                its chat template), on multi-turn episodes of a text env
                 (--env: {ids}, or one that --env-module registers)
 The form is the one whose own flags are given (below); flags of two forms are an error.
 --resume RUN_DIR continues a run folder of any form. ppojax rlhf --task sorting --help,
@@ -71,13 +77,24 @@ def flags_in(argv: Sequence[str]) -> list[str]:
     return [word.split("=", 1)[0] for word in argv if word.startswith("--")]
 
 
+def given_flags(argv: Sequence[str], own: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each form's flags in ``argv``: its own, and ``BOTH``'s for the episode form when
+    ``--env`` is given, else for the model form."""
+    flags = flags_in(argv)
+    shares = "episode" if "--env" in flags else "model"
+    return {
+        form: [f for f in flags if f in own[form] or (form == shares and f in BOTH)]
+        for form in FORMS
+    }
+
+
 def choose_form(argv: Sequence[str], own: dict[str, set[str]]) -> str:
     """ "task", "model" or "episode" for ``argv``; a ``ValueError`` naming the flags when it
     mixes two forms', or gives the model form's without ``--model`` or the episode form's
     without ``--env`` (either without ``--resume``)."""
     from ppojax.cli.text_checks import is_model_run
 
-    given = {form: [flag for flag in flags_in(argv) if flag in own[form]] for form in FORMS}
+    given = given_flags(argv, own)
     mixed = [form for form in FORMS if given[form]]
     if len(mixed) > 1:
         parts = [f"{', '.join(given[form])} of the {form} form" for form in mixed]
@@ -153,6 +170,12 @@ def help_text(parsers: dict[str, argparse.ArgumentParser], own: dict[str, set[st
             action = copy.copy(action)
             action.help = "; ".join(f"{form} form: {text}" for form, text in helps.items())
         shared.append(action)
+    both = []
+    for flag in BOTH:
+        action = copy.copy(actions["episode"][flag])
+        action.help = "; ".join(f"{form} form: {actions[form][flag].help}"
+                                for form in ("model", "episode"))  # fmt: skip
+        both.append(action)
     formatter = argparse.RawDescriptionHelpFormatter("ppojax rlhf")
     formatter.add_usage(USAGE, [], [])
     formatter.add_text(DESCRIPTION.format(ids=", ".join(text_env_ids())))
@@ -161,6 +184,7 @@ def help_text(parsers: dict[str, argparse.ArgumentParser], own: dict[str, set[st
         for form in FORMS
     ]
     sections += [
+        ("model and episode forms (the episode form's with --env)", both),
         ("every form", shared),
         ("every form: RLHFConfig fields (unset: the field's default, or the form's)", config),
     ]
@@ -183,7 +207,7 @@ def main(argv: Sequence[str]) -> int:
     own = own_flags(parsers)
     try:
         form = choose_form(argv, own)
-        if ("-h" in argv or "--help" in argv) and not set(flags_in(argv)) & own[form]:
+        if ("-h" in argv or "--help" in argv) and not given_flags(argv, own)[form]:
             sys.stdout.write(help_text(parsers, own))
             raise SystemExit(0)  # as argparse's --help does
         if form == "model":

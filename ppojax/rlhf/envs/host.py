@@ -15,7 +15,8 @@ finite, at any turn) becomes a ``HostEnvError`` naming the env, the turn and the
 for what it raised, the file and line of the env's code that raised (``env_raised_at``).
 
 ``ChatEnv(env, chat, prompt_len, reply_len)`` is a Python env over text, its tokens a model's
-own (``chat`` a ``chat.ChatFormat``): ``env.reset_text(key)`` gives the state and the prompt (a
+own (``chat`` a ``chat.ChatFormat``), its success the text env's (``success``,
+``success_return``): ``env.reset_text(key)`` gives the state and the prompt (a
 str, one user message, or a list of messages); ``env.step_text(state, text)`` gets the decoded
 text of the model's turn (before its end-of-turn token) and returns the state, the reply text,
 the reward and ``done``. The prompt and each reply go through the chat template
@@ -141,6 +142,9 @@ class ChatEnv(PythonTextEnv):
         self.prompt_len, self.reply_len = prompt_len, reply_len
         self.eos_id = chat.eot_id
         self.env_name = f"{type(env).__name__} (chat template)"
+        for name in ("success", "success_return"):  # the text env's own rule of success
+            if getattr(env, name, None) is not None:
+                setattr(self, name, getattr(env, name))
 
     def reset(self, key: jax.Array) -> tuple[ChatState, list[int]]:
         """The text env's state and prompt, the prompt rendered up to the first assistant

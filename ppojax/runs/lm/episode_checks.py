@@ -64,13 +64,15 @@ def factory_arguments(env_id: str) -> list[str] | None:
     return [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
 
 
-def build_env(env_id: str, env_args: dict[str, Any], turns: int) -> Any:
+def build_env(env_id: str, env_args: dict[str, Any], turns: int, chat: Any = None) -> Any:
     """The env ``make_text_env(env_id, **env_args)``, its factory's ``max_turns`` set to
-    ``turns`` when it takes one and ``env_args`` leaves it; a ``ValueError`` for an unknown
-    id, an argument the factory does not take, a ``max_turns`` unlike ``turns``, or one the
-    factory refuses."""
+    ``turns`` when it takes one and ``env_args`` leaves it, and ``chat`` (a ``ChatFormat``,
+    for ``--model``) given as its ``chat``; a ``ValueError`` for an unknown id, an argument the
+    factory does not take, a ``max_turns`` unlike ``turns``, or one the factory refuses."""
     names = factory_arguments(env_id)
     kwargs = dict(env_args)
+    if "chat" in kwargs:
+        raise ValueError("--env-arg chat: --model FOLDER gives the env its chat template")
     if names is not None:
         for name in kwargs:
             if name not in names:
@@ -83,6 +85,8 @@ def build_env(env_id: str, env_args: dict[str, Any], turns: int) -> Any:
         )
     if names is None or "max_turns" in names:
         kwargs["max_turns"] = turns
+    if chat is not None:
+        kwargs["chat"] = chat
     try:
         return make_text_env(env_id, **kwargs)
     except (TypeError, ValueError) as error:

@@ -1,11 +1,12 @@
-"""``ppojax rlhf``'s episode form: the built-in transformer, from random weights, trained with
-GRPO, RLOO or PPO on multi-turn episodes of a text env (``ppojax.rlhf.envs``) into a run
-folder.
+"""``ppojax rlhf``'s episode form: the built-in transformer, from random weights, or a Hugging
+Face folder (``--model``), trained with GRPO, RLOO or PPO on multi-turn episodes of a text env
+(``ppojax.rlhf.envs``) into a run folder.
 
     ppojax rlhf --env guessing --env-arg num_values=4 --turns 2 --steps 300
     ppojax rlhf --env calculator --env-arg num_digits=1 --turns 2 --turn-len 4 --algorithm ppo
     ppojax rlhf --resume runs/rlhf-guessing-grpo-<time> [--steps 600]
     ppojax rlhf --env-module my_env.py --env mine --sft-steps 200 --steps 100
+    ppojax rlhf --env calculator --model path/to/Qwen2.5-0.5B-Instruct --turn-len 16
 
 A JAX env plays inside the compiled chunks of ``ppojax.runs.loop``; a Python env (the
 calculator) is stepped on the host (``HostRollout``), the loop calling the step once per step.
@@ -17,6 +18,13 @@ truncated share of ``--eval-episodes`` episodes at step 0, after SFT (``--sft-st
 ``episode_sft``) and after training, success by the env's own rule (``env.success_rule``).
 ``--env-module`` imports a module that registers text envs; config.json keeps it for
 ``--resume``.
+
+With ``--model FOLDER`` the env is one over text (its factory takes ``chat``, a
+``ChatFormat``, and returns a ``ChatEnv``: the calculator's does), built through the folder's
+tokenizer and chat template; the policy (and PPO's critic, with a value head at 0) starts
+from the folder's weights, in ``--dtype``, and the trained policy is saved as a Hugging Face
+folder in ``final/``. config.json keeps the folder's absolute path (``model.folder``) for
+``--resume``. A JAX token env has no text form: ``--model`` with one is refused.
 """
 
 from __future__ import annotations
@@ -41,9 +49,10 @@ from ppojax.rlhf.core.episodes import EnvOutputError, check_env_faults, rollout_
 from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.core.trainer import RLHFState, policy_params_fn
 from ppojax.rlhf.core.turns import EpisodeLayout, EpisodeSettings, model_context
+from ppojax.rlhf.envs.chat import ChatFormat
 from ppojax.rlhf.envs.env import success_rule, text_env_ids
 from ppojax.rlhf.envs.host import HostEnvError, runs_on_host
-from ppojax.rlhf.models.transformer import LanguageModel, transformer, zero_value_head
+from ppojax.rlhf.models.transformer import transformer, zero_value_head
 from ppojax.runs import folder
 from ppojax.runs.lm import episode_checks as checks
 from ppojax.runs.lm import episode_sft
@@ -65,6 +74,12 @@ DEFAULTS = dict(
     learning_rate=3e-3,
     kl_coef=0.0,
 )
+# The built-in transformer's size without --d-model, --num-heads, --num-layers.
+SIZE = {"d_model": 32, "num_heads": 2, "num_layers": 1}
+# --dtype's choices, the model form's: the --model's params and compute.
+DTYPES = ("float32", "bfloat16")
+# With --model, the learning rate and KL penalty are RLHFConfig's, made for a trained model.
+PRETRAINED_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k not in ("learning_rate", "kl_coef")}
 BAR_METRICS = ("episodes/return", "episodes/turns")
 # What config.json holds.
 SECTIONS = ("rlhf", "env", "episodes", "model", "run")
@@ -108,9 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="play the held-out episodes greedily (argmax tokens) instead of sampling them",
     )
-    parser.add_argument("--d-model", type=int, default=32, help="the model's width (32)")
-    parser.add_argument("--num-heads", type=int, default=2, help="attention heads (2)")
-    parser.add_argument("--num-layers", type=int, default=1, help="transformer layers (1)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        metavar="FOLDER",
+        help="train this Hugging Face folder instead of the built-in transformer: the env "
+        "(one over text, its factory taking chat=, as the calculator's) plays through its "
+        "tokenizer and chat template; final/ holds the trained model",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="with --model: its params and compute (float32); bfloat16 trains float32 masters",
+    )
+    parser.add_argument("--d-model", type=int, help="the built-in model's width (32)")
+    parser.add_argument("--num-heads", type=int, help="the built-in model's attention heads (2)")
+    parser.add_argument("--num-layers", type=int, help="the built-in model's layers (1)")
     parser.add_argument("--steps", type=int, help="RL steps (200)")
     parser.add_argument(
         "--batch-size",
@@ -131,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     episode_sft.add_sft_flags(parser)
     helps = {name: f"default {value!r} (this form's)" for name, value in DEFAULTS.items()}
+    for name in set(DEFAULTS) - set(PRETRAINED_DEFAULTS):
+        helps[name] = f"default {DEFAULTS[name]!r} (this form's; with --model, RLHFConfig's)"
     add_config_flags(parser, ENV_FIELDS, helps)
     return parser
 
@@ -138,14 +168,55 @@ def build_parser() -> argparse.ArgumentParser:
 def check_counts(args: argparse.Namespace) -> None:
     """A ``ValueError`` naming the flag for a count below 1 or a width heads do not divide."""
     counts = "steps batch_size checkpoint_every turns turn_len eval_episodes token_budget"
-    for name in (*counts.split(), "d_model", "num_heads", "num_layers"):
+    for name in (*counts.split(), *SIZE):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if args.d_model % args.num_heads:
+    size = model_size(args)
+    if size["d_model"] % size["num_heads"]:
         raise ValueError(
-            f"--d-model {args.d_model} must be a multiple of --num-heads {args.num_heads}"
+            f"--d-model {size['d_model']} must be a multiple of --num-heads {size['num_heads']}"
         )
+
+
+def model_size(args: argparse.Namespace) -> dict[str, int]:
+    """The built-in transformer's size: the flags given, ``SIZE`` for the rest."""
+    return {name: SIZE[name] if getattr(args, name) is None else getattr(args, name)
+            for name in SIZE}  # fmt: skip
+
+
+def check_model_flags(args: argparse.Namespace) -> None:
+    """A ``ValueError`` naming the flags for a ``--model`` beside the built-in model's size,
+    ``--sft-steps``, or a token env; or a ``--dtype`` without ``--model``; or a ``--model``
+    that is no folder."""
+    if args.model is None:
+        if args.dtype is not None:
+            raise ValueError(
+                f"--dtype {args.dtype} is the --model's dtype; the built-in transformer "
+                "trains in float32: give --model FOLDER, or drop --dtype"
+            )
+        return
+    sized = [f"--{name.replace('_', '-')}" for name in SIZE if getattr(args, name) is not None]
+    if sized:
+        raise ValueError(
+            f"{', '.join(sized)} size{'s' if len(sized) == 1 else ''} the built-in transformer; "
+            f"--model {args.model} brings its own: drop {', '.join(sized)}"
+        )
+    if args.sft_steps:
+        raise ValueError(
+            "--sft-steps trains the built-in transformer on an env's demonstrations; with "
+            f"--model {args.model} the episode form runs RL only: drop --sft-steps (or SFT "
+            "the folder first with ppojax sft)"
+        )
+    names = checks.factory_arguments(args.env)
+    if names is not None and "chat" not in names:
+        raise ValueError(
+            f"--model trains a Hugging Face folder on an env over text, through its chat "
+            f"template; --env {args.env} is a token env (its factory takes no chat=): drop "
+            "--model to train the built-in transformer on it"
+        )
+    if not args.model.is_dir():
+        raise ValueError(f"--model {args.model}: no such folder (a Hugging Face model folder)")
 
 
 def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,16 +226,22 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.env is None:
         raise ValueError(f"give --env ID, a text env: {', '.join(text_env_ids())}")
     check_counts(args)
+    check_model_flags(args)
     env_args = checks.parse_env_args(args.env_arg)
-    env = checks.build_env(args.env, env_args, args.turns)
-    vocab = checks.vocabulary(args.env, env)
+    if args.model is None:
+        vocab = checks.vocabulary(args.env, checks.build_env(args.env, env_args, args.turns))
+        model = model_size(args)
+    else:
+        vocab = chat_vocabulary(ChatFormat(load_tokenizer(args.model)))
+        model = {"folder": str(args.model.resolve()), "dtype": args.dtype or "float32"}
     chosen = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(RLHFConfig)
         if f.name not in ENV_FIELDS and getattr(args, f.name) is not None
     }
+    defaults = DEFAULTS if args.model is None else PRETRAINED_DEFAULTS
     config = RLHFConfig(
-        **{**DEFAULTS, **chosen},
+        **{**defaults, **chosen},
         pad_id=vocab.pad_id,
         eos_id=vocab.eos_id,
         response_len=args.turn_len,
@@ -182,11 +259,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
             "eval_episodes": args.eval_episodes,
             "eval_greedy": args.eval_greedy,
         },
-        "model": {
-            "d_model": args.d_model,
-            "num_heads": args.num_heads,
-            "num_layers": args.num_layers,
-        },
+        "model": model,
         "run": {
             "steps": 200 if args.steps is None else args.steps,
             "batch_size": args.batch_size,
@@ -197,22 +270,62 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def load_tokenizer(model: Path) -> Any:
+    """The tokenizer (and chat template) of the Hugging Face folder ``model``."""
+    from ppojax.rlhf.models.tokenizer import Tokenizer
+
+    return Tokenizer(model)
+
+
+def chat_vocabulary(chat: ChatFormat, vocab_size: int = 0) -> checks.Vocabulary:
+    """The ids a ``--model`` run plays with: the template's end-of-turn ends a turn; the
+    tokenizer's pad id pads unless it is that token too (Llama's), then another id does
+    (padding is masked everywhere, but a turn must end at its first end-of-turn)."""
+    pad, eos = chat.tokenizer.pad_id, chat.eot_id
+    if pad is None or pad == eos:
+        pad = 0 if eos != 0 else 1
+    return checks.Vocabulary(vocab_size, pad, eos)
+
+
+def load_model(settings: dict[str, Any]) -> Any:
+    """The run's ``--model`` (``from_pretrained``) in its dtype; a ``ValueError`` naming
+    config.json's ``model.folder`` when the folder is gone (a ``--resume``)."""
+    from ppojax.rlhf.models.pretrained import from_pretrained
+
+    path = Path(settings["model"]["folder"])
+    if not path.is_dir():
+        raise ValueError(
+            f"the run's --model folder {path} (config.json's model.folder) is gone: put the "
+            "model back there to go on"
+        )
+    return from_pretrained(path, dtype=settings["model"]["dtype"])
+
+
 class Prepared(NamedTuple):
-    """A run's env, model, trainer and state at step 0."""
+    """A run's env, model (the built-in ``LanguageModel`` or a ``PretrainedLM``), trainer and
+    state at step 0."""
 
     env: Any
-    lm: LanguageModel
+    lm: Any
     trainer: EpisodeTrainer
     state: RLHFState
 
 
 def prepare(settings: dict[str, Any]) -> Prepared:
-    """The env (checked: ``episode_checks``), the model from random weights, the trainer and
-    its state at step 0 of a run's settings; a ``ValueError`` for anything that does not fit."""
+    """The env (checked: ``episode_checks``), the model (from random weights, or the
+    ``--model`` folder's), the trainer and its state at step 0 of a run's settings; a
+    ``ValueError`` for anything that does not fit."""
     env_id, episodes, run = settings["env"]["id"], settings["episodes"], settings["run"]
-    env = checks.build_env(env_id, settings["env"]["args"], episodes["turns"])
-    vocab = checks.vocabulary(env_id, env)
+    pretrained = "folder" in settings["model"]
     config = rlhf_config_from_dict(settings["rlhf"])
+    if pretrained:
+        lm = load_model(settings)
+        chat = ChatFormat(lm.tokenizer)
+        env = checks.build_env(env_id, settings["env"]["args"], episodes["turns"], chat=chat)
+        vocab = chat_vocabulary(chat, lm.config.vocab_size)
+    else:
+        env = checks.build_env(env_id, settings["env"]["args"], episodes["turns"])
+        vocab = checks.vocabulary(env_id, env)
     if config.missing_eos_penalty:
         raise ConfigError(
             "missing_eos_penalty",
@@ -221,8 +334,9 @@ def prepare(settings: dict[str, Any]) -> Prepared:
         )
     turn = EpisodeSettings(episodes["turns"], config.response_len, config.temperature,
                            config.pad_id, config.eos_id, episodes["token_budget"])  # fmt: skip
-    layout = EpisodeLayout(env.prompt_len, config.response_len, env.reply_len, turn.max_turns)
-    lm = transformer(vocab.vocab_size, layout.length, **settings["model"])
+    if not pretrained:
+        layout = EpisodeLayout(env.prompt_len, config.response_len, env.reply_len, turn.max_turns)
+        lm = transformer(vocab.vocab_size, layout.length, **settings["model"])
     checks.check_env(env_id, env, lm.kv_cache, turn, vocab)
     success_rule(env)  # a success_return that is not a number fails here
     critic = lm.critic_apply if config.needs_critic else None
@@ -232,8 +346,12 @@ def prepare(settings: dict[str, Any]) -> Prepared:
         context_len=model_context(lm),
     )  # fmt: skip
     init_key = jax.random.fold_in(jax.random.key(run["seed"]), 1)
-    params = lm.init(init_key)
-    critic_params = zero_value_head(params) if config.needs_critic else None
+    if pretrained:
+        params = lm.params
+        critic_params = lm.init_value_head(params) if config.needs_critic else None
+    else:
+        params = lm.init(init_key)
+        critic_params = zero_value_head(params) if config.needs_critic else None
     return Prepared(env, lm, trainer, trainer.init(params, init_key, critic_params))
 
 
@@ -331,8 +449,17 @@ def train(
         raise RunDiverged(diverged.replace("No final/ is written: its", "Its"))
     policy = policy_params_fn(config, result.state.reference)  # a resumed run's own reference
     held_out["held_out"] = evaluate(policy(result.state.params), eval_key)
+    if "folder" in settings["model"]:  # a --model run: the trained policy as an HF folder
+        from ppojax.engine import precision
+        from ppojax.runs.lm.jobs import model_dtype
+        from ppojax.runs.lm.text_run import save_final
+
+        trained = precision.cast(policy(result.state.params), model_dtype(prepared.lm))
+        save_final(prepared.lm, trained, run_dir)
     folder.write_json(run_dir / folder.SUMMARY_FILE, summarize(result, **held_out))
     print(f"run folder: {run_dir}")
+    if "folder" in settings["model"]:
+        print(f"final model: {run_dir / 'final'}")
     print_held_out(held_out, run["steps"])
     return 0
 
