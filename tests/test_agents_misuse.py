@@ -376,6 +376,54 @@ def test_the_command_stops_with_exit_2_at_a_nan_reward_the_folder_kept(tmp_path,
     assert (run_dir / "config.json").exists()
 
 
+class Armed(NanLater):
+    """NanLater's fault only while ``ARMED``: a bug that appears mid-run and is then fixed."""
+
+    ARMED = [False]
+
+    def step(self, state, response):
+        state, reply, reward, done = super().step(state, response)
+        return state, reply, reward if self.ARMED[0] else 0.0, done
+
+
+@pytest.mark.heavy
+def test_a_fault_after_a_checkpoint_keeps_it_and_resume_goes_on_once_the_env_is_fixed(
+    tmp_path, capsys, monkeypatch
+):
+    """The env turns bad once the first chunk's checkpoint is saved (the loop may have run the
+    next chunk by then: it runs one ahead of its files): exit 2 (not 3) before the last of 3
+    steps, the rows and checkpoint before the fault kept; fixed, ``--resume`` trains on from
+    them to the end."""
+    from ppojax.cli.commands import main
+    from ppojax.runs import checkpoints
+
+    register_text_env("armed-later", Armed)
+    save = checkpoints.save_checkpoint
+
+    def save_then_arm(*args, **kwargs):
+        save(*args, **kwargs)
+        Armed.ARMED[0] = True
+
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_arm)
+    monkeypatch.setattr(Armed, "ARMED", [False])
+    out = tmp_path / "runs"
+    argv = ["rlhf", "--env", "armed-later", "--turns", "2", "--steps", "3", "--batch-size", "2",
+            "--group-size", "2", "--checkpoint-every", "1", "--eval-episodes", "2",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    (run_dir,) = out.iterdir()
+    err = capsys.readouterr().err
+    assert "returned reward nan" in err and f"--resume {run_dir}" in err
+    kept = (run_dir / "metrics.csv").read_text().splitlines()
+    assert 2 <= len(kept) <= 3  # the header and step 1's row, maybe step 2's: not step 3's
+
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save)
+    Armed.ARMED[0] = False  # the env fixed
+    assert main(["rlhf", "--resume", str(run_dir), "--no-progress"]) == 0
+    resumed = (run_dir / "metrics.csv").read_text().splitlines()
+    assert len(resumed) == 4 and resumed[: len(kept)] == kept
+
+
 def test_a_jax_env_that_does_not_trace_is_named_with_its_own_line():
     """Through the API: a Python ``if`` on a traced value and a step that changes its state's
     dtype each raise an ``EnvTraceError`` naming the env and the env's own file and line,
