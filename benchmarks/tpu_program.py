@@ -23,7 +23,8 @@ installed); without them their rows are left out. ``--readme FILE`` writes the t
 ``--out`` into FILE between its markers. ``--smoke``: the works shrunk, results in /tmp.
 
 ``--candidates``: ppojax's program with each of ``VARIANTS`` ("plain": no candidate and no
-platform's default; then each of ``ppojax.runtime.kernels.CANDIDATES`` alone), by default at
+platform's default; each of ``ppojax.runtime.kernels.CANDIDATES`` alone; then those that cut
+ops or bytes by 10% alone, together), by default at
 1 agent x 8192 envs on the v5e target, counted as the rows are; they go into the
 ``candidates`` section of ``--out`` (rows of the same variant, work and target replaced, the
 rest kept), and ``--readme`` writes their table where FILE has its markers.
@@ -64,9 +65,18 @@ TABLE_START, TABLE_END = "<!-- tpu-program-table:start -->", "<!-- tpu-program-t
 CANDIDATES_START = "<!-- tpu-candidates-table:start -->"
 CANDIDATES_END = "<!-- tpu-candidates-table:end -->"
 # name: the kernels candidates on (every platform's defaults not among them off)
-VARIANTS: dict[str, tuple[str, ...]] = {"plain": ()} | {
-    name: (name,) for name in kernels.CANDIDATES
-}
+VARIANTS: dict[str, tuple[str, ...]] = (
+    {"plain": ()}
+    | {name: (name,) for name in kernels.CANDIDATES}
+    | {
+        "pallas_ppo_loss + associative_gae": ("pallas_ppo_loss", "associative_gae"),
+        "pallas_ppo_loss + associative_gae + fused_actor_critic": (
+            "pallas_ppo_loss",
+            "associative_gae",
+            "fused_actor_critic",
+        ),
+    }
+)
 
 
 def memory(compiled: Any) -> dict[str, int | None]:
