@@ -480,7 +480,9 @@ def loss_gradient_module(config: ppojax.PPOConfig, platform: str) -> str:
         loss_fn = ppo_loss_function(agent, config, jnp.float32(1.0))
         return jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
 
-    with kernels.lowering_for_cuda():  # as a deviceless compile for a GPU traces it
+    # as a deviceless compile for a GPU (a TPU) traces it
+    lowering = kernels.lowering_for_tpu if platform == "tpu" else kernels.lowering_for_cuda
+    with lowering():
         return exported_text(value_and_grad, (params, batch), platform)
 
 
@@ -499,6 +501,19 @@ def test_pallas_ppo_loss_is_the_default_only_for_cuda():
         assert loss_gradient_module(config, "cuda").count(TRITON_CALL) == 0
     shared = config.replace(shared_torso=True)
     assert loss_gradient_module(shared, "cuda").count(TRITON_CALL) == 0
+
+
+def test_pallas_ppo_loss_is_a_tpu_default_in_mosaic():
+    """Unchosen, "pallas_ppo_loss" (a TPU default too: benchmarks/tpu_program.py
+    --candidates) is Mosaic's kernel in programs lowered for a TPU, and ``plain`` turns it off
+    there; neither Triton nor Pallas's interpreter."""
+    assert "pallas_ppo_loss" in kernels.TPU_DEFAULTS
+    config = ppojax.PPOConfig()
+    tpu = loss_gradient_module(config, "tpu")
+    assert tpu.count(MOSAIC_CALL) == 1 and tpu.count(TRITON_CALL) == 0
+    assert tpu.count("stablehlo.while") == 0
+    with kernels.plain("pallas_ppo_loss"):
+        assert loss_gradient_module(config, "tpu").count(MOSAIC_CALL) == 0
 
 
 def optimized_instructions(compiled) -> str:
