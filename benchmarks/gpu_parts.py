@@ -146,10 +146,10 @@ def phases(envs: int, repeats: int = 5) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def candidates_on(names: tuple[str, ...]) -> Iterator[None]:
-    """The kernels candidates ``names`` on, and those of CUDA's defaults
-    (``kernels.CUDA_DEFAULTS``) not among them off: an empty tuple is the plain program on
+    """The kernels candidates ``names`` on, and those of CUDA's and the TPU's defaults
+    (``kernels.PLATFORM_DEFAULTS``) not among them off: an empty tuple is the plain program on
     every platform (``kernels.use()`` with no names would turn all of them on)."""
-    off = tuple(name for name in kernels.CUDA_DEFAULTS if name not in names)
+    off = tuple(name for name in kernels.PLATFORM_DEFAULTS if name not in names)
     with contextlib.ExitStack() as stack:
         if off:
             stack.enter_context(kernels.plain(*off))

@@ -4,6 +4,8 @@ ops, fusions and bytes per update, and the program's peak memory.
     JAX_PLATFORMS=cpu python benchmarks/tpu_program.py [--targets v5e v6e]
         [--works NAME ...] [--programs ppojax rejax purejaxrl] [--purejaxrl DIR]
         [--out benchmarks/results/tpu_program.json] [--replace] [--smoke]
+    JAX_PLATFORMS=cpu python benchmarks/tpu_program.py --candidates [VARIANT ...]
+        [--targets v5e] [--works '1 agent x 8192 envs']
     python benchmarks/tpu_program.py --readme docs/tpu.md
 
 benchmarks/gpu_program.py's programs (each library's ``jax.jit(jax.vmap(train))`` over keys,
@@ -19,6 +21,13 @@ give. Fusions: the ops that are fusions. Peak memory: libtpu's ``memory_analysis
 PureJaxRL and rejax as in benchmarks/gpu_program.py (``--purejaxrl DIR``, a checkout; rejax
 installed); without them their rows are left out. ``--readme FILE`` writes the table of
 ``--out`` into FILE between its markers. ``--smoke``: the works shrunk, results in /tmp.
+
+``--candidates``: ppojax's program with each of ``VARIANTS`` ("plain": no candidate and no
+platform's default; each of ``ppojax.runtime.kernels.CANDIDATES`` alone; then those that cut
+ops or bytes by 10% alone, together), by default at
+1 agent x 8192 envs on the v5e target, counted as the rows are; they go into the
+``candidates`` section of ``--out`` (rows of the same variant, work and target replaced, the
+rest kept), and ``--readme`` writes their table where FILE has its markers.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from common import failure, package_version, record, with_block, write_json
+from common import command_line, failure, now, package_version, record, with_block, write_json
+from gpu_parts import candidates_on
 from gpu_program import (
     COUNTED_WORKS,
     NAMES,
@@ -42,15 +52,31 @@ from gpu_program import (
     ppojax_program,
     purejaxrl_program,
     rejax_program,
+    replaced,
     replacing,
     size,
 )
 
-from ppojax.runtime import deviceless_tpu
+from ppojax.runtime import deviceless_tpu, kernels
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "tpu_program.json"
 DEFAULT_WORKS = ("1 agent x 8192 envs",)
 TABLE_START, TABLE_END = "<!-- tpu-program-table:start -->", "<!-- tpu-program-table:end -->"
+CANDIDATES_START = "<!-- tpu-candidates-table:start -->"
+CANDIDATES_END = "<!-- tpu-candidates-table:end -->"
+# name: the kernels candidates on (every platform's defaults not among them off)
+VARIANTS: dict[str, tuple[str, ...]] = (
+    {"plain": ()}
+    | {name: (name,) for name in kernels.CANDIDATES}
+    | {
+        "pallas_ppo_loss + associative_gae": ("pallas_ppo_loss", "associative_gae"),
+        "pallas_ppo_loss + associative_gae + fused_actor_critic": (
+            "pallas_ppo_loss",
+            "associative_gae",
+            "fused_actor_critic",
+        ),
+    }
+)
 
 
 def memory(compiled: Any) -> dict[str, int | None]:
@@ -77,6 +103,78 @@ def tpu_row(program: str, make: Any, work: str, spec: tuple[int, int, int], targ
     row["fusions_per_update"] = row["per_update"]["by_opcode"].get("fusion", 0)
     row["memory"] = memory(kept["compiled"])
     return row
+
+
+def candidate_row(variant: str, work: str, spec: tuple[int, int, int], target: str) -> dict:
+    """ppojax's program with ``VARIANTS[variant]`` on, compiled for ``target`` and counted."""
+    names = VARIANTS[variant]
+    with candidates_on(names):
+        row = tpu_row("ppojax", ppojax_program, work, spec, target)
+    return {"variant": variant, "candidates": list(names)} | row
+
+
+def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
+    """The ``--candidates`` rows into the ``candidates`` section of ``args.out``, read again
+    before each write."""
+    failed = 0
+    for target in args.targets:
+        for work, spec in args.works.items():
+            for variant in args.candidates:
+                try:
+                    row = candidate_row(variant, work, spec, target)
+                except Exception as error:  # one row's failure must not lose the others
+                    row = {"variant": variant, "work": work, "target": target}
+                    row["error"] = failure(error)
+                    failed += 1
+                report = json.loads(args.out.read_text()) if args.out.exists() else header(argv)
+                section = report.setdefault("candidates", {"commands": [], "rows": []})
+                command = command_line(__file__, argv)
+                section["commands"] = list(dict.fromkeys([*section["commands"], command]))
+                section["rows"] = replaced(section["rows"], row, ("variant", "work", "target"))
+                section["date"] = now()
+                write_json(args.out, report)
+                brief = {key: row.get(key) for key in ("variant", "target", "error")}
+                print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
+    return 1 if failed else 0
+
+
+def candidates_table(report: dict) -> str:
+    """The docs' table of ``report``'s ``candidates`` section: per variant, ops and bytes per
+    update and per minibatch step, and the change per update against "plain"."""
+    section = report["candidates"]
+    rows = [row for row in section["rows"] if "error" not in row]
+    rows.sort(key=lambda row: (row["target"], row["work"], list(VARIANTS).index(row["variant"])))
+    plain = {(r["work"], r["target"]): r for r in rows if r["variant"] == "plain"}
+    lines = [
+        "| variant | work | target | ops per update | bytes per update "
+        "| ops / bytes per minibatch step | peak memory |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def change(value: int, base: int | None) -> str:
+        return f" ({value / base - 1:+.0%})" if base else ""
+
+    for row in rows:
+        base = plain.get((row["work"], row["target"]))
+        update, base_update = row["per_update"], base and base["per_update"]
+        ops = f"{update['launches']:,}" + change(
+            update["launches"], base_update and base_update["launches"]
+        )
+        moved = size(update["bytes"]) + change(
+            update["bytes"], base_update and base_update["bytes"]
+        )
+        step = row["per_minibatch_step"]
+        lines.append(
+            f"| {row['variant']} | {row['work']} | {row['target']} | {ops} | {moved} "
+            f"| {step['launches']:,} / {size(step['bytes'])} | {peak(row)} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Counted {section['date'][:10]}, jax {report['versions']['jax']}, libtpu "
+        f"{report['versions']['libtpu']}: "
+        + "; ".join(f"`{command}`" for command in section["commands"])
+    )
+    return "\n".join(lines)
 
 
 def header(argv: list[str]) -> dict[str, Any]:
@@ -157,7 +255,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="keep --out's other rows: replace only the rows counted now",
     )
+    parser.add_argument(
+        "--candidates",
+        nargs="*",
+        choices=list(VARIANTS),
+        help="count ppojax with these VARIANTS (none named: all)",
+    )
     args = parser.parse_args(argv)
+    if args.candidates is not None:
+        args.candidates = args.candidates or list(VARIANTS)
+        args.targets = args.targets or ["v5e"]
     args.targets = args.targets or list(deviceless_tpu.TARGETS)
     works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
     named = args.works or ([next(iter(SMOKE_WORKS))] if args.smoke else DEFAULT_WORKS)
@@ -180,13 +287,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme is not None:
         report = json.loads(args.out.read_text())
-        args.readme.write_text(
-            with_block(args.readme.read_text(), TABLE_START, TABLE_END, markdown_table(report))
-        )
+        readme = with_block(args.readme.read_text(), TABLE_START, TABLE_END, markdown_table(report))
+        if "candidates" in report and CANDIDATES_START in readme:
+            readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
+        args.readme.write_text(readme)
         print(f"wrote the table of {args.out} into {args.readme}", flush=True)
         return 0
     if not os.environ.get("JAX_PLATFORMS"):  # libtpu must not start as a backend here
         jax.config.update("jax_platforms", "cpu")
+    if args.candidates is not None:
+        return count_candidates(args, argv)
     makers = {"ppojax": ppojax_program, "rejax": rejax_program}
     if args.purejaxrl is not None:
         makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)

@@ -379,6 +379,7 @@ def test_pallas_ppo_loss_leaves_other_configs_to_ppo_loss(tiny_config, settings)
 
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
+MOSAIC_CALL = "@tpu_custom_call"
 
 
 def exported_text(fn, args, platform: str) -> str:
@@ -396,6 +397,8 @@ def exported_text(fn, args, platform: str) -> str:
     # jax 0.11.2's Pallas lowering fails on an Explicit one ("Length of sharding.spec (2)
     # must be equal to aval's ndim (1)")
     device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+    if platform == "tpu":  # Pallas's Mosaic lowering reads the TPU's generation the same way
+        device = AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
     mesh = AbstractMesh((1,), ("x",), (AxisType.Auto,), abstract_device=device)
     with use_abstract_mesh(mesh):
         exported = export.export(
@@ -449,6 +452,16 @@ def test_pallas_ppo_kernel_lowers_to_triton(continuous):
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("continuous", [False, True])
+def test_pallas_ppo_kernel_lowers_to_mosaic_for_tpu(continuous):
+    # Lowered for a TPU, the same kernel is one Mosaic call in blocks of TPU_BLOCK_ROWS rows
+    # (benchmarks/tpu_program.py compiles it with libtpu); neither Triton nor the interpreter
+    tpu = pallas_kernel_module("tpu", continuous)
+    assert tpu.count(MOSAIC_CALL) == 1 and tpu.count(TRITON_CALL) == 0
+    assert tpu.count("stablehlo.while") == 0
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_pallas_ppo_kernel_is_interpreted_when_lowered_for_cpu():
     # Pallas's interpreter lowers the grid and the blocks as XLA while loops over plain ops
     cpu = pallas_kernel_module("cpu", continuous=False)
@@ -467,7 +480,9 @@ def loss_gradient_module(config: ppojax.PPOConfig, platform: str) -> str:
         loss_fn = ppo_loss_function(agent, config, jnp.float32(1.0))
         return jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
 
-    with kernels.lowering_for_cuda():  # as a deviceless compile for a GPU traces it
+    # as a deviceless compile for a GPU (a TPU) traces it
+    lowering = kernels.lowering_for_tpu if platform == "tpu" else kernels.lowering_for_cuda
+    with lowering():
         return exported_text(value_and_grad, (params, batch), platform)
 
 
@@ -488,6 +503,19 @@ def test_pallas_ppo_loss_is_the_default_only_for_cuda():
     assert loss_gradient_module(shared, "cuda").count(TRITON_CALL) == 0
 
 
+def test_pallas_ppo_loss_is_a_tpu_default_in_mosaic():
+    """Unchosen, "pallas_ppo_loss" (a TPU default too: benchmarks/tpu_program.py
+    --candidates) is Mosaic's kernel in programs lowered for a TPU, and ``plain`` turns it off
+    there; neither Triton nor Pallas's interpreter."""
+    assert "pallas_ppo_loss" in kernels.TPU_DEFAULTS
+    config = ppojax.PPOConfig()
+    tpu = loss_gradient_module(config, "tpu")
+    assert tpu.count(MOSAIC_CALL) == 1 and tpu.count(TRITON_CALL) == 0
+    assert tpu.count("stablehlo.while") == 0
+    with kernels.plain("pallas_ppo_loss"):
+        assert loss_gradient_module(config, "tpu").count(MOSAIC_CALL) == 0
+
+
 def optimized_instructions(compiled) -> str:
     """A compiled program's optimized HLO without its module name, op metadata and stack
     frames (the Python names and lines the trace passed through)."""
@@ -496,10 +524,20 @@ def optimized_instructions(compiled) -> str:
     return re.sub(r", stack_frame_id=\d+", "", text)
 
 
-def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
-    """The CPU program with the CUDA defaults on (the default) is, instruction for
+# each platform's defaults, the switch of a deviceless compile for it, and whether it may be
+# lowered for it here
+PLATFORMS = {
+    "cuda": (kernels.CUDA_DEFAULTS, kernels.lowering_for_cuda, kernels.may_lower_for_cuda),
+    "tpu": (kernels.TPU_DEFAULTS, kernels.lowering_for_tpu, kernels.may_lower_for_tpu),
+}
+
+
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_platform_defaults_leave_the_cpu_program_as_it_was(tiny_config, platform):
+    """The CPU program with CUDA's (or a TPU's) defaults on (the default) is, instruction for
     instruction, the one traced with them off: every CPU result stays bit for bit."""
-    assert kernels.CUDA_DEFAULTS
+    defaults, lowering_for, may_lower = PLATFORMS[platform]
+    assert defaults
 
     def default(config, key):
         return ppojax.train(config, key)
@@ -508,9 +546,9 @@ def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
         return ppojax.train(config, key)
 
     key = jax.random.key(0)
-    with kernels.lowering_for_cuda():  # both forms traced, as where CUDA is possible
+    with lowering_for():  # both forms traced, as where the platform is possible
         with_defaults = jax.jit(default).lower(tiny_config, key)
-    with kernels.plain(*kernels.CUDA_DEFAULTS):
+    with kernels.plain(*defaults):
         without = jax.jit(turned_off).lower(tiny_config, key)
     # traced apart: the default's lowering holds the platform's choice (a case on a constant)
     assert with_defaults.as_text().count("stablehlo.case") > without.as_text().count(
@@ -518,8 +556,8 @@ def test_cuda_defaults_leave_the_cpu_program_as_it_was(tiny_config):
     )
     compiled = [optimized_instructions(lowered.compile()) for lowered in (with_defaults, without)]
     assert compiled[0] == compiled[1]
-    # where no GPU can lower it (this machine), the default traces the plain form alone
-    assert not kernels.may_lower_for_cuda()
+    # where the platform cannot lower it (this machine), the default traces the plain form alone
+    assert not may_lower()
     alone = jax.jit(lambda config, key: ppojax.train(config, key)).lower(tiny_config, key)
     assert alone.as_text().count("stablehlo.case") == without.as_text().count("stablehlo.case")
 

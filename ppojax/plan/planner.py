@@ -332,7 +332,8 @@ def compile_program(prog: Program, target: str, mesh: Mesh) -> Any:
     if target == "cpu":
         return prog.fn.lower(*prog.args).compile()
     if target in TPU_TARGETS:
-        # traced with the CPU as the default backend: the plain forms, which a TPU gets
+        # traced with the CPU as the default backend: the plain forms, without the TPU's
+        # defaults (kernels.TPU_DEFAULTS, counted for env PPO), as its committed plans were
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             return prog.fn.lower(*prog.args).compile()
     return deviceless.compile_lowered(lambda: prog.fn.lower(*prog.args), mesh)

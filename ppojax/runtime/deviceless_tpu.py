@@ -10,8 +10,9 @@ names (``v5e:1x1``) are refused, so one chip of a target is one device of its sm
     compiled = compile_for(jax.vmap(f), (keys,), "v5e")
     compiled.as_text()  # one v5e chip's program
 
-JAX traces such a program with the CPU as its default backend: ``ppojax.runtime.kernels``
-gives it the plain forms, which are the ones a TPU gets (its stand-ins are CUDA's alone).
+JAX traces such a program with the CPU as its default backend; ``compile_for`` traces it
+inside ``kernels.lowering_for_tpu``, so that it gets the forms a TPU gets
+(``kernels.TPU_DEFAULTS``; the CUDA defaults stay off).
 libtpu logs warnings about TPU_ACCELERATOR_TYPE and worker hostnames on a machine without a
 TPU; they do not matter for compiling. ``topology`` lets several processes load libtpu at once
 (``ALLOW_MULTIPLE_LIBTPU_LOAD``), which would otherwise refuse all but the first.
@@ -28,7 +29,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from ppojax.runtime import deviceless
+from ppojax.runtime import deviceless, kernels
 
 # target name -> (the smallest slice libtpu describes, the chip's name in its devices)
 TARGETS = {"v5e": ("v5e:2x2", "TPU v5 lite"), "v6e": ("v6e:2x2", "TPU v6 lite")}
@@ -99,5 +100,6 @@ def compile_for(
     require_libtpu()
     mesh = target_mesh(target)
     lower = deviceless.lowering_on(fn, args, mesh, static_argnums)
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    # the program is a TPU's: its defaults (kernels.TPU_DEFAULTS) go in
+    with kernels.lowering_for_tpu(), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
         return lower().compile()

@@ -55,7 +55,7 @@ computes what its plain form computes (tests/test_kernels.py):
 ``CUDA_DEFAULTS`` are the candidates that programs lowered for CUDA use without being chosen,
 and only those programs: ``by_platform`` traces both forms and ``jax.lax.platform_dependent``
 keeps the candidate where the program is lowered for CUDA and the plain form everywhere else,
-so a CPU (or TPU, or ROCm) program is the one it was without it and every CPU result stays
+so a CPU (or ROCm) program is the one it was without it and every CPU result stays
 bit for bit. No GPU timing has chosen them yet: the count of what an H200 would run did
 (``benchmarks/gpu_program.py``, its ``--candidates`` section and its ppojax rows in
 benchmarks/results/gpu_program.json). At 1 agent x 8192 envs, one update: "pallas_ppo_loss"
@@ -67,10 +67,19 @@ loss's one reduction of all its outputs over the kernel's programs (``pallas_los
 -> 704: 1,426 launches and 6.9 GB per update. "pallas_decode_attention" cut a decoded token of
 Qwen2.5-0.5B (64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 301
 and 2.78 GB, and of Qwen2.5-7B from 518 to 406 launches (``benchmarks/decode_program.py``).
-The others cut neither by 10%. They stay
-CUDA's alone because their count is a GPU's; on the CPU the plain program stays the one every
-CPU result and test was made with. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns one off
-for CUDA too.
+The others cut neither by 10%. They stay CUDA's alone because their count is a GPU's (a TPU's
+defaults are its own, below); on the CPU the plain program stays the one every CPU result and
+test was made with. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns one off for CUDA too.
+
+``TPU_DEFAULTS`` are the same for programs lowered for a TPU (``lowering_for_tpu``: a
+deviceless compile for one, ``ppojax.runtime.deviceless_tpu``; or JAX's default backend a
+TPU), chosen by the count of what one v5e chip would run (``benchmarks/tpu_program.py
+--candidates``, its ``candidates`` section in benchmarks/results/tpu_program.json): a candidate
+that cuts ops or bytes per update by 10% or more there. CPU programs stay bit for bit. At 1
+agent x 8192 envs, one update (6,561 ops, 32.0 GB plain): "pallas_ppo_loss" (Mosaic's kernel
+there) 5,791 ops and 3.7 GB, "associative_gae" 5,669 ops and 32.1 GB, the two 4,982 ops and
+3.9 GB. "fused_actor_critic" alone cut bytes to 27.5 GB, but with the two took 5,115 ops and
+4.2 GB; "packed_steps" took 7,253 ops and 33.9 GB; the others cut neither by 10%.
 """
 
 from __future__ import annotations
@@ -103,6 +112,8 @@ CUDA_DEFAULTS = (
     "elementwise_argmax",
     "pallas_decode_attention",
 )
+TPU_DEFAULTS = ("pallas_ppo_loss", "associative_gae")
+PLATFORM_DEFAULTS = tuple(dict.fromkeys(CUDA_DEFAULTS + TPU_DEFAULTS))
 
 
 def _names_from_environment(variable: str, allowed: tuple[str, ...]) -> frozenset[str]:
@@ -123,7 +134,7 @@ def _names_from_environment(variable: str, allowed: tuple[str, ...]) -> frozense
 # The two switches, read when a program is traced: "plain" holds the STAND_INS turned off,
 # "chosen" the CANDIDATES turned on.
 _switches = {
-    "plain": _names_from_environment("PPOJAX_PLAIN_KERNELS", STAND_INS + CUDA_DEFAULTS),
+    "plain": _names_from_environment("PPOJAX_PLAIN_KERNELS", STAND_INS + PLATFORM_DEFAULTS),
     "chosen": _names_from_environment("PPOJAX_KERNELS", CANDIDATES),
 }
 
@@ -165,9 +176,9 @@ def _adding(switch: str, names: tuple[str, ...], allowed: tuple[str, ...]) -> It
 
 
 def plain(*names: str) -> contextlib.AbstractContextManager[None]:
-    """Trace programs with the plain forms of ``names`` (default: all STAND_INS and
-    CUDA_DEFAULTS) inside this block."""
-    return _adding("plain", names, STAND_INS + CUDA_DEFAULTS)
+    """Trace programs with the plain forms of ``names`` (default: all STAND_INS, CUDA_DEFAULTS
+    and TPU_DEFAULTS) inside this block."""
+    return _adding("plain", names, STAND_INS + PLATFORM_DEFAULTS)
 
 
 def use(*names: str) -> contextlib.AbstractContextManager[None]:
@@ -175,19 +186,28 @@ def use(*names: str) -> contextlib.AbstractContextManager[None]:
     return _adding("chosen", names, CANDIDATES)
 
 
-_lowering_for_cuda = [False]
+_lowering_for = {"cuda": False, "tpu": False}
 
 
 @contextlib.contextmanager
-def lowering_for_cuda() -> Iterator[None]:
-    """Programs traced inside are meant for CUDA though no GPU is attached (a deviceless
-    compile, an export): CUDA's defaults go into them, as on a GPU machine."""
-    before = _lowering_for_cuda[0]
-    _lowering_for_cuda[0] = True
+def _lowering(platform: str) -> Iterator[None]:
+    before = _lowering_for[platform]
+    _lowering_for[platform] = True
     try:
         yield
     finally:
-        _lowering_for_cuda[0] = before
+        _lowering_for[platform] = before
+
+
+def lowering_for_cuda() -> contextlib.AbstractContextManager[None]:
+    """Programs traced inside are meant for CUDA though no GPU is attached (a deviceless
+    compile, an export): CUDA's defaults go into them, as on a GPU machine."""
+    return _lowering("cuda")
+
+
+def lowering_for_tpu() -> contextlib.AbstractContextManager[None]:
+    """Programs traced inside are meant for a TPU though none is attached: TPU_DEFAULTS go in."""
+    return _lowering("tpu")
 
 
 def may_lower_for_cuda() -> bool:
@@ -195,21 +215,37 @@ def may_lower_for_cuda() -> bool:
     or inside ``lowering_for_cuda``. Elsewhere ``by_platform`` traces the plain form alone:
     tracing both forms made ``jax.jit(ppojax.train).lower`` of the classic CartPole config
     take 2.5-3.6 s against 1.3-1.8 s (a busy 2-core CPU) for the same optimized program."""
-    return _lowering_for_cuda[0] or jax.default_backend() == "gpu"
+    return _lowering_for["cuda"] or jax.default_backend() == "gpu"
+
+
+def may_lower_for_tpu() -> bool:
+    """As ``may_lower_for_cuda``, for a TPU: its backend, or inside ``lowering_for_tpu``."""
+    return _lowering_for["tpu"] or jax.default_backend() == "tpu"
 
 
 def by_platform(name: str, plain_fn: Callable, candidate_fn: Callable) -> Callable:
     """``plain_fn``, or the candidate ``name``'s ``candidate_fn`` (computing the same, in the
-    same structure) where chosen; for one of CUDA_DEFAULTS not turned off, where the program
-    may be lowered for CUDA (``may_lower_for_cuda``), a function that traces both and runs
-    ``candidate_fn`` in programs lowered for CUDA, ``plain_fn`` in all others."""
+    same structure) where chosen; for one of CUDA_DEFAULTS or TPU_DEFAULTS not turned off,
+    where the program may be lowered for that platform (``may_lower_for_cuda``,
+    ``may_lower_for_tpu``), a function that traces both and runs ``candidate_fn`` in programs
+    lowered for it, ``plain_fn`` in all others."""
     if stand_in(name):
         return candidate_fn
-    if name not in CUDA_DEFAULTS or name in _switches["plain"] or not may_lower_for_cuda():
+    if name in _switches["plain"]:
+        return plain_fn
+    platforms = {
+        platform: candidate_fn
+        for platform, defaults, may_lower in (
+            ("cuda", CUDA_DEFAULTS, may_lower_for_cuda),
+            ("tpu", TPU_DEFAULTS, may_lower_for_tpu),
+        )
+        if name in defaults and may_lower()
+    }
+    if not platforms:
         return plain_fn
 
     def lowered_by_platform(*args: Any) -> Any:
-        return jax.lax.platform_dependent(*args, cuda=candidate_fn, default=plain_fn)
+        return jax.lax.platform_dependent(*args, default=plain_fn, **platforms)
 
     return lowered_by_platform
 

@@ -17,7 +17,8 @@ kernel computed, so ``jax.value_and_grad`` of it works unchanged in the update.
 Every dimension is padded to a power of two of at least 16, as Triton's matrix products want:
 padded inputs and weights are zero, padded action logits are the lowest float32 (probability
 exactly 0), a Gaussian's padded action columns are left out of its sums, and padded rows
-weigh 0. Lowered for any platform but a GPU's (CUDA or ROCm), the kernel runs in Pallas's
+weigh 0. Lowered for a TPU, the same kernel compiles with Mosaic in blocks of TPU_BLOCK_ROWS
+rows; lowered for any other platform but a GPU's (CUDA or ROCm), it runs in Pallas's
 interpreter as plain XLA ops, for tests.
 """
 
@@ -55,6 +56,9 @@ from ppojax.runtime import kernels
 BLOCK_ROWS = 64
 BLOCKS_PER_PROGRAM = 32
 NUM_WARPS = 4
+# A TPU's (Mosaic's) rows a block: its 1-D loads of a block's rows must start at multiples of
+# 128 (64 fails to compile, "cannot statically prove that index ... is a multiple of 128")
+TPU_BLOCK_ROWS = 128
 
 
 Layer = tuple[jax.Array, jax.Array]  # (kernel [in, out], bias [out])
@@ -150,26 +154,56 @@ def loss_and_grads(
     network's shapes. ``rows``: obs [N, D], action [N] (int; [N, A] floats for a Gaussian),
     old log-prob, normalized advantage, old value and target, each [N]. ``interpret``: None
     for the Triton kernel where the program is lowered for a GPU and Pallas's interpreter
-    elsewhere; True or False for one of them on every platform."""
-    # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pallas_triton
-
+    elsewhere (Mosaic's for a TPU); True or False (Triton) for one of them on every
+    platform."""
     if settings.activation not in ACTIVATIONS:
         raise ValueError(f"activation {settings.activation!r}: the kernel has {ACTIVATIONS}")
     actor, critic, log_std = network
-    depth = len(actor) - 1
-    n = rows[0].shape[0]
-    block_rows = min(BLOCK_ROWS, padded_size(n))
-    blocks = max(1, min(BLOCKS_PER_PROGRAM, -(-n // block_rows)))
-    chunk = block_rows * blocks
-    programs = -(-n // chunk)
-    row_arrays = _padded_rows(settings, rows, programs * chunk)
     params = [p for layer in (*pad_layers(actor), *pad_layers(critic)) for p in layer]
     if settings.continuous:
         actions = padded_size(settings.action_dim)
         params.append(pad_to(log_std.astype(jnp.float32), (actions,))[None, :])
     numbers = pad_to(jnp.stack([jnp.asarray(x, jnp.float32) for x in coefficients])[None], (1, 16))
+    arrays = (*rows, numbers, *params)
+    call = functools.partial(_programs, settings, len(actor) - 1, len(rows))
+    if interpret is None:
+        # The platform the program is lowered for decides, not the machine that traces it: a
+        # program compiled ahead for a GPU on a CPU host gets the Triton kernel, for a TPU the
+        # Mosaic one. All forms are traced; lowering keeps only the one for its platform.
+        triton = functools.partial(call, "triton")  # one callable for both: traced once
+        outputs = jax.lax.platform_dependent(
+            *arrays,
+            cuda=triton,
+            rocm=triton,
+            tpu=functools.partial(call, "mosaic"),
+            default=functools.partial(call, "interpret"),
+        )
+    else:
+        outputs = call("interpret" if interpret else "triton", *arrays)
+    return _summed(settings, coefficients, network, outputs)
+
+
+def _programs(
+    settings: LossSettings, depth: int, row_count: int, form: str, *arrays: jax.Array
+) -> list[jax.Array]:
+    """The kernel's gradient and metric sums on ``arrays`` (the rows, the coefficients, the
+    padded parameters), summed over its programs: one vector of them all (``_summed`` cuts
+    it), the same shape whatever the ``form``: "triton", "mosaic" (a TPU's: blocks of
+    TPU_BLOCK_ROWS rows, as its 1-D loads want multiples of 128) or Pallas's "interpret"er.
+    All outputs are summed in one reduction of their rows side by side ([programs, all their
+    numbers]), not one reduction per output: each number is the same sum of one value per
+    program."""
+    # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
+    from jax.experimental import pallas as pl
+
+    rows, (numbers, *params) = arrays[:row_count], arrays[row_count:]
+    n = rows[0].shape[0]
+    wanted = TPU_BLOCK_ROWS if form == "mosaic" else BLOCK_ROWS
+    block_rows = min(wanted, padded_size(n))
+    blocks = max(1, min(BLOCKS_PER_PROGRAM, -(-n // block_rows)))
+    chunk = block_rows * blocks
+    programs = -(-n // chunk)
+    row_arrays = _padded_rows(settings, rows, programs * chunk)
 
     row_specs = [
         pl.BlockSpec((chunk, x.shape[1]), lambda i: (i, 0))
@@ -182,46 +216,51 @@ def loss_and_grads(
     out_shape = [jax.ShapeDtypeStruct((programs, *p.shape), jnp.float32) for p in params]
     out_shape.append(jax.ShapeDtypeStruct((programs, 1, 16), jnp.float32))
     grad_specs.append(pl.BlockSpec((None, 1, 16), lambda i: (i, 0, 0)))
-    call = functools.partial(
-        pl.pallas_call,
+    if form == "mosaic":
+        from jax.experimental.pallas import tpu as pallas_tpu
+
+        compiler_params = pallas_tpu.CompilerParams()
+    else:
+        from jax.experimental.pallas import triton as pallas_triton
+
+        # Triton, not Mosaic GPU: Mosaic stages whole blocks in shared memory, and a
+        # program's rows (chunk x width floats) and the parameters do not fit there
+        compiler_params = pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+    outputs = pl.pallas_call(
         functools.partial(_kernel, settings, depth, block_rows, blocks),
         out_shape=out_shape,
         grid=(programs,),
         in_specs=row_specs + param_specs,
         out_specs=grad_specs,
-        # Triton, not Mosaic GPU: Mosaic stages whole blocks in shared memory, and a program's
-        # rows (chunk x width floats) and the parameters do not fit there
-        compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=compiler_params,
         name="ppo_loss_and_grads",
-    )
-    arrays = (*row_arrays, numbers, *params)
-    if interpret is None:
-        # The platform the program is lowered for decides, not the machine that traces it: a
-        # program compiled ahead for a GPU on a CPU host gets the Triton kernel. Both forms are
-        # traced; lowering keeps only the one for its platform.
-        triton = call(interpret=False)  # one callable for both: traced once
-        outputs = jax.lax.platform_dependent(
-            *arrays, cuda=triton, rocm=triton, default=call(interpret=True)
-        )
-    else:
-        outputs = call(interpret=interpret)(*arrays)
-    return _summed(settings, coefficients, network, outputs)
+        interpret=form == "interpret",
+    )(*row_arrays, numbers, *params)
+    side_by_side = jnp.concatenate([out.reshape(out.shape[0], -1) for out in outputs], axis=1)
+    return side_by_side.sum(axis=0)
 
 
 def _summed(
-    settings: LossSettings, coefficients: Coefficients, network: Network, outputs: list
+    settings: LossSettings, coefficients: Coefficients, network: Network, totals: jax.Array
 ) -> tuple[jax.Array, dict[str, jax.Array], Network]:
-    """The programs' outputs summed into the loss, its METRICS and the gradients, cut back
-    from the padded shapes to ``network``'s. All outputs are summed over the programs in one
-    reduction of their rows side by side ([programs, all their numbers]), not one reduction
-    per output: each number is the same sum of one value per program."""
+    """The programs' summed outputs (``_programs``) cut into the loss, its METRICS and the
+    gradients, from the padded shapes to ``network``'s."""
     actor, critic, _ = network
     depth = len(actor) - 1
-    side_by_side = jnp.concatenate([out.reshape(out.shape[0], -1) for out in outputs], axis=1)
-    ends = np.cumsum([math.prod(out.shape[1:]) for out in outputs])[:-1]
+    shapes = [
+        shape
+        for kernel, bias in (*actor, *critic)
+        for shape in (
+            (padded_size(kernel.shape[0]), padded_size(kernel.shape[1])),
+            (1, padded_size(bias.shape[0])),
+        )
+    ]
+    if settings.continuous:
+        shapes.append((1, padded_size(settings.action_dim)))
+    shapes.append((1, 16))
+    ends = np.cumsum([math.prod(shape) for shape in shapes])[:-1]
     sums = [
-        part.reshape(out.shape[1:])
-        for part, out in zip(jnp.split(side_by_side.sum(axis=0), ends), outputs, strict=True)
+        part.reshape(shape) for part, shape in zip(jnp.split(totals, ends), shapes, strict=True)
     ]
     metric_sums = sums[-1][0]
     metrics = {name: metric_sums[i] for i, name in enumerate(METRICS)}
