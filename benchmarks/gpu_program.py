@@ -246,32 +246,44 @@ CANDIDATES_START = "<!-- gpu-candidates-table:start -->"
 CANDIDATES_END = "<!-- gpu-candidates-table:end -->"
 
 
+def candidate_cells(report: dict, variants: Any = None) -> list[tuple[dict, str, str]]:
+    """The rows of ``report``'s ``candidates`` section that counted, by target, work and
+    variant (in the order of ``variants``, default ``VARIANTS``), each with its launches (a
+    TPU's ops) and bytes per update as text and their change against "plain" at the same work
+    and target."""
+    rows = [row for row in report["candidates"]["rows"] if "error" not in row]
+    order = list(VARIANTS if variants is None else variants)
+    rows.sort(key=lambda row: (row["target"], row["work"], order.index(row["variant"])))
+    plain = {(r["work"], r["target"]): r for r in rows if r["variant"] == "plain"}
+
+    def change(value: int, base: int | None) -> str:
+        return f" ({value / base - 1:+.0%})" if base else ""
+
+    cells = []
+    for row in rows:
+        base = plain.get((row["work"], row["target"]))
+        update, base_update = row["per_update"], base and base["per_update"]
+        launches = f"{update['launches']:,}" + change(
+            update["launches"], base_update and base_update["launches"]
+        )
+        moved = size(update["bytes"]) + change(
+            update["bytes"], base_update and base_update["bytes"]
+        )
+        cells.append((row, launches, moved))
+    return cells
+
+
 def candidates_table(report: dict) -> str:
     """The README's table of ``report``'s ``candidates`` section: per variant, launches and
     bytes per update, per env step and per minibatch step, and the change per update against
     "plain" at the same work and target."""
     section = report["candidates"]
-    rows = [row for row in section["rows"] if "error" not in row]
-    rows.sort(key=lambda row: (row["target"], row["work"], list(VARIANTS).index(row["variant"])))
-    plain = {(r["work"], r["target"]): r for r in rows if r["variant"] == "plain"}
     lines = [
         "| variant | work | target | launches per update | bytes per update "
         "| launches per env step / minibatch step | bytes per minibatch step |",
         "|---|---|---|---|---|---|---|",
     ]
-
-    def change(value: int, base: int | None) -> str:
-        return f" ({value / base - 1:+.0%})" if base else ""
-
-    for row in rows:
-        base = plain.get((row["work"], row["target"]))
-        update, base_update = row["per_update"], base and base["per_update"]
-        launches_text = f"{update['launches']:,}" + change(
-            update["launches"], base_update and base_update["launches"]
-        )
-        bytes_text = size(update["bytes"]) + change(
-            update["bytes"], base_update and base_update["bytes"]
-        )
+    for row, launches_text, bytes_text in candidate_cells(report):
         steps = f"{row['per_env_step']['launches']:.4g} / {row['per_minibatch_step']['launches']}"
         minibatch_bytes = size(row["per_minibatch_step"]["bytes"])
         lines.append(

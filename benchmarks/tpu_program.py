@@ -48,6 +48,7 @@ from gpu_program import (
     NAMES,
     PROGRAMS,
     SMOKE_WORKS,
+    candidate_cells,
     count_row,
     ppojax_program,
     purejaxrl_program,
@@ -142,27 +143,12 @@ def candidates_table(report: dict) -> str:
     """The docs' table of ``report``'s ``candidates`` section: per variant, ops and bytes per
     update and per minibatch step, and the change per update against "plain"."""
     section = report["candidates"]
-    rows = [row for row in section["rows"] if "error" not in row]
-    rows.sort(key=lambda row: (row["target"], row["work"], list(VARIANTS).index(row["variant"])))
-    plain = {(r["work"], r["target"]): r for r in rows if r["variant"] == "plain"}
     lines = [
         "| variant | work | target | ops per update | bytes per update "
         "| ops / bytes per minibatch step | peak memory |",
         "|---|---|---|---|---|---|---|",
     ]
-
-    def change(value: int, base: int | None) -> str:
-        return f" ({value / base - 1:+.0%})" if base else ""
-
-    for row in rows:
-        base = plain.get((row["work"], row["target"]))
-        update, base_update = row["per_update"], base and base["per_update"]
-        ops = f"{update['launches']:,}" + change(
-            update["launches"], base_update and base_update["launches"]
-        )
-        moved = size(update["bytes"]) + change(
-            update["bytes"], base_update and base_update["bytes"]
-        )
+    for row, ops, moved in candidate_cells(report, VARIANTS):
         step = row["per_minibatch_step"]
         lines.append(
             f"| {row['variant']} | {row['work']} | {row['target']} | {ops} | {moved} "
