@@ -72,6 +72,12 @@ class ConfigError(ValueError):
         self.field = field
 
 
+def as_flag(error: ConfigError, owner: str) -> ValueError:
+    """``error`` with ``owner.field`` said as the flag that set it (``--field-name``)."""
+    flag = "--" + str(error.field).replace("_", "-")
+    return ValueError(str(error).replace(f"{owner}.{error.field}", flag))
+
+
 def show(value: Any, plain: tuple[type, ...] = (int, float)) -> str:
     """``value`` for an error message: its repr, with its type unless that is one of
     ``plain`` (the expected ones)."""

@@ -43,7 +43,7 @@ from ppojax.rlhf.tasks.sorting import (
     sorting_targets,
     train_reward_model,
 )
-from ppojax.runs.lm.run import rlhf_config_from_dict
+from ppojax.runs.lm.settings import rlhf_config
 
 
 def test_kl_estimators_hand_values():
@@ -229,11 +229,9 @@ def test_old_field_names():
             build()
         assert info.value.field == "target_kl"
     old = {"ppo_epochs": 2, "target_kl": 0.5, "adaptive_kl": True, "lora_targets": []}
-    assert rlhf_config_from_dict(old) == RLHFConfig(
-        update_epochs=2, kl_target=0.5, adaptive_kl=True
-    )
+    assert rlhf_config(old) == RLHFConfig(update_epochs=2, kl_target=0.5, adaptive_kl=True)
     with pytest.raises(ConfigError, match="both target_kl .* and kl_target"):
-        rlhf_config_from_dict({"target_kl": 0.5, "kl_target": 0.5})
+        rlhf_config({"target_kl": 0.5, "kl_target": 0.5})
     assert "target_kl" not in config_names() and "ppo_epochs" not in config_names()
 
 

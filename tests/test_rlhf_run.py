@@ -116,13 +116,13 @@ def test_a_task_run_folder_in_use_is_refused(tmp_path):
 
 def test_a_model_run_folders_old_names_are_read_as_the_new_fields():
     """config.json of an older ``ppojax rlhf --model`` run keeps the flags given, under their
-    old names; ``rlhf_config`` reads them as the new fields."""
-    from ppojax.cli.text import rlhf_config
+    old names; ``run_config`` reads them as the new fields."""
+    from ppojax.runs.lm.text_job import run_config
 
     lm = types.SimpleNamespace(tokenizer=types.SimpleNamespace(eos_id=3, pad_id=3))
     old = {"rlhf": {"ppo_epochs": 1, "target_kl": 0.5, "adaptive_kl": True}}
     expected = RLHFConfig(update_epochs=1, kl_target=0.5, adaptive_kl=True, pad_id=0, eos_id=3)
-    assert rlhf_config(old, lm) == expected
+    assert run_config(old, lm) == expected
 
 
 REVERSAL = DigitTask(

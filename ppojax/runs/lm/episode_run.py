@@ -43,7 +43,7 @@ import numpy as np
 
 from ppojax.checks import ConfigError
 from ppojax.envs.registry import import_env_modules, module_reference
-from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.config import add_config_flags
 from ppojax.rlhf.core.episode_trainer import EpisodeTrainer, make_episode_trainer
 from ppojax.rlhf.core.episodes import EnvOutputError, check_env_faults, rollout_episodes
 from ppojax.rlhf.core.host_rollout import HostRollout
@@ -56,7 +56,8 @@ from ppojax.rlhf.models.transformer import transformer, zero_value_head
 from ppojax.runs import folder
 from ppojax.runs.lm import episode_checks as checks
 from ppojax.runs.lm import episode_sft
-from ppojax.runs.lm.run import PLOT_FILE, config_dict, rlhf_config_from_dict, summarize
+from ppojax.runs.lm.run import PLOT_FILE, summarize
+from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
 from ppojax.runs.lock import run_lock
 from ppojax.runs.loop import LoopOptions, RunDiverged, never_recovered, train_loop
 from ppojax.runs.plots import plot_metrics
@@ -234,14 +235,10 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     else:
         vocab = chat_vocabulary(ChatFormat(load_tokenizer(args.model)))
         model = {"folder": str(args.model.resolve()), "dtype": args.dtype or "float32"}
-    chosen = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(RLHFConfig)
-        if f.name not in ENV_FIELDS and getattr(args, f.name) is not None
-    }
+    chosen = given_fields(args, ENV_FIELDS)
     defaults = DEFAULTS if args.model is None else PRETRAINED_DEFAULTS
-    config = RLHFConfig(
-        **{**defaults, **chosen},
+    config = rlhf_config(
+        {**defaults, **chosen},
         pad_id=vocab.pad_id,
         eos_id=vocab.eos_id,
         response_len=args.turn_len,
@@ -317,7 +314,7 @@ def prepare(settings: dict[str, Any]) -> Prepared:
     ``ValueError`` for anything that does not fit."""
     env_id, episodes, run = settings["env"]["id"], settings["episodes"], settings["run"]
     pretrained = "folder" in settings["model"]
-    config = rlhf_config_from_dict(settings["rlhf"])
+    config = rlhf_config(settings["rlhf"])
     if pretrained:
         lm = load_model(settings)
         chat = ChatFormat(lm.tokenizer)

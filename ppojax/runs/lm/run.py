@@ -3,7 +3,7 @@ plot and a summary, and resume a killed run bit-exactly.
 
 Every run folder of ``ppojax rlhf`` (both forms), ``sft``, ``rm`` and ``dpo`` holds::
 
-    config.json        the settings (what --resume reads back; ``rlhf_config_from_dict``)
+    config.json        the settings (what --resume reads back; ``ppojax.runs.lm.settings``)
     metrics.csv        one row per step (the step's metrics, TRL's names)
     curves.png         the run's curves per step (scores, each reward function, the KL)
     checkpoints/<n>/   orbax checkpoints of the trained state (policy, critic, optimizer, beta)
@@ -21,7 +21,6 @@ run would have.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from ppojax.rlhf.core.config import RLHFConfig, stored_names
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.rlhf.models import transformer
 from ppojax.runs import checkpoints, folder
@@ -62,22 +60,6 @@ def trainer_step(trainer: Trainer, prompt_fn: PromptFn) -> StepFn:
         return trainer.step(state, *prompt_fn(prompt_key), step_key)
 
     return step
-
-
-def config_dict(config: Any) -> dict[str, Any]:
-    """A dataclass config as JSON-ready values (tuples as lists)."""
-    return {
-        field.name: list(value) if isinstance(value, tuple) else value
-        for field in dataclasses.fields(config)
-        for value in [getattr(config, field.name)]
-    }
-
-
-def rlhf_config_from_dict(values: dict[str, Any]) -> RLHFConfig:
-    """Undo ``config_dict`` for RLHFConfig (lists back to tuples), a field stored under its
-    old name (an older run folder's ``ppo_epochs``, ``target_kl``) read as its field."""
-    values = stored_names(values)
-    return RLHFConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def save_frozen(run_dir: Path, tree: Any) -> None:

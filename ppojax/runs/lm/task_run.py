@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 import jax
 
-from ppojax.rlhf.core.config import RLHFConfig, add_config_flags
+from ppojax.rlhf.core.config import add_config_flags
 from ppojax.rlhf.core.episode_trainer import make_trainer
 from ppojax.rlhf.models.transformer import zero_value_head
 from ppojax.rlhf.post.reward_model import reward_model
@@ -35,13 +34,8 @@ from ppojax.rlhf.tasks.reversal import checker, reversal_sft
 from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_sft
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
 from ppojax.runs import folder
-from ppojax.runs.lm.run import (
-    config_dict,
-    load_frozen,
-    rlhf_config_from_dict,
-    save_frozen,
-    train_run,
-)
+from ppojax.runs.lm.run import load_frozen, save_frozen, train_run
+from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
 from ppojax.runs.lock import run_lock
 from ppojax.runs.loop import RunDiverged
 from ppojax.runtime import cache
@@ -97,14 +91,10 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     task = DigitTask(**SMALL) if args.small else SORTING if args.task == "sorting" else DigitTask()
     if args.sft_steps is not None:
         task = task.replace(sft_steps=args.sft_steps)
-    chosen = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(RLHFConfig)
-        if f.name not in TASK_FIELDS and getattr(args, f.name) is not None
-    }
+    chosen = given_fields(args, TASK_FIELDS)
     if args.task == "sorting" and chosen.get("reward_weights") is None:
         chosen["reward_weights"] = (1.0, 0.0)  # the reward model; gold is only logged
-    config = RLHFConfig(**chosen, pad_id=PAD, eos_id=EOS, response_len=task.response_len)
+    config = rlhf_config(chosen, pad_id=PAD, eos_id=EOS, response_len=task.response_len)
     run = dict(
         task=args.task,
         steps=args.steps,
@@ -139,7 +129,7 @@ def frozen_params(settings: dict[str, Any], run_dir: Path, resume: bool) -> dict
 def prepare(settings: dict[str, Any], frozen: dict[str, Any]):
     """The trainer, its state at step 0 and the prompt source of a run's settings."""
     task, run = DigitTask(**settings["task"]), settings["run"]
-    config = rlhf_config_from_dict(settings["rlhf"])
+    config = rlhf_config(settings["rlhf"])
     lm = task.model()
     if run["task"] == "sorting":
         rewards = [reward_model(lm.critic_apply, frozen["reward"]), gold]
