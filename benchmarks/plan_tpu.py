@@ -87,11 +87,18 @@ def table(results: dict) -> str:
         name = SLICE_NAMES.get((row["target"], row["devices"]), row["target"])
         estimate = row["estimate"]
         recipes = ", ".join(f"[{index + 1}]" for index in row["recipes"]) or "none found"
+        # a step libtpu refused for the chip's HBM: its peak is at least what the refusal named
+        refused = bool(row.get("refused"))
+        sizes = [f"{value / gib:.2f}" for value in (state, memory["temporaries"], memory["peak"])]
+        if refused:
+            sizes = [sizes[0], f">= {sizes[1]}", f">= {sizes[2]}"]
+        times = ["-", "-"] if estimate is None else [f"{estimate['step']:.3g}"]
+        if estimate is not None:
+            times.append(f"{estimate['tokens_per_second']:,.0f}")
+        fits = "yes" if row["fits"] else "no, libtpu refused it" if refused else "no"
         rows.append(
-            [row["model"], what, f"{name} ({row['devices']} chips)"]
-            + [f"{value / gib:.2f}" for value in (state, memory["temporaries"], memory["peak"])]
-            + [f"{row['usable'] / gib:.2f}", "yes" if row["fits"] else "no"]
-            + [f"{estimate['step']:.3g}", f"{estimate['tokens_per_second']:,.0f}"]
+            [row["model"], what, f"{name} ({row['devices']} chips)", *sizes]
+            + [f"{row['usable'] / gib:.2f}", fits, *times]
             + [f"{row['compile_seconds']:.0f}", recipes]
         )
     notes = [

@@ -161,7 +161,7 @@ def test_the_training_commands_set_the_memory_fraction_unless_the_user_did(monke
 def fixed_measure(peak: int):
     """A stand-in for the planner's compile: every step peaks at ``peak`` bytes."""
     memory = Memory(0, 0, 0, 0, 0, peak, 0, 0, peak)
-    return lambda *args: (memory, 10, 1 << 30, (), 1.0, 0)
+    return lambda *args: (memory, 10, 1 << 30, (), 1.0, 0, "")
 
 
 def test_the_plan_judges_against_the_memory_a_training_process_gets(monkeypatch, capsys):

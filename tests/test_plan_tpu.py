@@ -132,6 +132,61 @@ def test_a_grpo_step_planned_on_two_v5e_chips():
     assert "16e9" not in text and "14.901 GiB less 10% headroom)" in text
 
 
+REFUSAL = (
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+    "temporaries (26.22G) exceeds available HBM (15.75G). HLO module: jit_step."
+)  # libtpu's words for gemma-2-2b's GRPO step on v5e-8
+
+
+def test_a_step_libtpu_refuses_for_the_chips_hbm_is_planned_as_not_fitting(monkeypatch):
+    """libtpu checks a program's memory as it compiles: a refusal is the verdict "does not
+    fit" with the temporaries it named and the levers, not a traceback."""
+    import jax
+
+    from ppojax.plan import sizing
+
+    needs_libtpu()
+
+    def refuse(*args):
+        raise jax.errors.JaxRuntimeError(REFUSAL)
+
+    monkeypatch.setattr(sizing, "compile_program", refuse)
+    sizing.measured.cache_clear()  # a compile of the same step by another test is no answer
+    try:
+        p = plan(parse_config(TINY), GRPO, "v5e", 2)
+    finally:
+        sizing.measured.cache_clear()
+    state = sum(getattr(p.memory, part) for part in planner.PARTS)
+    assert p.memory.temporaries == int(26.22 * 1024**3) and p.memory.peak == state + (
+        p.memory.temporaries
+    )
+    assert not p.fits and p.refused.startswith("RESOURCE_EXHAUSTED") and p.estimate is None
+    text = p.report()
+    assert "libtpu refused to compile it (RESOURCE_EXHAUSTED" in text
+    assert "verdict: does NOT fit: peak at least" in text and "--remat-layers" in text
+
+    def other(*args):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(sizing, "compile_program", other)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="something else"):
+        plan(parse_config(TINY), GRPO, "v5e", 2)  # any other failure is not a verdict
+    sizing.measured.cache_clear()
+
+
+def test_both_of_libtpus_refusals_give_the_memory_they_name():
+    from ppojax.plan.sizing import refused_memory
+
+    held = dict(parameters=2 * 1024**3, reference=1024**3, critic=0, optimizer=1024**3)
+    first = refused_memory(RuntimeError(REFUSAL), held)
+    assert first.temporaries == int(26.22 * 1024**3)
+    second = refused_memory(
+        RuntimeError("Ran out of memory in memory space hbm. Used 40.00G of 15.75G hbm."), held
+    )  # the whole program's use: the temporaries are what the state leaves of it
+    assert second.peak == 40 * 1024**3 and second.temporaries == 36 * 1024**3
+    assert refused_memory(RuntimeError("INTERNAL: no"), held) is None
+
+
 def test_the_tpu_table_prints_a_row_per_plan_and_the_recipes_sources(tmp_path):
     gib = 1024**3
     memory = dict(parameters=1 * gib, reference=1 * gib, critic=0, optimizer=2 * gib)

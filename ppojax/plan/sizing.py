@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,12 @@ from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
 GIB = 1024**3
+# libtpu checks a program's memory against the chip's HBM as it compiles and refuses one over
+# it, in one of two messages (G: GiB); the plan of such a step is "does not fit", not a crash
+TPU_REFUSALS = (
+    re.compile(r"HLO temporaries \((?P<temporaries>[\d.]+)G\) exceeds available HBM"),
+    re.compile(r"Ran out of memory in memory space hbm\. Used (?P<used>[\d.]+)G of"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +115,7 @@ class Plan:
     largest_prompts: int | None = None
     checked: tuple[Checked, ...] = ()  # the levers, each compiled (``search`` on a misfit)
     decoding: Decoding | None = None  # sampling's cost per decoded token (RL steps)
+    refused: str = ""  # libtpu's refusal of a program over the chip's HBM (``refusal``)
 
     @property
     def usable(self) -> int:
@@ -141,17 +149,19 @@ class Plan:
 
 def measure(
     config: DecoderConfig, step: StepShape, target: str, devices: int
-) -> tuple[Memory, int, int, tuple[Loop, ...], float, int]:
+) -> tuple[Memory, int, int, tuple[Loop, ...], float, int, str]:
     """Memory, launches, bytes moved and top-level loops per device of ``step``'s compiled
-    program, the compile's seconds and the bytes its collectives move (cached: a search asks
-    again for the same step; a program traced under other kernels switches is another)."""
+    program, the compile's seconds, the bytes its collectives move and, where libtpu refused
+    to compile a program over the chip's HBM, its message (then the memory is what it names
+    and nothing is counted); cached: a search asks again for the same step, and a program
+    traced under other kernels switches is another."""
     return measured(config, step, target, devices, kernels.switches())
 
 
 @functools.lru_cache(maxsize=64)
 def measured(
     config: DecoderConfig, step: StepShape, target: str, devices: int, switches: tuple
-) -> tuple[Memory, int, int, tuple[Loop, ...], float, int]:
+) -> tuple[Memory, int, int, tuple[Loop, ...], float, int, str]:
     """``measure``'s compile, cached by its arguments and the kernels ``switches``."""
     from ppojax.runtime import launches
 
@@ -162,10 +172,17 @@ def measured(
     except ValueError as error:  # a tensor no axis of which the device count divides
         raise PlanError(f"--devices {devices}: {error}") from None
     started = time.perf_counter()
-    compiled = compile_program(prog, target, mesh)
+    held = {part: bytes_per_device(prog.held.get(part, {}), mesh) for part in PARTS}
+    try:
+        compiled = compile_program(prog, target, mesh)
+    except Exception as error:  # noqa: BLE001 (libtpu's refusal has no type of its own)
+        memory = refused_memory(error, held) if target in CHIPS else None
+        if memory is None or not CHIPS[target].is_tpu:
+            raise
+        message = str(error).strip().splitlines()[0][:300]
+        return memory, 0, 0, (), time.perf_counter() - started, 0, message
     seconds = time.perf_counter() - started
     analysis = compiled.memory_analysis()
-    held = {part: bytes_per_device(prog.held.get(part, {}), mesh) for part in PARTS}
     arguments, outputs = analysis.argument_size_in_bytes, analysis.output_size_in_bytes
     aliased, temporaries = analysis.alias_size_in_bytes, analysis.temp_size_in_bytes
     memory = Memory(
@@ -183,7 +200,26 @@ def measured(
         Loop(loop.trips, loop.total_launches(), loop.total_bytes()) for loop in counted.loops
     )
     launched, moved = counted.total_launches(), counted.total_bytes()
-    return memory, launched, moved, loops, seconds, counted.collective_bytes()
+    return memory, launched, moved, loops, seconds, counted.collective_bytes(), ""
+
+
+def refused_memory(error: Exception, held: dict[str, int]) -> Memory | None:
+    """The memory libtpu named in refusing to compile a program over the chip's HBM: the
+    temporaries it needs (the peak then at least the state's parts and those), or the whole
+    program's use; None for an error that is no such refusal."""
+    text = str(error)
+    for pattern in TPU_REFUSALS:
+        found = pattern.search(text)
+        if found is None:
+            continue
+        named = {name: int(float(value) * GIB) for name, value in found.groupdict().items()}
+        state = sum(held.values())
+        temporaries = named.get("temporaries", max(named.get("used", 0) - state, 0))
+        return Memory(
+            **held, inputs=0, temporaries=temporaries, outputs=0, aliased=0,
+            peak=state + temporaries,
+        )  # fmt: skip
+    return None
 
 
 def device_memory_of(target: str) -> int:
@@ -253,7 +289,8 @@ def plan(
         raise PlanError(f"device_memory must be a number of bytes > 0, got {device_memory!r}")
     config = model if isinstance(model, DecoderConfig) else model_config(model)
     name = config.model_type if isinstance(model, DecoderConfig) else str(model)
-    memory, launched, moved, loops, seconds, collective = measure(config, step, target, devices)
+    measured_step = measure(config, step, target, devices)
+    memory, launched, moved, loops, seconds, collective, refused = measured_step
     capacity = device_memory_of(target) if device_memory is None else int(device_memory)
     found = Plan(
         name,
@@ -264,12 +301,14 @@ def plan(
         launched,
         moved,
         loops,
-        estimate(config, step, target, devices, moved, launched, collective),
+        None if refused else estimate(config, step, target, devices, moved, launched, collective),
         capacity,
         headroom,
         seconds,
+        refused=refused,
     )
-    found = dataclasses.replace(found, decoding=decoding(config, step, devices, loops))
+    if not refused:
+        found = dataclasses.replace(found, decoding=decoding(config, step, devices, loops))
     if not search:
         return found
 
@@ -323,9 +362,15 @@ def report(p: Plan) -> str:
     if m.aliased:
         lines.append(f"  {'aliased':<12} -{size_text(m.aliased)}")
     lines.append(f"  {'peak':<12} {size_text(m.peak)}")
-    lines.append(
-        f"launches per step: {p.launches}, bytes they move: {size_text(p.bytes_moved).strip()}"
-    )
+    if p.refused:
+        lines.append(
+            f"libtpu refused to compile it ({p.refused}): the peak above is at least the "
+            "state and the temporaries it named; nothing else was counted"
+        )
+    else:
+        lines.append(
+            f"launches per step: {p.launches}, bytes they move: {size_text(p.bytes_moved).strip()}"
+        )
     for loop in p.loops:
         lines.append(
             f"  in a loop of {loop.trips} trips: {loop.launches} launches, "
@@ -342,9 +387,10 @@ def report(p: Plan) -> str:
     if p.estimate is not None:
         lines += estimate_lines(p, p.estimate)
     verdict = "fits" if p.fits else "does NOT fit"
+    at_least = "at least " if p.refused else ""
     lines.append(
-        f"verdict: {verdict}: peak {size_text(m.peak).strip()} of {size_text(p.usable).strip()} "
-        f"usable ({budget_text(p)})"
+        f"verdict: {verdict}: peak {at_least}{size_text(m.peak).strip()} of "
+        f"{size_text(p.usable).strip()} usable ({budget_text(p)})"
     )
     if p.largest_prompts is not None:
         lines.append(f"largest prompts per step that fit: {p.largest_prompts}")
