@@ -125,6 +125,21 @@ ENTRY %main (b: f32[128,64], k: s32[], r: f32[1,64], o: f32[64]) -> f32[128,64] 
     assert [launch.bytes for launch in program.launches] == [516, 1028, 2 * 128 * 64 * 4]
 
 
+def test_a_custom_call_updating_an_operand_in_place_is_not_counted_written_whole():
+    """The decode kernel's KV cache, aliased to its result (``output_to_operand_aliasing``):
+    read (its operand), not written whole; its other result is."""
+    hlo = """HloModule aliased
+
+ENTRY %m (q: f32[4,16], c: f32[4,8,16]) -> (f32[4,16], f32[4,8,16]) {
+  %q = f32[4,16]{1,0} parameter(0)
+  %c = f32[4,8,16]{2,1,0} parameter(1)
+  ROOT %k = (f32[4,16]{1,0}, f32[4,8,16]{2,1,0}) custom-call(%q, %c), custom_call_target="k", output_to_operand_aliasing={{1}: (1, {})}
+}
+"""
+    # q (256 B) and the cache (2 KiB) read, the output (256 B) written
+    assert [launch.bytes for launch in launches.count(hlo).launches] == [256 + 2048 + 256]
+
+
 def test_a_fusion_sees_through_bitcasts_to_an_in_place_update_and_counts_the_rows_it_gathers():
     """A sampling loop's KV cache, bitcast to the layout its attention reads and updated in
     place, writes one position; an embedding lookup reads the rows of its tokens, not the
