@@ -87,42 +87,74 @@ def fits(queries: jax.Array, keys: jax.Array) -> bool:
 
 
 def _kernel(
-    scores: attention.Scores,
-    group: int,
-    rows: int,
-    block: int,
-    q_ref,
-    k_ref,
-    v_ref,
-    mask_ref,
-    start_ref,
-    out_ref,
-) -> None:
-    """One row's one KV head: queries [group, Dh], keys and values [L, Dh], key mask [L],
-    start [1] -> out [group, Dh]; ``rows`` (>= group) query rows computed, the group's last
-    repeated."""
+    scores: attention.Scores, kv_heads: int, group: int, rows: int, block: int, rotary: bool, *refs
+):
+    """One row's one KV head: the token's heads [H + 2 KVH, Dh] (queries, keys, values), the
+    cache's keys and values [L, Dh], key mask [L], start [1] and, ``rotary``, RoPE's cos and
+    sin [Dh / 2] -> out [group, Dh], the token's key and value written into the cache
+    (aliased: ``k_out_ref`` is ``k_ref``'s buffer) at its position; ``rows`` (>= group) query
+    rows computed, the group's last repeated. With RoPE the query and key turn here, each in
+    its two halves (``attention.rotated``'s layout), and the scores are the halves' products
+    summed."""
     from jax.experimental import pallas as pl
 
+    token_ref, k_ref, v_ref, mask_ref, start_ref = refs[:5]
+    cos_ref, sin_ref = refs[5:-3] if rotary else (None, None)
+    out_ref, k_out_ref, v_out_ref = refs[-3:]
+    length, head_dim = k_ref.shape
+    kv_head = pl.program_id(1)
+    key_row = kv_heads * group + kv_head  # the token's rows: H queries, KVH keys, KVH values
     index = jnp.minimum(jax.lax.broadcasted_iota(jnp.int32, (rows,), 0), group - 1)
-    query = q_ref[index, :]
+    parts = 2 if rotary else 1
+    cols = [pl.ds(i * (head_dim // parts), head_dim // parts) for i in range(parts)]
+
+    def turned(halves: list) -> list:
+        if not rotary:
+            return halves
+        cos, sin = cos_ref[...][None, :], sin_ref[...][None, :]
+        first, second = halves
+        return [first * cos - second * sin, second * cos + first * sin]
+
+    query = turned([token_ref[kv_head * group + index, col] for col in cols])
+    new_key = turned([token_ref[key_row, col][None, :] for col in cols])
+    new_key = [x.astype(k_ref.dtype) for x in new_key]
+    new_value = token_ref[key_row + kv_heads, :][None, :].astype(v_ref.dtype)
     start = start_ref[0]
+    # where dynamic_update_slice writes it: the position clamped into the cache
+    written = jnp.clip(start, 0, length - 1)
     top0 = jnp.full((rows,), attention.MASKED_SCORE, jnp.float32)
     total0 = jnp.zeros((rows,), jnp.float32)
-    acc0 = jnp.zeros((rows, query.shape[-1]), jnp.float32)
+    acc0 = jnp.zeros((rows, head_dim), jnp.float32)
+
+    def cached(first):
+        """The cache's block from ``first`` with the token's key and value in (keys in their
+        ``cols``): read before any write of this program, so no read waits on a write."""
+        position = first + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+        here = (position == written)[:, None]
+        rows_ = pl.ds(first, block)
+        keys = [
+            jnp.where(here, new, k_ref[rows_, col]) for new, col in zip(new_key, cols, strict=True)
+        ]
+        values = jnp.where(here, new_value, v_ref[rows_, :])
+        return position, keys, values
 
     def step(j, carry):
         top, total, acc = carry
         first = pl.multiple_of(j * block, block)
-        keys = k_ref[pl.ds(first, block), :]
-        values = v_ref[pl.ds(first, block), :]
+        position, keys, values = cached(first)
         real = mask_ref[pl.ds(first, block)]
-        position = first + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
         seen = (position <= start) & real
         if scores.window is not None:
             seen = seen & (start - position < scores.window)
         seen = (seen | (position == start))[None, :]
-        raw = jax.lax.dot_general(
-            query, keys, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        raw = functools.reduce(
+            jnp.add,
+            [
+                jax.lax.dot_general(
+                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                for q, k in zip(query, keys, strict=True)
+            ],
         )
         masked = jnp.where(seen, attention.capped(raw, scores), attention.MASKED_SCORE)
         new_top = jnp.maximum(top, masked.max(axis=1))
@@ -142,20 +174,34 @@ def _kernel(
         first = jnp.maximum(start - scores.window + 1, 0) // block
     _, total, acc = jax.lax.fori_loop(first, last, step, (top0, total0, acc0))
     out_ref[index, :] = (acc / total[:, None]).astype(out_ref.dtype)
+    # the block holding the token's position, stored whole with the token's key and value in
+    block_first = pl.multiple_of(written // block * block, block)
+    _, keys, values = cached(block_first)
+    for part, col in zip(keys, cols, strict=True):
+        k_out_ref[pl.ds(block_first, block), col] = part
+    v_out_ref[pl.ds(block_first, block), :] = values
 
 
 def attend(
     queries: jax.Array,
+    new_keys: jax.Array,
+    new_values: jax.Array,
     keys: jax.Array,
     values: jax.Array,
     key_mask: jax.Array,
     start: Any,
     scores: attention.Scores,
+    rope: tuple[jax.Array, jax.Array] | None = None,
     *,
     interpret: bool | None = None,
-) -> jax.Array:
-    """``attention.attend`` of one query a row (``fits``) in the kernel: queries [B, 1, H, Dh]
-    at cache position ``start`` over keys and values [B, L, KVH, Dh] -> [B, 1, H * Dh].
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``attention.attend`` of one query a row (``fits``) in the kernel, the token's keys and
+    values written into the cache first: queries [B, 1, H, Dh] and the token's keys and values
+    [B, 1, KVH, Dh] at cache position ``start``, the cache's keys and values [B, L, KVH, Dh]
+    -> the output [B, 1, H * Dh] and the cache with the token's keys and values at ``start``
+    (updated in place: the cache's operands are aliased to the kernel's outputs). ``rope``:
+    RoPE's cos and sin [B, 1, 1, Dh / 2] (``attention.rotated``'s) to turn the queries and
+    keys by in the kernel (Dh of at least 2 * MIN_DIM), or None where they come turned.
     ``interpret``: None for the Triton kernel where the program is lowered for CUDA and
     Pallas's interpreter elsewhere; True or False for one of them on every platform."""
     # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
@@ -167,32 +213,41 @@ def attend(
     group = heads // kv_heads
     rows = max(MIN_DIM, 1 << (group - 1).bit_length())
     block = key_block(length)
-    grouped = queries.reshape(batch_size, kv_heads, group, head_dim)
+    # one operand of the token's heads: XLA writes the three projections' one fusion there
+    token = jnp.concatenate(
+        [x.reshape(batch_size, -1, head_dim) for x in (queries, new_keys, new_values)], axis=1
+    )
     cache_spec = pl.BlockSpec((None, length, None, head_dim), lambda b, h: (b, 0, h, 0))
     group_spec = pl.BlockSpec((None, None, group, head_dim), lambda b, h: (b, h, 0, 0))
     call = functools.partial(
         pl.pallas_call,
-        functools.partial(_kernel, scores, group, rows, block),
-        out_shape=jax.ShapeDtypeStruct(grouped.shape, values.dtype),
+        functools.partial(_kernel, scores, kv_heads, group, rows, block, rope is not None),
+        out_shape=(
+            jax.ShapeDtypeStruct((batch_size, kv_heads, group, head_dim), values.dtype),
+            jax.ShapeDtypeStruct(keys.shape, keys.dtype),
+            jax.ShapeDtypeStruct(values.shape, values.dtype),
+        ),
         grid=(batch_size, kv_heads),
         in_specs=[
-            group_spec,
+            pl.BlockSpec((None, token.shape[1], head_dim), lambda b, h: (b, 0, 0)),
             cache_spec,
             cache_spec,
             pl.BlockSpec((None, length), lambda b, h: (b, 0)),
             pl.BlockSpec((1,), lambda b, h: (0,)),
-        ],
-        out_specs=group_spec,
+        ]
+        + [pl.BlockSpec((None, head_dim // 2), lambda b, h: (b, 0))] * (2 * (rope is not None)),
+        out_specs=(group_spec, cache_spec, cache_spec),
+        input_output_aliases={1: 1, 2: 2},
         compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=2),
         name="decode_attention",
     )
     arrays = (
-        grouped,
+        token,
         keys,
         values,
         key_mask.astype(bool),
         jnp.reshape(start, (1,)).astype(jnp.int32),
-    )
+    ) + tuple(x.reshape(batch_size, head_dim // 2) for x in rope or ())
     if interpret is None:
         # The platform the program is lowered for decides, not the machine that traces it.
         outputs = jax.lax.platform_dependent(
@@ -200,28 +255,51 @@ def attend(
         )
     else:
         outputs = call(interpret=interpret)(*arrays)
-    return outputs.reshape(batch_size, 1, heads * head_dim)
+    out, keys, values = outputs
+    return out.reshape(batch_size, 1, heads * head_dim), keys, values
 
 
 def attend_cached(
     queries: jax.Array,
+    new_keys: jax.Array,
+    new_values: jax.Array,
     keys: jax.Array,
     values: jax.Array,
     key_mask: jax.Array,
     start: Any,
     scores: attention.Scores,
-) -> jax.Array:
-    """``attention.attend`` over a KV cache: the kernel where the candidate
-    "pallas_decode_attention" is chosen (or, as one of CUDA's defaults, lowered for CUDA:
-    ``kernels.by_platform``) and ``fits``; the plain form elsewhere."""
+    rope: tuple[jax.Array, jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The chunk's keys and values [B, S, KVH, Dh] written into the cache at ``start``, and
+    ``attention.attend`` over it: the output and the updated keys and values; ``rope``: RoPE's
+    cos and sin [B, S, 1, Dh / 2] to turn the queries and keys by first (``attention.rotated``),
+    or None. In the kernel
+    where the candidate "pallas_decode_attention" is chosen (or, as one of CUDA's defaults,
+    lowered for CUDA: ``kernels.by_platform``) and ``fits``; the plain form elsewhere
+    (``dynamic_update_slice``, XLA's in-place update, then the attention)."""
+
+    def turned(queries, new_keys, rope):
+        if rope is None:
+            return queries, new_keys
+        return attention.rotated(queries, *rope), attention.rotated(new_keys, *rope)
+
+    def plain(queries, new_keys, new_values, keys, values, key_mask, start, rope):
+        queries, new_keys = turned(queries, new_keys, rope)
+        keys = jax.lax.dynamic_update_slice(keys, new_keys.astype(keys.dtype), (0, start, 0, 0))
+        values = jax.lax.dynamic_update_slice(
+            values, new_values.astype(values.dtype), (0, start, 0, 0)
+        )
+        return attention.attend(queries, keys, values, key_mask, start, scores), keys, values
+
+    operands = (queries, new_keys, new_values, keys, values, key_mask, start, rope)
     if not fits(queries, keys):
-        return attention.attend(queries, keys, values, key_mask, start, scores)
+        return plain(*operands)
+    if rope is not None and queries.shape[-1] < 2 * MIN_DIM:  # halves too narrow to turn in it
+        queries, new_keys = turned(queries, new_keys, rope)
+        operands = (queries, new_keys, new_values, keys, values, key_mask, start, None)
 
-    def plain(queries, keys, values, key_mask, start):
-        return attention.attend(queries, keys, values, key_mask, start, scores)
-
-    def kernel(queries, keys, values, key_mask, start):
-        return attend(queries, keys, values, key_mask, start, scores)
+    def kernel(queries, new_keys, new_values, keys, values, key_mask, start, rope):
+        return attend(queries, new_keys, new_values, keys, values, key_mask, start, scores, rope)
 
     mesh = sharding.rows_mesh()
     if mesh is not None:
@@ -229,14 +307,14 @@ def attend_cached(
         # whole onto every device (the cache too); each device runs it on its own rows.
         devices = mesh.shape[sharding.DATA] * mesh.shape[sharding.FSDP]
         if queries.shape[0] % devices:
-            return plain(queries, keys, values, key_mask, start)
+            return plain(*operands)
         rows = PartitionSpec((sharding.DATA, sharding.FSDP))
         kernel = jax.shard_map(
             kernel,
             mesh=mesh,
-            in_specs=(rows,) * 4 + (PartitionSpec(),),
-            out_specs=rows,
+            in_specs=(rows,) * 6 + (PartitionSpec(), rows),
+            out_specs=(rows,) * 3,
             check_vma=False,
         )
     chosen = kernels.by_platform("pallas_decode_attention", plain, kernel)
-    return chosen(queries, keys, values, key_mask, jnp.asarray(start))
+    return chosen(*operands[:6], jnp.asarray(start), operands[7])

@@ -74,13 +74,10 @@ def inverse_frequencies(rope: dict[str, Any], dim: int) -> jax.Array:
     return jnp.where(medium, blended, scaled)
 
 
-def rotate(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """RoPE of x [B, S, H, Dh] at positions [B, S], in Hugging Face's half-split layout."""
+def rope_angles(positions: jax.Array, inv_freq: jax.Array, dtype: Any) -> tuple[Any, Any]:
+    """RoPE's cos and sin [B, S, 1, Dh / 2] in ``dtype`` at positions [B, S]."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq
-    cos = jnp.cos(angles)[:, :, None, :].astype(x.dtype)
-    sin = jnp.sin(angles)[:, :, None, :].astype(x.dtype)
-    first, second = jnp.split(x, 2, axis=-1)
-    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return tuple(f(angles)[:, :, None, :].astype(dtype) for f in (jnp.cos, jnp.sin))
 
 
 class RMSNorm(nn.Module):
@@ -173,19 +170,22 @@ class Attention(nn.Module):
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         config, start = self.config, slot.start
         q, k, v = self.project(x)
+        rope = None
         if config.positions == "rope":
             inv_freq = inverse_frequencies(config.layer_rope(self.index), config.head_dim)
-            q, k = rotate(q, slot.positions, inv_freq), rotate(k, slot.positions, inv_freq)
-        cached = keys is not None
-        if not cached:  # a full pass: the chunk's own keys are all there is
-            keys, values = k.astype(self.dtype), v.astype(self.dtype)
-        else:
-            keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, start, 0, 0))
-            values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, start, 0, 0))
+            rope = rope_angles(slot.positions, inv_freq, q.dtype)
         scores = scores_of(config, self.index, self.block)
-        # over a cache, a decoded token's attention may go to its kernel (a kernels candidate)
-        attend = decode_attention.attend_cached if cached else attention.attend
-        attended = attend(q, keys, values, slot.key_mask, start, scores)
+        if keys is None:  # a full pass: the chunk's own keys are all there is
+            if rope is not None:
+                q, k = attention.rotated(q, *rope), attention.rotated(k, *rope)
+            keys, values = k.astype(self.dtype), v.astype(self.dtype)
+            attended = attention.attend(q, keys, values, slot.key_mask, start, scores)
+        else:
+            # rotated, written into the cache and attended over it: a decoded token's in its
+            # kernel (a kernels candidate), the cache updated in place there
+            attended, keys, values = decode_attention.attend_cached(
+                q, k, v, keys, values, slot.key_mask, start, scores, rope
+            )
         name = "c_proj" if config.model_type == "gpt2" else "o_proj"
         return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
 
