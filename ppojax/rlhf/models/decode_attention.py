@@ -1,5 +1,6 @@
 """A decoded token's attention in one Pallas kernel (the kernels candidate
-"pallas_decode_attention").
+"pallas_decode_attention"), which also turns its query and key by RoPE and writes its key and
+value into the KV cache.
 
 Decoding one token a row, ``attention.plain`` runs as several XLA kernels a layer: the
 scores' product, softmax's maximum, sum and division, and the weighted values, each writing
@@ -26,12 +27,25 @@ repeating its last query (a gather of clamped indices); the copies compute the l
 numbers through the same instructions and are stored over its row with the same indices
 (a masked store of them is Triton's alone: Pallas's interpreter has none for such an index).
 
+The token's queries, key and value come as one operand [B, H + 2 KVH, Dh]: XLA writes the
+three projections' split-K sums and biases there in one fusion (three, one a projection, when
+each went to its own consumer). With RoPE (``rope``: its cos and sin) the kernel turns the
+query and key, in their two halves (a head of at least 32; a narrower one turns before it).
+The cache's keys and values are aliased to two of its outputs: it stores the block holding
+the token's position with the token's key and value in, in place, and attends over the cache
+with them merged into that block as it reads it (no read follows a write), so no XLA kernel
+updates the cache. Each of these on its own cut nothing: XLA had fused RoPE and the cache
+updates into the projections' fusions (the cache written in the kernel alone: 301 launches,
+2.78 GB); together they remove three fusions a layer.
+
 Counted, not timed: no GPU has run it. On an H100's deviceless compile
 (benchmarks/decode_program.py, without autotuning) it cuts a decoded token of Qwen2.5-0.5B
-(64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 301 and 2.78 GB,
-and of Qwen2.5-7B from 518 launches and 23.5 GB to 406 and 22.6 GB; that count takes the
-kernel's operands whole, though it reads the cache only up to the token. Lowered for any
-platform but CUDA it runs in Pallas's interpreter as plain XLA ops, for tests.
+(64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 253 and 2.73 GB
+(the attention alone, before RoPE and the cache write: 301 and 2.78 GB), and of Qwen2.5-7B
+from 518 launches and 23.5 GB to 350 and 22.3 GB (406 and 22.6 GB); that count takes the
+kernel's operands whole, though it reads the cache only up to the token, and its aliased cache
+as read, not written (``ppojax.runtime.launches``). Lowered for any platform but CUDA it runs
+in Pallas's interpreter as plain XLA ops, for tests.
 
 Inside a sharded step (``sharding.rows_on``) it runs in ``shard_map`` on each device's rows:
 XLA's partitioner has no rule for a Pallas call and would gather its operands, the cache
