@@ -634,10 +634,10 @@ def decode_logits(config, tokens: int = 3, length: int = 32):
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_the_decoder_decodes_through_pallas_decode_attention_as_through_the_plain_form():
-    """A Qwen2-shaped decoder (4 query heads on 2 KV heads of 16, GQA; of 32, RoPE turned in
-    the kernel) decoding 3 tokens with the candidate chosen gives the plain decoder's logits
-    and tokens; a cache length without a key block (40) or a head of 8 leaves the plain form
-    in place, bit for bit."""
+    """A Qwen2-shaped decoder (4 query heads on 2 KV heads of 16 and of 32, GQA) decoding 3
+    tokens with the candidate chosen gives the plain decoder's logits and tokens; a cache
+    length without a key block (40) or a head of 8 leaves the plain form in place, bit for
+    bit."""
     from ppojax.rlhf.models.config import parse_config
 
     shape = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 64}
@@ -740,24 +740,19 @@ def test_pallas_decode_attention_runs_on_each_device_s_rows_of_a_sharded_step():
 def test_pallas_decode_attention_writes_the_token_into_the_cache_as_the_plain_form(
     window, start, head_dim
 ):
-    """The kernel turns the token's query and key by RoPE (heads of 32; of 16, too narrow for
-    its halves, they turn before it) and writes its key and value into the cache it reads
-    (aliased, in place): the cache after it is the plain form's, bit for bit in float32, at
-    the first, a middle and the last position, and the output the plain form's within the
-    bound above, the new key seen, not the one it overwrote."""
+    """The kernel writes the token's key and value into the cache it reads (aliased, in
+    place): the cache after it is the plain form's, bit for bit in float32, at the first, a
+    middle and the last position, heads of 16 and 32, and the output the plain form's within
+    the bound above, the new key seen, not the one it overwrote."""
     from ppojax.rlhf.models import attention, decode_attention
 
     scores = attention.Scores(0.25, None, window)
     queries, keys, values, key_mask = decode_operands(jnp.float32, head_dim=head_dim, seed=3)
     new = [jax.random.normal(jax.random.key(5 + i), (3, 1, 2, head_dim)) for i in range(2)]
-    angles = jnp.array([start, start - 5, start - 20])[:, None] * jnp.linspace(
-        1, 0.01, head_dim // 2
-    )
-    rope = tuple(f(angles)[:, None, None, :] for f in (jnp.cos, jnp.sin))
-    operands = (queries, *new, keys, values, key_mask, jnp.int32(start), rope)
+    operands = (queries, *new, keys, values, key_mask, jnp.int32(start))
 
     def attend(*x):  # a new function a trace (below): JAX caches traces by the function
-        return decode_attention.attend_cached(*x[:-1], scores, x[-1])
+        return decode_attention.attend_cached(*x, scores)
 
     plain = jax.jit(attend)(*operands)
     with kernels.use("pallas_decode_attention"):

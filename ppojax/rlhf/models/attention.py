@@ -49,13 +49,6 @@ def capped(raw: jax.Array, scores: Scores) -> jax.Array:
     return x if scores.softcap is None else scores.softcap * jnp.tanh(x / scores.softcap)
 
 
-def rotated(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """RoPE of x [..., Dh] by its angles' cos and sin [..., Dh / 2] (x's dtype), in Hugging
-    Face's half-split layout."""
-    first, second = jnp.split(x, 2, axis=-1)
-    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-
-
 def visible(query_index: jax.Array, key_index: jax.Array, key_mask: jax.Array, window) -> Any:
     """[..., S, L] True where query positions [S] see key positions [L] (``key_mask`` [B, L]
     marks real keys): causal, real, within the window, or the query's own."""

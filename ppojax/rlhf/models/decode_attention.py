@@ -1,6 +1,5 @@
 """A decoded token's attention in one Pallas kernel (the kernels candidate
-"pallas_decode_attention"), which also turns its query and key by RoPE and writes its key and
-value into the KV cache.
+"pallas_decode_attention"), which also writes the token's key and value into the KV cache.
 
 Decoding one token a row, ``attention.plain`` runs as several XLA kernels a layer: the
 scores' product, softmax's maximum, sum and division, and the weighted values, each writing
@@ -28,21 +27,21 @@ numbers through the same instructions and are stored over its row with the same 
 (a masked store of them is Triton's alone: Pallas's interpreter has none for such an index).
 
 The token's queries, key and value come as one operand [B, H + 2 KVH, Dh]: XLA writes the
-three projections' split-K sums and biases there in one fusion (three, one a projection, when
-each went to its own consumer). With RoPE (``rope``: its cos and sin) the kernel turns the
-query and key, in their two halves (a head of at least 32; a narrower one turns before it).
-The cache's keys and values are aliased to two of its outputs: it stores the block holding
-the token's position with the token's key and value in, in place, and attends over the cache
-with them merged into that block as it reads it (no read follows a write), so no XLA kernel
-updates the cache. Each of these on its own cut nothing: XLA had fused RoPE and the cache
-updates into the projections' fusions (the cache written in the kernel alone: 301 launches,
-2.78 GB); together they remove three fusions a layer.
+three projections' split-K sums, biases and RoPE there in one fusion (three, one a projection,
+when each went to its own consumer). The cache's keys and values are aliased to two of its
+outputs: it stores the block holding the token's position with the token's key and value in,
+in place, and attends over the cache with them merged into that block as it reads it (no read
+follows a write), so no XLA kernel updates the cache. Each on its own cut nothing: XLA had
+fused the cache updates into the projections' fusions (the cache written in the kernel, the
+three operands apart: 301 launches, 2.78 GB); together they remove two fusions a layer. RoPE
+turned in the kernel too (its query and key in halves) cut nothing more (253 launches and the
+same bytes: XLA fuses it into that one fusion), and is left out.
 
 Counted, not timed: no GPU has run it. On an H100's deviceless compile
 (benchmarks/decode_program.py, without autotuning) it cuts a decoded token of Qwen2.5-0.5B
 (64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 253 and 2.73 GB
-(the attention alone, before RoPE and the cache write: 301 and 2.78 GB), and of Qwen2.5-7B
-from 518 launches and 23.5 GB to 350 and 22.3 GB (406 and 22.6 GB); that count takes the
+(the attention alone, before the cache write: 301 and 2.78 GB), and of Qwen2.5-7B from 518
+launches and 23.5 GB to 350 and 22.3 GB (406 and 22.6 GB); that count takes the
 kernel's operands whole, though it reads the cache only up to the token, and its aliased cache
 as read, not written (``ppojax.runtime.launches``). Lowered for any platform but CUDA it runs
 in Pallas's interpreter as plain XLA ops, for tests.
@@ -100,38 +99,20 @@ def fits(queries: jax.Array, keys: jax.Array) -> bool:
     )
 
 
-def _kernel(
-    scores: attention.Scores, kv_heads: int, group: int, rows: int, block: int, rotary: bool, *refs
-):
+def _kernel(scores: attention.Scores, kv_heads: int, group: int, rows: int, block: int, *refs):
     """One row's one KV head: the token's heads [H + 2 KVH, Dh] (queries, keys, values), the
-    cache's keys and values [L, Dh], key mask [L], start [1] and, ``rotary``, RoPE's cos and
-    sin [Dh / 2] -> out [group, Dh], the token's key and value written into the cache
-    (aliased: ``k_out_ref`` is ``k_ref``'s buffer) at its position; ``rows`` (>= group) query
-    rows computed, the group's last repeated. With RoPE the query and key turn here, each in
-    its two halves (``attention.rotated``'s layout), and the scores are the halves' products
-    summed."""
+    cache's keys and values [L, Dh], key mask [L], start [1] -> out [group, Dh], the token's
+    key and value written into the cache (aliased: ``k_out_ref`` is ``k_ref``'s buffer) at
+    its position; ``rows`` (>= group) query rows computed, the group's last repeated."""
     from jax.experimental import pallas as pl
 
-    token_ref, k_ref, v_ref, mask_ref, start_ref = refs[:5]
-    cos_ref, sin_ref = refs[5:-3] if rotary else (None, None)
-    out_ref, k_out_ref, v_out_ref = refs[-3:]
+    token_ref, k_ref, v_ref, mask_ref, start_ref, out_ref, k_out_ref, v_out_ref = refs
     length, head_dim = k_ref.shape
     kv_head = pl.program_id(1)
     key_row = kv_heads * group + kv_head  # the token's rows: H queries, KVH keys, KVH values
     index = jnp.minimum(jax.lax.broadcasted_iota(jnp.int32, (rows,), 0), group - 1)
-    parts = 2 if rotary else 1
-    cols = [pl.ds(i * (head_dim // parts), head_dim // parts) for i in range(parts)]
-
-    def turned(halves: list) -> list:
-        if not rotary:
-            return halves
-        cos, sin = cos_ref[...][None, :], sin_ref[...][None, :]
-        first, second = halves
-        return [first * cos - second * sin, second * cos + first * sin]
-
-    query = turned([token_ref[kv_head * group + index, col] for col in cols])
-    new_key = turned([token_ref[key_row, col][None, :] for col in cols])
-    new_key = [x.astype(k_ref.dtype) for x in new_key]
+    query = token_ref[kv_head * group + index, :]
+    new_key = token_ref[key_row, :][None, :].astype(k_ref.dtype)
     new_value = token_ref[key_row + kv_heads, :][None, :].astype(v_ref.dtype)
     start = start_ref[0]
     # where dynamic_update_slice writes it: the position clamped into the cache
@@ -141,15 +122,12 @@ def _kernel(
     acc0 = jnp.zeros((rows, head_dim), jnp.float32)
 
     def cached(first):
-        """The cache's block from ``first`` with the token's key and value in (keys in their
-        ``cols``): read before any write of this program, so no read waits on a write."""
+        """The cache's block from ``first`` with the token's key and value in: read before any
+        write of this program, so no read waits on a write."""
         position = first + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
         here = (position == written)[:, None]
-        rows_ = pl.ds(first, block)
-        keys = [
-            jnp.where(here, new, k_ref[rows_, col]) for new, col in zip(new_key, cols, strict=True)
-        ]
-        values = jnp.where(here, new_value, v_ref[rows_, :])
+        keys = jnp.where(here, new_key, k_ref[pl.ds(first, block), :])
+        values = jnp.where(here, new_value, v_ref[pl.ds(first, block), :])
         return position, keys, values
 
     def step(j, carry):
@@ -161,14 +139,8 @@ def _kernel(
         if scores.window is not None:
             seen = seen & (start - position < scores.window)
         seen = (seen | (position == start))[None, :]
-        raw = functools.reduce(
-            jnp.add,
-            [
-                jax.lax.dot_general(
-                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-                )
-                for q, k in zip(query, keys, strict=True)
-            ],
+        raw = jax.lax.dot_general(
+            query, keys, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
         masked = jnp.where(seen, attention.capped(raw, scores), attention.MASKED_SCORE)
         new_top = jnp.maximum(top, masked.max(axis=1))
@@ -191,8 +163,7 @@ def _kernel(
     # the block holding the token's position, stored whole with the token's key and value in
     block_first = pl.multiple_of(written // block * block, block)
     _, keys, values = cached(block_first)
-    for part, col in zip(keys, cols, strict=True):
-        k_out_ref[pl.ds(block_first, block), col] = part
+    k_out_ref[pl.ds(block_first, block), :] = keys
     v_out_ref[pl.ds(block_first, block), :] = values
 
 
@@ -205,7 +176,6 @@ def attend(
     key_mask: jax.Array,
     start: Any,
     scores: attention.Scores,
-    rope: tuple[jax.Array, jax.Array] | None = None,
     *,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -213,9 +183,7 @@ def attend(
     values written into the cache first: queries [B, 1, H, Dh] and the token's keys and values
     [B, 1, KVH, Dh] at cache position ``start``, the cache's keys and values [B, L, KVH, Dh]
     -> the output [B, 1, H * Dh] and the cache with the token's keys and values at ``start``
-    (updated in place: the cache's operands are aliased to the kernel's outputs). ``rope``:
-    RoPE's cos and sin [B, 1, 1, Dh / 2] (``attention.rotated``'s) to turn the queries and
-    keys by in the kernel (Dh of at least 2 * MIN_DIM), or None where they come turned.
+    (updated in place: the cache's operands are aliased to the kernel's outputs).
     ``interpret``: None for the Triton kernel where the program is lowered for CUDA and
     Pallas's interpreter elsewhere; True or False for one of them on every platform."""
     # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
@@ -235,7 +203,7 @@ def attend(
     group_spec = pl.BlockSpec((None, None, group, head_dim), lambda b, h: (b, h, 0, 0))
     call = functools.partial(
         pl.pallas_call,
-        functools.partial(_kernel, scores, kv_heads, group, rows, block, rope is not None),
+        functools.partial(_kernel, scores, kv_heads, group, rows, block),
         out_shape=(
             jax.ShapeDtypeStruct((batch_size, kv_heads, group, head_dim), values.dtype),
             jax.ShapeDtypeStruct(keys.shape, keys.dtype),
@@ -248,8 +216,7 @@ def attend(
             cache_spec,
             pl.BlockSpec((None, length), lambda b, h: (b, 0)),
             pl.BlockSpec((1,), lambda b, h: (0,)),
-        ]
-        + [pl.BlockSpec((None, head_dim // 2), lambda b, h: (b, 0))] * (2 * (rope is not None)),
+        ],
         out_specs=(group_spec, cache_spec, cache_spec),
         input_output_aliases={1: 1, 2: 2},
         compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=2),
@@ -261,7 +228,7 @@ def attend(
         values,
         key_mask.astype(bool),
         jnp.reshape(start, (1,)).astype(jnp.int32),
-    ) + tuple(x.reshape(batch_size, head_dim // 2) for x in rope or ())
+    )
     if interpret is None:
         # The platform the program is lowered for decides, not the machine that traces it.
         outputs = jax.lax.platform_dependent(
@@ -282,38 +249,26 @@ def attend_cached(
     key_mask: jax.Array,
     start: Any,
     scores: attention.Scores,
-    rope: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The chunk's keys and values [B, S, KVH, Dh] written into the cache at ``start``, and
-    ``attention.attend`` over it: the output and the updated keys and values; ``rope``: RoPE's
-    cos and sin [B, S, 1, Dh / 2] to turn the queries and keys by first (``attention.rotated``),
-    or None. In the kernel
+    ``attention.attend`` over it: the output and the updated keys and values. In the kernel
     where the candidate "pallas_decode_attention" is chosen (or, as one of CUDA's defaults,
     lowered for CUDA: ``kernels.by_platform``) and ``fits``; the plain form elsewhere
     (``dynamic_update_slice``, XLA's in-place update, then the attention)."""
 
-    def turned(queries, new_keys, rope):
-        if rope is None:
-            return queries, new_keys
-        return attention.rotated(queries, *rope), attention.rotated(new_keys, *rope)
-
-    def plain(queries, new_keys, new_values, keys, values, key_mask, start, rope):
-        queries, new_keys = turned(queries, new_keys, rope)
+    def plain(queries, new_keys, new_values, keys, values, key_mask, start):
         keys = jax.lax.dynamic_update_slice(keys, new_keys.astype(keys.dtype), (0, start, 0, 0))
         values = jax.lax.dynamic_update_slice(
             values, new_values.astype(values.dtype), (0, start, 0, 0)
         )
         return attention.attend(queries, keys, values, key_mask, start, scores), keys, values
 
-    operands = (queries, new_keys, new_values, keys, values, key_mask, start, rope)
+    operands = (queries, new_keys, new_values, keys, values, key_mask, start)
     if not fits(queries, keys):
         return plain(*operands)
-    if rope is not None and queries.shape[-1] < 2 * MIN_DIM:  # halves too narrow to turn in it
-        queries, new_keys = turned(queries, new_keys, rope)
-        operands = (queries, new_keys, new_values, keys, values, key_mask, start, None)
 
-    def kernel(queries, new_keys, new_values, keys, values, key_mask, start, rope):
-        return attend(queries, new_keys, new_values, keys, values, key_mask, start, scores, rope)
+    def kernel(queries, new_keys, new_values, keys, values, key_mask, start):
+        return attend(queries, new_keys, new_values, keys, values, key_mask, start, scores)
 
     mesh = sharding.rows_mesh()
     if mesh is not None:
@@ -326,9 +281,9 @@ def attend_cached(
         kernel = jax.shard_map(
             kernel,
             mesh=mesh,
-            in_specs=(rows,) * 6 + (PartitionSpec(), rows),
+            in_specs=(rows,) * 6 + (PartitionSpec(),),
             out_specs=(rows,) * 3,
             check_vma=False,
         )
     chosen = kernels.by_platform("pallas_decode_attention", plain, kernel)
-    return chosen(*operands[:6], jnp.asarray(start), operands[7])
+    return chosen(*operands[:-1], jnp.asarray(start))

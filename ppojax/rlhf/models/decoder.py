@@ -74,10 +74,13 @@ def inverse_frequencies(rope: dict[str, Any], dim: int) -> jax.Array:
     return jnp.where(medium, blended, scaled)
 
 
-def rope_angles(positions: jax.Array, inv_freq: jax.Array, dtype: Any) -> tuple[Any, Any]:
-    """RoPE's cos and sin [B, S, 1, Dh / 2] in ``dtype`` at positions [B, S]."""
+def rotate(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """RoPE of x [B, S, H, Dh] at positions [B, S], in Hugging Face's half-split layout."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq
-    return tuple(f(angles)[:, :, None, :].astype(dtype) for f in (jnp.cos, jnp.sin))
+    cos = jnp.cos(angles)[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(angles)[:, :, None, :].astype(x.dtype)
+    first, second = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
 class RMSNorm(nn.Module):
@@ -170,21 +173,18 @@ class Attention(nn.Module):
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         config, start = self.config, slot.start
         q, k, v = self.project(x)
-        rope = None
         if config.positions == "rope":
             inv_freq = inverse_frequencies(config.layer_rope(self.index), config.head_dim)
-            rope = rope_angles(slot.positions, inv_freq, q.dtype)
+            q, k = rotate(q, slot.positions, inv_freq), rotate(k, slot.positions, inv_freq)
         scores = scores_of(config, self.index, self.block)
         if keys is None:  # a full pass: the chunk's own keys are all there is
-            if rope is not None:
-                q, k = attention.rotated(q, *rope), attention.rotated(k, *rope)
             keys, values = k.astype(self.dtype), v.astype(self.dtype)
             attended = attention.attend(q, keys, values, slot.key_mask, start, scores)
         else:
-            # rotated, written into the cache and attended over it: a decoded token's in its
-            # kernel (a kernels candidate), the cache updated in place there
+            # written into the cache and attended over it: a decoded token's in its kernel (a
+            # kernels candidate), the cache updated in place there
             attended, keys, values = decode_attention.attend_cached(
-                q, k, v, keys, values, slot.key_mask, start, scores, rope
+                q, k, v, keys, values, slot.key_mask, start, scores
             )
         name = "c_proj" if config.model_type == "gpt2" else "o_proj"
         return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
