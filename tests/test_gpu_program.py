@@ -502,7 +502,7 @@ def test_on_two_h100s_a_decoded_token_s_attention_kernel_runs_on_each_device_s_r
     """TINY_QWEN2 with heads of 32 (64 wide), whose decoded token's attention the Pallas
     kernel takes ("pallas_decode_attention", a CUDA default): split over two H100s it runs on
     each device's rows (shard_map), where XLA's partitioner would gather the cache whole for
-    it. Measured: 35 launches and 1,817,777 bytes a token against the plain form's 38 and
+    it. Measured: 34 launches and 1,816,753 bytes a token against the plain form's 38 and
     1,822,561 (the attention alone in the kernel: 36 and 1,819,869; without shard_map: 39 and
     1,997,665), the collectives the same."""
     needs_plugin()

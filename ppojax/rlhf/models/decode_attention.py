@@ -26,16 +26,16 @@ repeating its last query (a gather of clamped indices); the copies compute the l
 numbers through the same instructions and are stored over its row with the same indices
 (a masked store of them is Triton's alone: Pallas's interpreter has none for such an index).
 
-The token's queries, key and value come as one operand [B, H + 2 KVH, Dh]: XLA writes the
-three projections' split-K sums, biases and RoPE there in one fusion (three, one a projection,
-when each went to its own consumer). The cache's keys and values are aliased to two of its
-outputs: it stores the block holding the token's position with the token's key and value in,
-in place, and attends over the cache with them merged into that block as it reads it (no read
-follows a write), so no XLA kernel updates the cache. Each on its own cut nothing: XLA had
-fused the cache updates into the projections' fusions (the cache written in the kernel, the
-three operands apart: 301 launches, 2.78 GB); together they remove two fusions a layer. RoPE
-turned in the kernel too (its query and key in halves) cut nothing more (253 launches and the
-same bytes: XLA fuses it into that one fusion), and is left out.
+The cache's keys and values are aliased to two of its outputs: it stores the block holding the
+token's position with the token's key and value in, in place, and attends over the cache with
+them merged into that block as it reads it (no read follows a write), so no XLA kernel updates
+the cache. The token's queries, key and value come as one operand [B, H + 2 KVH, Dh], which XLA
+writes in one fusion of the three projections' split-K sums, biases and RoPE. With the three
+operands apart the cache write cut nothing (301 launches, 2.78 GB: XLA had fused the cache
+updates into the projections' three fusions, which stayed for their sums and biases); with one
+operand the three fusions become one. RoPE turned in the kernel too (its query and key in
+halves) cut nothing more (253 launches and the same bytes: XLA fuses it into that one fusion)
+and is left out.
 
 Counted, not timed: no GPU has run it. On an H100's deviceless compile
 (benchmarks/decode_program.py, without autotuning) it cuts a decoded token of Qwen2.5-0.5B
