@@ -576,8 +576,10 @@ def decode_operands(dtype, length: int = 48, head_dim: int = 16, group: int = 3,
 def interpreted_decode(queries, keys, values, key_mask, start, scores):
     from ppojax.rlhf.models import decode_attention
 
-    def kernel(*operands):
-        return decode_attention.attend(*operands, scores, interpret=True)
+    def kernel(queries, keys, values, key_mask, start):  # the token's own keys written back
+        new = [jax.lax.dynamic_slice_in_dim(x, start, 1, 1) for x in (keys, values)]
+        operands = (queries, *new, keys, values, key_mask, start)
+        return decode_attention.attend(*operands, scores, interpret=True)[0]
 
     return jax.jit(kernel)(queries, keys, values, key_mask, jnp.int32(start))
 
@@ -670,9 +672,10 @@ def decode_logits(config, tokens: int = 3, length: int = 32):
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 def test_the_decoder_decodes_through_pallas_decode_attention_as_through_the_plain_form():
-    """A Qwen2-shaped decoder (4 query heads on 2 KV heads of 16, GQA) decoding 3 tokens with
-    the candidate chosen gives the plain decoder's logits; a cache length without a key block
-    (40) or a head of 8 leaves the plain form in place, bit for bit."""
+    """A Qwen2-shaped decoder (4 query heads on 2 KV heads of 16 and of 32, GQA) decoding 3
+    tokens with the candidate chosen gives the plain decoder's logits and tokens; a cache
+    length without a key block (40) or a head of 8 leaves the plain form in place, bit for
+    bit."""
     from ppojax.rlhf.models.config import parse_config
 
     shape = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 64}
@@ -687,6 +690,14 @@ def test_the_decoder_decodes_through_pallas_decode_attention_as_through_the_plai
     # logits of order 1 through two layers: the attention's ulps (above) carried through the
     # projections and norms, a few dozen ulps of the logits' scale
     assert_close(chosen, plain, ulps=256, scale=float(jnp.abs(plain).max()))
+    np.testing.assert_array_equal(chosen.argmax(-1), plain.argmax(-1))  # the same tokens
+    wide = parse_config({**shape, "hidden_size": 128})
+    with kernels.use("pallas_decode_attention"):
+        wide_chosen, kernel_in_wide = decode_logits(wide)
+    wide_plain = decode_logits(wide)[0]
+    assert kernel_in_wide
+    assert_close(wide_chosen, wide_plain, ulps=256, scale=float(jnp.abs(wide_plain).max()))
+    np.testing.assert_array_equal(wide_chosen.argmax(-1), wide_plain.argmax(-1))
     for (logits, kernel_in), unchosen in zip(
         unfit, [decode_logits(config, length=40), decode_logits(narrow)], strict=True
     ):
@@ -751,14 +762,45 @@ def test_pallas_decode_attention_runs_on_each_device_s_rows_of_a_sharded_step():
     def attend(*operands):  # a new function a trace: JAX caches traces by the function
         return decode_attention.attend_cached(*operands, scores)
 
-    operands = (queries, keys, values, key_mask, 30)
+    operands = (queries, keys[:, :1] + 1, values[:, :1] - 1, keys, values, key_mask, 30)
     with kernels.use("pallas_decode_attention"):
         alone = jax.jit(attend)(*operands)
         with sharding.rows_on(sharding.make_mesh(fsdp=1)):
             traced = str(jax.make_jaxpr(lambda *x: attend(*x))(*operands))
             sharded = jax.jit(lambda *x: attend(*x))(*operands)
     assert "shard_map" in traced and "pallas_call" in traced
-    np.testing.assert_array_equal(sharded, alone)
+    for x, y in zip(sharded, alone, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+@pytest.mark.parametrize("window, start, head_dim", [(None, 0, 16), (None, 17, 32), (7, 47, 32)])
+def test_pallas_decode_attention_writes_the_token_into_the_cache_as_the_plain_form(
+    window, start, head_dim
+):
+    """The kernel writes the token's key and value into the cache it reads (aliased, in
+    place): the cache after it is the plain form's, bit for bit in float32, at the first, a
+    middle and the last position, heads of 16 and 32, and the output the plain form's within
+    the bound above, the new key seen, not the one it overwrote."""
+    from ppojax.rlhf.models import attention, decode_attention
+
+    scores = attention.Scores(0.25, None, window)
+    queries, keys, values, key_mask = decode_operands(jnp.float32, head_dim=head_dim, seed=3)
+    new = [jax.random.normal(jax.random.key(5 + i), (3, 1, 2, head_dim)) for i in range(2)]
+    operands = (queries, *new, keys, values, key_mask, jnp.int32(start))
+
+    def attend(*x):  # a new function a trace (below): JAX caches traces by the function
+        return decode_attention.attend_cached(*x, scores)
+
+    plain = jax.jit(attend)(*operands)
+    with kernels.use("pallas_decode_attention"):
+        traced = str(jax.make_jaxpr(lambda *x: attend(*x))(*operands))
+        chosen = jax.jit(lambda *x: attend(*x))(*operands)
+    assert "pallas_call" in traced
+    for written, reference in zip(chosen[1:], plain[1:], strict=True):
+        np.testing.assert_array_equal(written, reference)
+    assert not np.array_equal(plain[1][:, start], keys[:, start])
+    assert_close(chosen[0], plain[0], ulps=32, scale=float(jnp.abs(values).max()))
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")

@@ -64,9 +64,10 @@ benchmarks/results/gpu_program.json). At 1 agent x 8192 envs, one update: "palla
 gone, the update's rest 81 -> 73 launches, the rollout 2,176 -> 912); "flat_params" and the
 loss's one reduction of all its outputs over the kernel's programs (``pallas_loss``)
 55 -> 37 launches per minibatch step; "elementwise_argmax" and 16 steps a trip the rollout
--> 704: 1,426 launches and 6.9 GB per update. "pallas_decode_attention" cut a decoded token of
-Qwen2.5-0.5B (64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 301
-and 2.78 GB, and of Qwen2.5-7B from 518 to 406 launches (``benchmarks/decode_program.py``).
+-> 704: 1,426 launches and 6.9 GB per update. "pallas_decode_attention" (the cache write in
+it) cut a decoded token of Qwen2.5-0.5B (64 rows, 1,536 cache positions, bfloat16) from 397
+launches and 3.19 GB to 253 and 2.73 GB, and of Qwen2.5-7B from 518 to 350 launches
+(``benchmarks/decode_program.py``).
 The others cut neither by 10%. They stay CUDA's alone because their count is a GPU's (a TPU's
 defaults are its own, below); on the CPU the plain program stays the one every CPU result and
 test was made with. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns one off for CUDA too.

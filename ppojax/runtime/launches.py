@@ -13,7 +13,10 @@ The model, deliberately plain:
   written and as many bytes read).
   A fusion that slices a buffer (``dynamic-slice``) counts the slices, and one that updates a
   buffer in place (``dynamic-update-slice``, as a scan stores its step) counts the update,
-  not the buffer: that is what the GPU touches;
+  not the buffer: that is what the GPU touches. A custom call's result aliased to an operand
+  (``output_to_operand_aliasing``: a kernel updating a buffer in place) is not counted
+  written whole: the operand is counted, and what it writes there is slices its other
+  operands bring (the decode kernel's KV cache, the token's keys written in);
 - a loop's body and condition are counted once per trip, multiplied by the trip count XLA
   records (``known_trip_count``); a loop without one is counted for one trip and says so.
   A TPU program records none: ``count(hlo, trips_from_condition=True)`` reads each from the
@@ -60,6 +63,9 @@ NO_LAUNCH = frozenset(
 # source, the destination and a context) and its -done (the destination)
 ASYNC_DMA = frozenset({"copy-done", "slice-done"})
 CONTROL_FLOW = frozenset({"while", "call", "conditional"})
+# an output_to_operand_aliasing entry, {{1}: (3, {}), ...}: the aliased result element
+ALIASED = re.compile(r"\{(\d+)\}: \(\d+,")
+ARRAY_SHAPE = re.compile(r"[a-z]+\d*(?:e\d+m\d+\w*)?\[[\d,]*\]")
 TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 
 
@@ -176,7 +182,7 @@ class Counter:
         fused = attribute(inst.rest, "calls") if inst.opcode == "fusion" else []
         if fused and fused[0] in self.computations:
             return touched(self.computations[fused[0]], operands, shape_bytes(inst.shape))
-        return sum(operands) + shape_bytes(inst.shape)
+        return sum(operands) + written(inst)
 
     def add_largest_branch(self, block: Block, rest: str) -> None:
         branches = attribute(rest, "branch_computations") or (
@@ -187,6 +193,15 @@ class Counter:
             largest = max(counted, key=Block.launches_per_trip)
             block.launches += largest.launches
             block.loops += largest.loops
+
+
+def written(inst: Instruction) -> int:
+    """Result bytes of a launch, less those of tuple elements aliased to an operand."""
+    aliased = {int(i) for i in ALIASED.findall(inst.rest)}
+    if not aliased or not inst.shape.startswith("("):
+        return shape_bytes(inst.shape)
+    parts = ARRAY_SHAPE.findall(inst.shape)
+    return sum(shape_bytes(part) for i, part in enumerate(parts) if i not in aliased)
 
 
 def touched(fused: list[Instruction], operands: list[int], result: int) -> int:

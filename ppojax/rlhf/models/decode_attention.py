@@ -1,5 +1,5 @@
 """A decoded token's attention in one Pallas kernel (the kernels candidate
-"pallas_decode_attention").
+"pallas_decode_attention"), which also writes the token's key and value into the KV cache.
 
 Decoding one token a row, ``attention.plain`` runs as several XLA kernels a layer: the
 scores' product, softmax's maximum, sum and division, and the weighted values, each writing
@@ -26,12 +26,25 @@ repeating its last query (a gather of clamped indices); the copies compute the l
 numbers through the same instructions and are stored over its row with the same indices
 (a masked store of them is Triton's alone: Pallas's interpreter has none for such an index).
 
+The cache's keys and values are aliased to two of its outputs: it stores the block holding the
+token's position with the token's key and value in, in place, and attends over the cache with
+them merged into that block as it reads it (no read follows a write), so no XLA kernel updates
+the cache. The token's queries, key and value come as one operand [B, H + 2 KVH, Dh], which XLA
+writes in one fusion of the three projections' split-K sums, biases and RoPE. With the three
+operands apart the cache write cut nothing (301 launches, 2.78 GB: XLA had fused the cache
+updates into the projections' three fusions, which stayed for their sums and biases); with one
+operand the three fusions become one. RoPE turned in the kernel too (its query and key in
+halves) cut nothing more (253 launches and the same bytes: XLA fuses it into that one fusion)
+and is left out.
+
 Counted, not timed: no GPU has run it. On an H100's deviceless compile
 (benchmarks/decode_program.py, without autotuning) it cuts a decoded token of Qwen2.5-0.5B
-(64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 301 and 2.78 GB,
-and of Qwen2.5-7B from 518 launches and 23.5 GB to 406 and 22.6 GB; that count takes the
-kernel's operands whole, though it reads the cache only up to the token. Lowered for any
-platform but CUDA it runs in Pallas's interpreter as plain XLA ops, for tests.
+(64 rows, 1,536 cache positions, bfloat16) from 397 launches and 3.19 GB to 253 and 2.73 GB
+(the attention alone, before the cache write: 301 and 2.78 GB), and of Qwen2.5-7B from 518
+launches and 23.5 GB to 350 and 22.3 GB (406 and 22.6 GB); that count takes the
+kernel's operands whole, though it reads the cache only up to the token, and its aliased cache
+as read, not written (``ppojax.runtime.launches``). Lowered for any platform but CUDA it runs
+in Pallas's interpreter as plain XLA ops, for tests.
 
 Inside a sharded step (``sharding.rows_on``) it runs in ``shard_map`` on each device's rows:
 XLA's partitioner has no rule for a Pallas call and would gather its operands, the cache
@@ -86,37 +99,42 @@ def fits(queries: jax.Array, keys: jax.Array) -> bool:
     )
 
 
-def _kernel(
-    scores: attention.Scores,
-    group: int,
-    rows: int,
-    block: int,
-    q_ref,
-    k_ref,
-    v_ref,
-    mask_ref,
-    start_ref,
-    out_ref,
-) -> None:
-    """One row's one KV head: queries [group, Dh], keys and values [L, Dh], key mask [L],
-    start [1] -> out [group, Dh]; ``rows`` (>= group) query rows computed, the group's last
-    repeated."""
+def _kernel(scores: attention.Scores, kv_heads: int, group: int, rows: int, block: int, *refs):
+    """One row's one KV head: the token's heads [H + 2 KVH, Dh] (queries, keys, values), the
+    cache's keys and values [L, Dh], key mask [L], start [1] -> out [group, Dh], the token's
+    key and value written into the cache (aliased: ``k_out_ref`` is ``k_ref``'s buffer) at
+    its position; ``rows`` (>= group) query rows computed, the group's last repeated."""
     from jax.experimental import pallas as pl
 
+    token_ref, k_ref, v_ref, mask_ref, start_ref, out_ref, k_out_ref, v_out_ref = refs
+    length, head_dim = k_ref.shape
+    kv_head = pl.program_id(1)
+    key_row = kv_heads * group + kv_head  # the token's rows: H queries, KVH keys, KVH values
     index = jnp.minimum(jax.lax.broadcasted_iota(jnp.int32, (rows,), 0), group - 1)
-    query = q_ref[index, :]
+    query = token_ref[kv_head * group + index, :]
+    new_key = token_ref[key_row, :][None, :].astype(k_ref.dtype)
+    new_value = token_ref[key_row + kv_heads, :][None, :].astype(v_ref.dtype)
     start = start_ref[0]
+    # where dynamic_update_slice writes it: the position clamped into the cache
+    written = jnp.clip(start, 0, length - 1)
     top0 = jnp.full((rows,), attention.MASKED_SCORE, jnp.float32)
     total0 = jnp.zeros((rows,), jnp.float32)
-    acc0 = jnp.zeros((rows, query.shape[-1]), jnp.float32)
+    acc0 = jnp.zeros((rows, head_dim), jnp.float32)
+
+    def cached(first):
+        """The cache's block from ``first`` with the token's key and value in: read before any
+        write of this program, so no read waits on a write."""
+        position = first + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
+        here = (position == written)[:, None]
+        keys = jnp.where(here, new_key, k_ref[pl.ds(first, block), :])
+        values = jnp.where(here, new_value, v_ref[pl.ds(first, block), :])
+        return position, keys, values
 
     def step(j, carry):
         top, total, acc = carry
         first = pl.multiple_of(j * block, block)
-        keys = k_ref[pl.ds(first, block), :]
-        values = v_ref[pl.ds(first, block), :]
+        position, keys, values = cached(first)
         real = mask_ref[pl.ds(first, block)]
-        position = first + jax.lax.broadcasted_iota(jnp.int32, (block,), 0)
         seen = (position <= start) & real
         if scores.window is not None:
             seen = seen & (start - position < scores.window)
@@ -142,10 +160,17 @@ def _kernel(
         first = jnp.maximum(start - scores.window + 1, 0) // block
     _, total, acc = jax.lax.fori_loop(first, last, step, (top0, total0, acc0))
     out_ref[index, :] = (acc / total[:, None]).astype(out_ref.dtype)
+    # the block holding the token's position, stored whole with the token's key and value in
+    block_first = pl.multiple_of(written // block * block, block)
+    _, keys, values = cached(block_first)
+    k_out_ref[pl.ds(block_first, block), :] = keys
+    v_out_ref[pl.ds(block_first, block), :] = values
 
 
 def attend(
     queries: jax.Array,
+    new_keys: jax.Array,
+    new_values: jax.Array,
     keys: jax.Array,
     values: jax.Array,
     key_mask: jax.Array,
@@ -153,9 +178,12 @@ def attend(
     scores: attention.Scores,
     *,
     interpret: bool | None = None,
-) -> jax.Array:
-    """``attention.attend`` of one query a row (``fits``) in the kernel: queries [B, 1, H, Dh]
-    at cache position ``start`` over keys and values [B, L, KVH, Dh] -> [B, 1, H * Dh].
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``attention.attend`` of one query a row (``fits``) in the kernel, the token's keys and
+    values written into the cache first: queries [B, 1, H, Dh] and the token's keys and values
+    [B, 1, KVH, Dh] at cache position ``start``, the cache's keys and values [B, L, KVH, Dh]
+    -> the output [B, 1, H * Dh] and the cache with the token's keys and values at ``start``
+    (updated in place: the cache's operands are aliased to the kernel's outputs).
     ``interpret``: None for the Triton kernel where the program is lowered for CUDA and
     Pallas's interpreter elsewhere; True or False for one of them on every platform."""
     # imported here: Pallas adds ~30 ms to ``import ppojax``, for a path that is off by default
@@ -167,27 +195,35 @@ def attend(
     group = heads // kv_heads
     rows = max(MIN_DIM, 1 << (group - 1).bit_length())
     block = key_block(length)
-    grouped = queries.reshape(batch_size, kv_heads, group, head_dim)
+    # one operand of the token's heads: XLA writes the three projections' one fusion there
+    token = jnp.concatenate(
+        [x.reshape(batch_size, -1, head_dim) for x in (queries, new_keys, new_values)], axis=1
+    )
     cache_spec = pl.BlockSpec((None, length, None, head_dim), lambda b, h: (b, 0, h, 0))
     group_spec = pl.BlockSpec((None, None, group, head_dim), lambda b, h: (b, h, 0, 0))
     call = functools.partial(
         pl.pallas_call,
-        functools.partial(_kernel, scores, group, rows, block),
-        out_shape=jax.ShapeDtypeStruct(grouped.shape, values.dtype),
+        functools.partial(_kernel, scores, kv_heads, group, rows, block),
+        out_shape=(
+            jax.ShapeDtypeStruct((batch_size, kv_heads, group, head_dim), values.dtype),
+            jax.ShapeDtypeStruct(keys.shape, keys.dtype),
+            jax.ShapeDtypeStruct(values.shape, values.dtype),
+        ),
         grid=(batch_size, kv_heads),
         in_specs=[
-            group_spec,
+            pl.BlockSpec((None, token.shape[1], head_dim), lambda b, h: (b, 0, 0)),
             cache_spec,
             cache_spec,
             pl.BlockSpec((None, length), lambda b, h: (b, 0)),
             pl.BlockSpec((1,), lambda b, h: (0,)),
         ],
-        out_specs=group_spec,
+        out_specs=(group_spec, cache_spec, cache_spec),
+        input_output_aliases={1: 1, 2: 2},
         compiler_params=pallas_triton.CompilerParams(num_warps=NUM_WARPS, num_stages=2),
         name="decode_attention",
     )
     arrays = (
-        grouped,
+        token,
         keys,
         values,
         key_mask.astype(bool),
@@ -200,28 +236,39 @@ def attend(
         )
     else:
         outputs = call(interpret=interpret)(*arrays)
-    return outputs.reshape(batch_size, 1, heads * head_dim)
+    out, keys, values = outputs
+    return out.reshape(batch_size, 1, heads * head_dim), keys, values
 
 
 def attend_cached(
     queries: jax.Array,
+    new_keys: jax.Array,
+    new_values: jax.Array,
     keys: jax.Array,
     values: jax.Array,
     key_mask: jax.Array,
     start: Any,
     scores: attention.Scores,
-) -> jax.Array:
-    """``attention.attend`` over a KV cache: the kernel where the candidate
-    "pallas_decode_attention" is chosen (or, as one of CUDA's defaults, lowered for CUDA:
-    ``kernels.by_platform``) and ``fits``; the plain form elsewhere."""
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The chunk's keys and values [B, S, KVH, Dh] written into the cache at ``start``, and
+    ``attention.attend`` over it: the output and the updated keys and values. In the kernel
+    where the candidate "pallas_decode_attention" is chosen (or, as one of CUDA's defaults,
+    lowered for CUDA: ``kernels.by_platform``) and ``fits``; the plain form elsewhere
+    (``dynamic_update_slice``, XLA's in-place update, then the attention)."""
+
+    def plain(queries, new_keys, new_values, keys, values, key_mask, start):
+        keys = jax.lax.dynamic_update_slice(keys, new_keys.astype(keys.dtype), (0, start, 0, 0))
+        values = jax.lax.dynamic_update_slice(
+            values, new_values.astype(values.dtype), (0, start, 0, 0)
+        )
+        return attention.attend(queries, keys, values, key_mask, start, scores), keys, values
+
+    operands = (queries, new_keys, new_values, keys, values, key_mask, start)
     if not fits(queries, keys):
-        return attention.attend(queries, keys, values, key_mask, start, scores)
+        return plain(*operands)
 
-    def plain(queries, keys, values, key_mask, start):
-        return attention.attend(queries, keys, values, key_mask, start, scores)
-
-    def kernel(queries, keys, values, key_mask, start):
-        return attend(queries, keys, values, key_mask, start, scores)
+    def kernel(queries, new_keys, new_values, keys, values, key_mask, start):
+        return attend(queries, new_keys, new_values, keys, values, key_mask, start, scores)
 
     mesh = sharding.rows_mesh()
     if mesh is not None:
@@ -229,14 +276,14 @@ def attend_cached(
         # whole onto every device (the cache too); each device runs it on its own rows.
         devices = mesh.shape[sharding.DATA] * mesh.shape[sharding.FSDP]
         if queries.shape[0] % devices:
-            return plain(queries, keys, values, key_mask, start)
+            return plain(*operands)
         rows = PartitionSpec((sharding.DATA, sharding.FSDP))
         kernel = jax.shard_map(
             kernel,
             mesh=mesh,
-            in_specs=(rows,) * 4 + (PartitionSpec(),),
-            out_specs=rows,
+            in_specs=(rows,) * 6 + (PartitionSpec(),),
+            out_specs=(rows,) * 3,
             check_vma=False,
         )
     chosen = kernels.by_platform("pallas_decode_attention", plain, kernel)
-    return chosen(queries, keys, values, key_mask, jnp.asarray(start))
+    return chosen(*operands[:-1], jnp.asarray(start))

@@ -176,16 +176,16 @@ class Attention(nn.Module):
         if config.positions == "rope":
             inv_freq = inverse_frequencies(config.layer_rope(self.index), config.head_dim)
             q, k = rotate(q, slot.positions, inv_freq), rotate(k, slot.positions, inv_freq)
-        cached = keys is not None
-        if not cached:  # a full pass: the chunk's own keys are all there is
-            keys, values = k.astype(self.dtype), v.astype(self.dtype)
-        else:
-            keys = jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, start, 0, 0))
-            values = jax.lax.dynamic_update_slice(values, v.astype(values.dtype), (0, start, 0, 0))
         scores = scores_of(config, self.index, self.block)
-        # over a cache, a decoded token's attention may go to its kernel (a kernels candidate)
-        attend = decode_attention.attend_cached if cached else attention.attend
-        attended = attend(q, keys, values, slot.key_mask, start, scores)
+        if keys is None:  # a full pass: the chunk's own keys are all there is
+            keys, values = k.astype(self.dtype), v.astype(self.dtype)
+            attended = attention.attend(q, keys, values, slot.key_mask, start, scores)
+        else:
+            # written into the cache and attended over it: a decoded token's in its kernel (a
+            # kernels candidate), the cache updated in place there
+            attended, keys, values = decode_attention.attend_cached(
+                q, k, v, keys, values, slot.key_mask, start, scores
+            )
         name = "c_proj" if config.model_type == "gpt2" else "o_proj"
         return dense(x.shape[-1], config.out_bias, name, self.dtype)(attended), keys, values
 
