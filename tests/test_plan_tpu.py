@@ -162,7 +162,10 @@ def test_a_step_libtpu_refuses_for_the_chips_hbm_is_planned_as_not_fitting(monke
     )
     assert not p.fits and p.refused.startswith("RESOURCE_EXHAUSTED") and p.estimate is None
     text = p.report()
-    assert "libtpu refused to compile it (RESOURCE_EXHAUSTED" in text
+    assert (
+        "libtpu refused to compile it (RESOURCE_EXHAUSTED" in text
+        and "refused by libtpu after" in text
+    )
     assert "verdict: does NOT fit: peak at least" in text and "--remat-layers" in text
 
     def other(*args):
