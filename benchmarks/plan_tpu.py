@@ -78,7 +78,9 @@ def table(results: dict) -> str:
     header = ["model", "step", "slice", "state", "temp.", "peak", "of", "fits"]
     header += ["est. s/step", "tokens/s/chip", "compile s", "published recipes"]
     rows = []
-    for row in results["tasks"]:
+    order = [key_of(*spec[:4]) for spec in ROWS]
+    tasks = sorted(results["tasks"], key=lambda r: (order + [r["key"]]).index(r["key"]))
+    for row in tasks:
         step, memory = row["step"], row["memory"]
         lora = f" LoRA r{step['lora_rank']}" if step["lora_rank"] else ""
         what = f"grpo{lora} {step['prompts']} x {step['group_size']}, "
