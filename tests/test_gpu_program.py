@@ -502,9 +502,9 @@ def test_on_two_h100s_a_decoded_token_s_attention_kernel_runs_on_each_device_s_r
     """TINY_QWEN2 with heads of 32 (64 wide), whose decoded token's attention the Pallas
     kernel takes ("pallas_decode_attention", a CUDA default): split over two H100s it runs on
     each device's rows (shard_map), where XLA's partitioner would gather the cache whole for
-    it. Measured: 34 launches and 1,816,753 bytes a token against the plain form's 38 and
-    1,822,561 (the attention alone in the kernel: 36 and 1,819,869; without shard_map: 39 and
-    1,997,665), the collectives the same."""
+    it. Measured on jax 0.10.2: 34 launches and 1,816,753 bytes a token against the plain
+    form's 38 and 1,822,561 (the attention alone in the kernel: 36 and 1,819,869; without
+    shard_map: 39 and 1,997,665), the collectives the same."""
     needs_plugin()
     config = parse_config({**TINY_QWEN2, "hidden_size": 64, "intermediate_size": 64})
     step = replace(GRPO, prompts=4, response_len=12)  # a cache of 16 positions
@@ -512,8 +512,13 @@ def test_on_two_h100s_a_decoded_token_s_attention_kernel_runs_on_each_device_s_r
     with kernels.plain("pallas_decode_attention"):
         plain_ = plan(config, step, "h100", 2)
     assert kernel.decoding.launches < plain_.decoding.launches
-    assert kernel.decoding.bytes <= plain_.decoding.bytes
-    assert kernel.estimate.collectives == plain_.estimate.collectives
+    # The cache gathered whole onto each device for the kernel cost 9.6% more bytes a token
+    # (1,997,665 against 1,822,561 on jax 0.10.2), and its all-gather over 12 tokens would add
+    # about a quarter to the step's collectives; 1% admits what a jax version moves besides
+    # around the kernel (jax 0.11.2: 1,030,225 bytes against the plain 1,029,889, and 0.28%
+    # more in collectives; jax 0.10.2: fewer bytes, the same collectives).
+    assert kernel.decoding.bytes <= 1.01 * plain_.decoding.bytes
+    assert kernel.estimate.collectives <= 1.01 * plain_.estimate.collectives
 
 
 # One decoded token of the built-in transformer (2 layers, 64 wide, 4 heads, vocab 256, float32)
