@@ -267,9 +267,7 @@ def attend_cached(
     if not fits(queries, keys):
         return plain(*operands)
 
-    def kernel(queries, new_keys, new_values, keys, values, key_mask, start):
-        return attend(queries, new_keys, new_values, keys, values, key_mask, start, scores)
-
+    kernel = functools.partial(attend, scores=scores)
     mesh = sharding.rows_mesh()
     if mesh is not None:
         # A Pallas call has no rule for XLA's partitioner, which would gather its operands
