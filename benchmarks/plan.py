@@ -5,6 +5,7 @@ step-time estimate and the verdict of a post-training step, compiled for H100s o
         [--model qwen2.5-0.5b] [--algorithm grpo] [--devices 1] [--logit-chunk 4096] \\
         [--search] [--out FILE]
     ... python benchmarks/plan.py --matrix     every row of MATRIX, one after the other
+    ... python benchmarks/plan.py --matrix --part 1/2 & ... --part 2/2    in two processes
 
 Needs the CUDA plugin of the ``gpu-aot`` extra. Each run adds (or replaces) one row, keyed by
 model, step and target, in benchmarks/results/plan.json, with the plan's numbers and the
@@ -15,6 +16,8 @@ seconds the compile took on this machine (the search's compiles are not timed).
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import sys
 from pathlib import Path
 
@@ -64,7 +67,7 @@ def table(results: dict) -> str:
     return markdown_table(header, rows)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-0.5b")
     parser.add_argument("--algorithm", default="grpo")
@@ -87,10 +90,20 @@ def main() -> None:
         help="every row of MATRIX in turn (hours on a 2-core CPU), each saved as it finishes",
     )
     parser.add_argument(
+        "--part",
+        metavar="K/N",
+        help="with --matrix: rows K, K+N, K+2N, ... only, for N processes sharing --out",
+    )
+    parser.add_argument(
         "--keep-since",
         metavar="ISO_DATE",
         help="with --matrix: skip the rows --out already holds from this date on (a resumed run)",
     )
+    return parser
+
+
+def main() -> None:
+    parser = PARSER
     args = parser.parse_args()
     if args.table:
         print(table(read_rows(args.out, "plan", "")))
@@ -106,7 +119,8 @@ def main() -> None:
         for row in read_rows(args.out, "plan", "")["tasks"]
         if args.keep_since and row["date"] >= args.keep_since
     }
-    for flags in MATRIX:
+    part, parts = parse_part(args.part)
+    for flags in MATRIX[part - 1 :: parts]:
         if plan_key(parse_flags(parser, flags)) in kept:
             continue
         argv = [*flags, *(["--out", str(args.out)] if args.out != RESULTS / "plan.json" else [])]
@@ -131,6 +145,19 @@ MATRIX = [
 ]
 
 
+def parse_part(text: str | None) -> tuple[int, int]:
+    """``--part K/N`` as (K, N); (1, 1) without it."""
+    if text is None:
+        return 1, 1
+    try:
+        part, parts = (int(n) for n in text.split("/"))
+    except ValueError:
+        part = parts = 0
+    if not 1 <= part <= parts:
+        raise SystemExit(f"--part must be K/N with 1 <= K <= N, got {text!r}")
+    return part, parts
+
+
 def parse_flags(parser: argparse.ArgumentParser, flags: list[str]) -> dict:
     """``flags`` over the parser's defaults (not over the command line's own flags)."""
     return vars(parser.parse_args(flags))
@@ -143,6 +170,12 @@ def plan_key(args: dict) -> str:
         f"{args['prompt_len']}+{args['response_len']} {args['dtype']} lora{args['lora_rank']} "
         f"{args['devices']}x{args['target']}" + (" remat" if args["remat_layers"] else "")
     )
+
+
+def matrix_order(key: str) -> int:
+    """A row's place: MATRIX's order, rows outside it after."""
+    keys = [plan_key(parse_flags(PARSER, flags)) for flags in MATRIX]
+    return keys.index(key) if key in keys else len(keys)
 
 
 def plan_row(args: dict, out: Path, argv: list[str]) -> None:
@@ -161,9 +194,18 @@ def plan_row(args: dict, out: Path, argv: list[str]) -> None:
     found = plan(args["model"], step, args["target"], args["devices"], search=args["search"])
     print(found.report(), flush=True)
     row = {"key": plan_key(args), **found.to_dict(), **record(__file__, argv)}
-    results = read_rows(out, "plan", "ppojax plan on published shapes, compiled on a CPU")
-    write_json(out, merge_row(results, row, "key"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # --part's processes share the file: each read-merge-write holds a lock on its folder
+    folder = os.open(out.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        results = read_rows(out, "plan", "ppojax plan on published shapes, compiled on a CPU")
+        write_json(out, merge_row(results, row, "key", order=matrix_order))
+    finally:
+        os.close(folder)  # and with it the lock
 
+
+PARSER = arguments()
 
 if __name__ == "__main__":
     main()
