@@ -37,8 +37,9 @@ from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.ppo.update import make_optimizer
 from ppojax.runs import folder
 from ppojax.runs.loop import chunk_plan, resume_point, scan_chunk, train_chunks
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_learning_curves
-from ppojax.runs.progress import BAR_METRICS, ChunkHandler, RunOptions, divergence_report
+from ppojax.runs.progress import BAR_METRICS, ChunkHandler, divergence_report
 from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
     Experiment,

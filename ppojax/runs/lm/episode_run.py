@@ -59,7 +59,8 @@ from ppojax.runs.lm import episode_sft
 from ppojax.runs.lm.run import PLOT_FILE, summarize
 from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
 from ppojax.runs.lock import run_lock
-from ppojax.runs.loop import LoopOptions, RunDiverged, never_recovered, train_loop
+from ppojax.runs.loop import RunDiverged, never_recovered, train_loop
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
 from ppojax.runtime import cache
 
@@ -424,20 +425,24 @@ def train(
         # before the chunk is kept: its checkpoint would hold what the env's output did
         check_env_faults(metrics, env_name, vocab_size, first)
 
-    options = LoopOptions(
-        run["steps"],
-        run["checkpoint_every"],
-        keep_checkpoints=None,
+    options = RunOptions(
         progress=not args.no_progress,
-        bar_metrics=BAR_METRICS,
+        checkpoint_every=run["checkpoint_every"],
+        keep_checkpoints=None,
+    )
+    result = train_loop(
+        run_dir,
+        episode_step(prepared.trainer),
+        prepared.state,
+        None,
+        jax.random.fold_in(seed_key, 2),
+        options,
+        num_steps=run["steps"],
         resume=args.resume is not None,
         seed=run["seed"],
+        bar_metrics=BAR_METRICS,
         host_steps=runs_on_host(prepared.env),
         checks=(check_env_output,),
-    )
-    step = episode_step(prepared.trainer)
-    result = train_loop(
-        run_dir, step, prepared.state, None, jax.random.fold_in(seed_key, 2), options
     )
     names = ("episodes/return", "episodes/turns", "episodes/truncated", "objective/kl")
     plot_metrics(run_dir / PLOT_FILE, result.metrics, names)

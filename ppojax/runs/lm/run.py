@@ -32,14 +32,8 @@ import numpy as np
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.rlhf.models import transformer
 from ppojax.runs import checkpoints, folder
-from ppojax.runs.loop import (
-    LoopOptions,
-    LoopResult,
-    RunDiverged,
-    StepFn,
-    never_recovered,
-    train_loop,
-)
+from ppojax.runs.loop import LoopResult, RunDiverged, StepFn, never_recovered, train_loop
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
 
 # run folders of the built-in transformer from before it was a DecoderConfig still resume
@@ -129,17 +123,20 @@ def train_run(
     metric [num_steps]. ``RunDiverged`` (after the plot, before the summary) when its last
     step skipped all its updates for a NaN or inf."""
     run_dir = Path(run_dir)
-    options = LoopOptions(
-        num_steps,
-        chunk,
-        keep_checkpoints=None,
-        progress=progress,
-        bar_metrics=BAR_METRICS,
+    options = RunOptions(progress=progress, checkpoint_every=chunk, keep_checkpoints=None)
+    step = trainer_step(trainer, prompt_fn)
+    result = train_loop(
+        run_dir,
+        step,
+        state,
+        None,
+        key,
+        options,
+        num_steps=num_steps,
         resume=resume,
         seed=seed,
+        bar_metrics=BAR_METRICS,
     )
-    step = trainer_step(trainer, prompt_fn)
-    result = train_loop(run_dir, step, state, None, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
     diverged = never_recovered(result.metrics)
     if diverged is not None:  # no summary: the folder says it did not train
