@@ -90,3 +90,33 @@ def test_a_bad_option_or_argument_names_it(tmp_path, options, loop, error, names
 def test_a_bad_run_option_names_its_field(fields, error, names):
     with pytest.raises(error, match=names):
         RunOptions(**fields)
+
+
+def test_every_kind_of_summary_shares_one_part(tmp_path):
+    """A language-model run counts steps and an env run updates: the length, resume and
+    timing keys follow the unit, the rest is the same, and each kind's keys are kept."""
+    from ppojax.runs.folder import SUMMARY_FILE, read_json
+    from ppojax.runs.summary import write_summary
+
+    (tmp_path / "lm").mkdir(), (tmp_path / "env").mkdir()
+    lm = write_summary(tmp_path / "lm", "step", 4, 2, {"final": {"loss": 1.0}}, {"wall_s": 1.23456})
+    env = write_summary(
+        tmp_path / "env",
+        "update",
+        6,
+        0,
+        {"final_return": [1.0]},
+        {"compile_seconds": 0.5, "run_seconds": 2.0},
+        head={"env_id": "CartPole-v1"},
+        extras={"diverged_runs": []},
+    )
+    assert read_json(tmp_path / "lm" / SUMMARY_FILE) == lm
+    assert lm["steps"] == 4 and lm["resumed_from_step"] == 2 and lm["timed_steps"] == 2
+    assert lm["wall_s"] == 1.235 and lm["final"] == {"loss": 1.0}
+    assert env["num_updates"] == 6 and env["resumed_from_update"] is None
+    assert env["timed_updates"] == 6 and env["env_id"] == "CartPole-v1"
+    assert env["diverged_runs"] == [] and env["run_seconds"] == 2.0
+    for summary in (lm, env):
+        assert summary["finished_utc"] and summary["versions"]["jax"] == jax.__version__
+    with pytest.raises(ValueError, match="unit"):
+        write_summary(tmp_path / "bad", "epoch", 1, 0, {}, {})

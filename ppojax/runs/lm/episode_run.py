@@ -56,7 +56,7 @@ from ppojax.rlhf.models.transformer import transformer, zero_value_head
 from ppojax.runs import folder
 from ppojax.runs.lm import episode_checks as checks
 from ppojax.runs.lm import episode_sft
-from ppojax.runs.lm.run import PLOT_FILE, summarize
+from ppojax.runs.lm.run import PLOT_FILE, write_loop_summary
 from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
 from ppojax.runs.lock import run_lock
 from ppojax.runs.loop import RunDiverged, never_recovered, train_loop
@@ -458,7 +458,7 @@ def train(
 
         trained = precision.cast(policy(result.state.params), model_dtype(prepared.lm))
         save_final(prepared.lm, trained, run_dir)
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summarize(result, **held_out))
+    write_loop_summary(run_dir, result, **held_out)
     print(f"run folder: {run_dir}")
     if "folder" in settings["model"]:
         print(f"final model: {run_dir / 'final'}")

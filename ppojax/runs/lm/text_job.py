@@ -75,6 +75,7 @@ def start(
 
     from ppojax.rlhf.models.pretrained import from_pretrained
     from ppojax.runs import folder
+    from ppojax.runs.lm.run import FINAL_MEANS
     from ppojax.runs.lm.text_run import train_job
     from ppojax.runs.lock import run_lock
     from ppojax.runs.loggers import WandbRun, options_from_settings
@@ -126,7 +127,7 @@ def start(
                 wandb.abort()
             raise
         if wandb is not None:
-            wandb.finish(summary["final (mean of the last 10% of steps)"])
+            wandb.finish(summary[FINAL_MEANS])
         return run_dir, summary
 
 

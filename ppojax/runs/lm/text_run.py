@@ -34,9 +34,8 @@ from ppojax.rlhf.data import PromptData
 from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
-from ppojax.runs import folder
 from ppojax.runs.lm.jobs import Job
-from ppojax.runs.lm.run import PLOT_FILE, summarize
+from ppojax.runs.lm.run import PLOT_FILE, write_loop_summary
 from ppojax.runs.loop import Hook, LoopResult, RunDiverged, never_recovered, train_loop
 from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
@@ -113,10 +112,8 @@ def train_job(
     if diverged is not None:
         raise RunDiverged(diverged)
     save_final(lm, job.model_params(result.state, job.frozen), run_dir)
-    summary = summarize(result)
-    if job.evaluate is not None:
-        summary["held_out"] = job.evaluate(result.state, job.frozen)
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    held_out = {} if job.evaluate is None else {"held_out": job.evaluate(result.state, job.frozen)}
+    summary = write_loop_summary(run_dir, result, **held_out)
     return result, summary
 
 
