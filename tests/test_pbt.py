@@ -208,3 +208,29 @@ def test_one_interval_is_the_vmapped_sweep_of_the_drawn_configs():
         jax.tree.leaves(out.state.params), jax.tree.leaves(sweep.state.params), strict=True
     ):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "names"),
+    [
+        ({"tensorboard": True}, "ConfigError", "RunOptions.tensorboard"),
+        (
+            {"checkpoint_every": 3},
+            "ValueError",
+            "checkpoint_every=3 must be a multiple of interval",
+        ),
+    ],
+)
+def test_a_pbt_run_takes_run_options_and_names_one_it_cannot_honour(
+    tmp_path, options, error, names
+):
+    """``run_pbt`` takes the ``RunOptions`` every driver takes; one a PBT run cannot honour is
+    an error naming it, before the run folder is made."""
+    from ppojax.checks import ConfigError
+    from ppojax.runs.options import RunOptions
+    from ppojax.runs.pbt_folder import run_pbt
+
+    kind = {"ConfigError": ConfigError, "ValueError": ValueError}[error]
+    with pytest.raises(kind, match=names):
+        run_pbt(TINY, SEARCH, 4, 2, tmp_path / "pbt", options=RunOptions(**options))
+    assert not (tmp_path / "pbt").exists()

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ppojax.checks import ConfigError
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.pbt import (
     PBTCarry,
@@ -49,6 +50,7 @@ from ppojax.runs.loggers import (
     wandb_settings,
 )
 from ppojax.runs.loop import ProgressBar, chunk_plan, train_chunks
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_learning_curves, plot_schedules
 from ppojax.runs.summary import write_summary
 from ppojax.runtime.sharding import runs_sharding
@@ -68,21 +70,26 @@ def run_pbt(
     seed: int = 0,
     fraction: float = 0.25,
     explore_mode: str = "perturb",
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = 3,
-    progress: bool = False,
-    wandb: WandbOptions | None = None,
+    options: RunOptions | None = None,
 ) -> tuple[PBTOutput, dict[str, Any]]:
     """Train the population into ``run_dir`` (new, or empty); the output and summary.json.
-    With ``wandb``, every member is also one W&B run (see ppojax.runs.loggers).
+    ``options`` (default: no progress bar) says what to show and keep: with
+    ``options.wandb``, every member is also one W&B run (see ppojax.runs.loggers).
 
-    With ``checkpoint_every`` (updates, a multiple of ``interval``) the population trains in
-    pieces of that many updates; after each, metrics.csv and pbt.csv hold every interval so
-    far and the whole population is checkpointed (the newest ``keep_checkpoints``; None or 0
-    keeps all), so ``resume_pbt`` continues a stopped run to exactly the same result.
+    With ``options.checkpoint_every`` (updates, a multiple of ``interval``; None: the whole
+    run) the population trains in pieces of that many updates; after each, metrics.csv and
+    pbt.csv hold every interval so far and the whole population is checkpointed (the newest
+    ``options.keep_checkpoints``; None keeps all), so ``resume_pbt`` continues a stopped run
+    to exactly the same result.
     """
+    options = options or RunOptions(progress=False)
     check_settings(config, PBTSettings(population, interval, search, fraction, explore_mode))
     parse_search(config, search)  # a bad search fails before the folder is made
+    if options.tensorboard:  # said, not dropped: nothing here writes TensorBoard files
+        raise ConfigError(
+            "tensorboard", "RunOptions.tensorboard: a PBT run writes no TensorBoard files"
+        )
+    checkpoint_every, wandb = options.checkpoint_every, options.wandb
     every = config.num_updates if checkpoint_every is None else checkpoint_every
     if every < interval or every % interval:
         raise ValueError(
@@ -101,12 +108,12 @@ def run_pbt(
         "explore_mode": explore_mode,
         "seed": seed,
         "checkpoint_every": every,
-        "keep_checkpoints": keep_checkpoints or None,
+        "keep_checkpoints": options.keep_checkpoints,
         # pbt.json names the W&B runs, so a resume logs on into them
         "wandb": wandb_settings(None if wandb is None else wandb.with_run_ids(population)),
     }
     folder.write_json(run_dir / PBT_FILE, settings)
-    return train_population(run_dir, config, settings, None, progress)
+    return train_population(run_dir, config, settings, None, options.progress)
 
 
 def read_pbt_folder(run_dir: Path) -> tuple[PPOConfig, dict[str, Any]]:
