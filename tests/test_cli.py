@@ -126,6 +126,8 @@ def test_train_writes_every_file_of_the_run_folder(trained):
     assert len(summary["final_return"][0]["per_seed"]) == 2
     assert summary["compile_seconds"] > 0 and summary["env_steps_per_second"] > 0
     assert summary["versions"]["jax"] == jax.__version__
+    assert summary["num_updates"] == 6 and summary["timed_updates"] == 6
+    assert summary["resumed_from_update"] is None and summary["finished_utc"]
     for run in ("run-0", "run-1"):
         assert any((run_dir / "tensorboard" / run).glob("events.out.tfevents.*"))
 

@@ -325,13 +325,15 @@ import ppojax
 assert ppojax.use_cpu_devices(2)
 import jax
 from ppojax.cli.commands import main
+from ppojax.runs.options import RunOptions
 from ppojax.runs.pbt_folder import population_mesh, run_pbt
 config = ppojax.PPOConfig(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=1,
                           num_minibatches=2, hidden_sizes=(8,))
 run_dir = Path(sys.argv[1]) / "pbt"
 search = {"learning_rate": (1e-4, 3e-3, "log")}
 assert population_mesh({"population": 4}).devices.size == 2
-run_pbt(config, search, 4, 1, run_dir, checkpoint_every=2, keep_checkpoints=0)
+options = RunOptions(progress=False, checkpoint_every=2, keep_checkpoints=None)
+run_pbt(config, search, 4, 1, run_dir, options=options)
 whole = {name: (run_dir / name).read_text() for name in ("metrics.csv", "pbt.csv")}
 shutil.rmtree(run_dir / "checkpoints" / "4")
 assert main(["pbt", "--resume", str(run_dir), "--no-progress"]) == 0

@@ -139,6 +139,8 @@ def test_the_pbt_command_writes_the_run_folder_and_names_the_best_member(tmp_pat
     summary = folder.read_json(run_dir / folder.SUMMARY_FILE)
     assert summary["best_member"] == int(np.nanargmax(finals))
     np.testing.assert_allclose(summary["best_final_return"], np.nanmax(finals), rtol=1e-6)
+    assert summary["num_updates"] == 6 and summary["timed_updates"] == 6
+    assert summary["resumed_from_update"] is None and summary["versions"]["jax"]
     rows = (run_dir / "pbt.csv").read_text().splitlines()
     assert rows[0] == "member,interval,ent_coef,learning_rate,score,copied_from"
     assert len(rows) == 1 + 4 * 3  # 6 updates in intervals of 2
@@ -176,7 +178,10 @@ def test_a_stopped_pbt_run_resumes_to_the_same_files(tmp_path, capsys):
     assert f"final return {best:.1f}" in capsys.readouterr().out
     for name, text in whole.items():
         assert (run_dir / name).read_text() == text, name
-    assert folder.read_json(run_dir / folder.SUMMARY_FILE)["best_final_return"] == best
+    summary = folder.read_json(run_dir / folder.SUMMARY_FILE)
+    assert summary["best_final_return"] == best
+    # the updates of the first interval came from its checkpoint: 4 of the 6 trained here
+    assert summary["resumed_from_update"] == 2 and summary["timed_updates"] == 4
     with pytest.raises(SystemExit):
         main(["pbt", "--resume", str(run_dir), "--interval", "2"])
     assert "drop --interval" in capsys.readouterr().err
@@ -203,3 +208,29 @@ def test_one_interval_is_the_vmapped_sweep_of_the_drawn_configs():
         jax.tree.leaves(out.state.params), jax.tree.leaves(sweep.state.params), strict=True
     ):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "names"),
+    [
+        ({"tensorboard": True}, "ConfigError", "RunOptions.tensorboard"),
+        (
+            {"checkpoint_every": 3},
+            "ValueError",
+            "checkpoint_every=3 must be a multiple of interval",
+        ),
+    ],
+)
+def test_a_pbt_run_takes_run_options_and_names_one_it_cannot_honour(
+    tmp_path, options, error, names
+):
+    """``run_pbt`` takes the ``RunOptions`` every driver takes; one a PBT run cannot honour is
+    an error naming it, before the run folder is made."""
+    from ppojax.checks import ConfigError
+    from ppojax.runs.options import RunOptions
+    from ppojax.runs.pbt_folder import run_pbt
+
+    kind = {"ConfigError": ConfigError, "ValueError": ValueError}[error]
+    with pytest.raises(kind, match=names):
+        run_pbt(TINY, SEARCH, 4, 2, tmp_path / "pbt", options=RunOptions(**options))
+    assert not (tmp_path / "pbt").exists()

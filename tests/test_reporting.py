@@ -2,7 +2,8 @@ import numpy as np
 
 import ppojax
 from ppojax.ppo.summary import latest_finite
-from ppojax.runs.progress import ChunkHandler, RunOptions, divergence_report
+from ppojax.runs.options import RunOptions
+from ppojax.runs.progress import ChunkHandler, divergence_report
 
 CONFIG = ppojax.PPOConfig(num_envs=2, num_steps=8, total_timesteps=2 * 8 * 5, hidden_sizes=(8,))
 

@@ -66,6 +66,7 @@ def test_run_folder_and_bit_exact_resume(tmp_path, capsys):
     assert summary["steps"] == 4 and summary["response_tokens_per_s"] > 0
 
     assert summary["resumed_from_step"] is None and summary["timed_steps"] == 4
+    assert summary["wall_s"] > 0 and summary["finished_utc"] and summary["versions"]["jax"]
     settings = json.loads((full / "config.json").read_text())
     assert settings["rlhf"]["update_epochs"] == 1 and "ppo_epochs" not in settings["rlhf"]
 

@@ -98,6 +98,7 @@ def run_pbt_command(
     from ppojax.runs import folder
     from ppojax.runs.experiment import check_env
     from ppojax.runs.loggers import options_from_settings
+    from ppojax.runs.options import RunOptions
     from ppojax.runs.pbt_folder import PBT_FILE, read_pbt_folder, resume_pbt, run_pbt
 
     progress = not args.no_progress
@@ -133,10 +134,12 @@ def run_pbt_command(
             seed=args.seed,
             fraction=args.fraction,
             explore_mode=args.explore,
-            checkpoint_every=args.checkpoint_every,
-            keep_checkpoints=args.keep_checkpoints,
-            progress=progress,
-            wandb=wandb,
+            options=RunOptions(
+                progress=progress,
+                checkpoint_every=args.checkpoint_every,
+                keep_checkpoints=args.keep_checkpoints or None,  # 0: keep all
+                wandb=wandb,
+            ),
         )
     best = summary["best_member"]
     values = ", ".join(f"{k}={v:.3g}" for k, v in summary["best_hyperparams_last_interval"].items())

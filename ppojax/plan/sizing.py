@@ -129,7 +129,7 @@ class Plan:
     def loop_peak(self) -> int:
         """The peak inside ``ppojax.runs.loop``, which the model-folder commands train
         through: the step's, since that loop donates each chunk's state to the next
-        (``LoopOptions.donate``) as the planned step donates its state."""
+        (``train_loop(..., donate=True)``) as the planned step donates its state."""
         return self.memory.peak
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import datetime
 import functools
 import math
 import time
@@ -37,8 +36,9 @@ from ppojax.ppo.types import METRIC_NAMES, Metrics, TrainState
 from ppojax.ppo.update import make_optimizer
 from ppojax.runs import folder
 from ppojax.runs.loop import chunk_plan, resume_point, scan_chunk, train_chunks
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_learning_curves
-from ppojax.runs.progress import BAR_METRICS, ChunkHandler, RunOptions, divergence_report
+from ppojax.runs.progress import BAR_METRICS, ChunkHandler, divergence_report
 from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: re-exported)
     MAX_SEED,
     Experiment,
@@ -49,6 +49,7 @@ from ppojax.runs.settings import (  # noqa: F401  (MAX_SEED, RunMismatchError: r
     run_settings,
     run_table,
 )
+from ppojax.runs.summary import write_summary
 from ppojax.runtime import cache, sharding
 from ppojax.runtime.compiling import compiler_options
 
@@ -375,23 +376,28 @@ def write_report(result: RunResult) -> None:
         f"ppojax PPO on {config.env_id}",
         curves_by_point(experiment, result.metrics["eval_return"]) if evaluated else None,
     )
-    summary = {
-        "env_id": config.env_id,
-        "runs": experiment.num_runs,
-        "seeds": experiment.seeds,
-        "grid": {name: list(values) for name, values in experiment.grid.items()},
-        "num_updates": config.num_updates,
-        "env_steps_per_run": config.num_updates * config.batch_size,
+    finals = {
         "final_return": final_return_table(result),
         "final_eval_return": final_return_table(result, "eval_return") if evaluated else None,
-        "compile_seconds": round(result.compile_seconds, 3),
-        "run_seconds": round(result.run_seconds, 3),
-        "env_steps_this_call": result.env_steps,
-        "env_steps_per_second": round(result.env_steps / max(result.run_seconds, 1e-9)),
-        "resumed_from_update": result.resumed_from,
-        "divergence": result.divergence,
-        "diverged_runs": result.diverged_runs,
-        "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "versions": folder.versions(),
     }
-    folder.write_json(result.run_dir / folder.SUMMARY_FILE, summary)
+    write_summary(
+        result.run_dir,
+        "update",
+        config.num_updates,
+        result.resumed_from or 0,
+        finals,
+        {"compile_seconds": result.compile_seconds, "run_seconds": result.run_seconds},
+        head={
+            "env_id": config.env_id,
+            "runs": experiment.num_runs,
+            "seeds": experiment.seeds,
+            "grid": {name: list(values) for name, values in experiment.grid.items()},
+        },
+        extras={
+            "env_steps_per_run": config.num_updates * config.batch_size,
+            "env_steps_this_call": result.env_steps,
+            "env_steps_per_second": round(result.env_steps / max(result.run_seconds, 1e-9)),
+            "divergence": result.divergence,
+            "diverged_runs": result.diverged_runs,
+        },
+    )

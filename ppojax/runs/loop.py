@@ -15,7 +15,6 @@ what the uninterrupted one did. ``ProgressBar`` is the one bar.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 import threading
@@ -31,9 +30,10 @@ import numpy as np
 from jax.extend.core import jaxpr_as_fun
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ppojax.checks import check_bool, check_positive_int
+from ppojax.checks import ConfigError, check_bool, check_positive_int, show
 from ppojax.ppo.summary import latest_finite
 from ppojax.runs import checkpoints, folder
+from ppojax.runs.options import RunOptions
 from ppojax.runtime.compiling import compiler_options
 
 # A hook: (first step of the chunk, state after it, host metrics [runs, count]).
@@ -352,44 +352,6 @@ def keyed_step(step: StepFn) -> NumberedStep:
     return numbered
 
 
-@dataclasses.dataclass(frozen=True)
-class LoopOptions:
-    """``num_steps`` in chunks of ``checkpoint_every`` steps, a checkpoint after each (the
-    newest ``keep_checkpoints`` kept; None: all); a progress bar with the latest value of
-    each of ``bar_metrics``; with ``resume``, from the run folder's newest checkpoint;
-    ``seed`` for the metrics rows' column; ``host_steps``: the step runs on the host (a
-    Python env inside it) and is called step by step (``host_chunk``) instead of compiled into
-    a chunk's scan; ``hooks`` called after each chunk; ``checks``
-    called before it is kept: one that raises stops the run there, the chunk's rows and
-    checkpoint unwritten (the folder as the chunk before left it, ``--resume`` going on from
-    its checkpoint). ``donate``: each chunk writes its state into the buffers of the state it
-    was given, so the step's peak is the loop's (a language model's state held once, not
-    twice); the hooks then handle a chunk before the next is dispatched, where otherwise the
-    next runs while they write its files."""
-
-    num_steps: int
-    checkpoint_every: int
-    keep_checkpoints: int | None = 3
-    progress: bool = True
-    bar_metrics: tuple[str, ...] = ()
-    resume: bool = False
-    seed: int = 0
-    host_steps: bool = False
-    hooks: Sequence[Hook] = ()
-    checks: Sequence[Hook] = ()
-    donate: bool = False
-
-    def __post_init__(self) -> None:
-        check_positive_int("LoopOptions", "num_steps", self.num_steps)
-        check_positive_int("LoopOptions", "checkpoint_every", self.checkpoint_every)
-        if self.keep_checkpoints is not None:
-            check_positive_int("LoopOptions", "keep_checkpoints", self.keep_checkpoints)
-        check_bool("LoopOptions", "progress", self.progress)
-        check_bool("LoopOptions", "resume", self.resume)
-        check_bool("LoopOptions", "host_steps", self.host_steps)
-        check_bool("LoopOptions", "donate", self.donate)
-
-
 class LoopResult(NamedTuple):
     """The final state, every metric [num_steps] (those before a resume included), the step
     this call started from and the seconds it trained (compilation included)."""
@@ -410,23 +372,63 @@ def on_state_mesh(tree: Any, state: Any) -> Any:
     return tree
 
 
+def check_loop(options: RunOptions, num_steps: int, **flags: bool) -> None:
+    """Raise naming the argument or option at fault: ``options`` a ``RunOptions`` without
+    the env runs' loggers, ``num_steps`` a positive int, every flag a bool."""
+    if not isinstance(options, RunOptions):
+        raise TypeError(f"train_loop's options must be RunOptions, got {show(options)}")
+    # train_loop writes no TensorBoard files and opens no W&B run: silently dropping what the
+    # user asked for would be worse than saying where it goes (a hook)
+    for name in ("tensorboard", "wandb"):
+        if getattr(options, name) not in (False, None):
+            raise ConfigError(
+                name,
+                f"RunOptions.{name} is for env runs: train_loop logs through its hooks, "
+                f"got {name}={show(getattr(options, name))}",
+            )
+    check_positive_int("train_loop", "num_steps", num_steps)
+    for name, value in flags.items():
+        check_bool("train_loop", name, value)
+
+
 def train_loop(
     run_dir: Path,
     step: StepFn,
     state: Any,
     frozen: Any,
     key: jax.Array,
-    options: LoopOptions,
+    options: RunOptions,
+    *,
+    num_steps: int,
+    resume: bool = False,
+    seed: int = 0,
+    bar_metrics: Sequence[str] = (),
+    host_steps: bool = False,
+    hooks: Sequence[Hook] = (),
+    checks: Sequence[Hook] = (),
+    donate: bool = False,
 ) -> LoopResult:
-    """Train ``step(frozen, state, key)`` from ``state`` (step 0) to ``options.num_steps`` in
-    chunks, appending each chunk's rows to metrics.csv (columns run, seed, update, then the
-    metrics) and saving a checkpoint after it; with ``options.resume``, from the newest
-    checkpoint. ``frozen`` (data, a reference model, a reward model's params) goes into every
-    chunk as an argument and is never checkpointed. After each chunk every hook gets ``(first
-    step, state, metrics [1, count])`` (samples, W&B)."""
+    """Train ``step(frozen, state, key)`` from ``state`` (step 0) to ``num_steps`` in chunks of
+    ``options.checkpoint_every`` steps (None: one chunk), appending each chunk's rows to
+    metrics.csv (columns run, ``seed``, update, then the metrics) and saving a checkpoint after
+    it (the newest ``options.keep_checkpoints``); with ``resume``, from the newest checkpoint.
+    ``frozen`` (data, a reference model, a reward model's params) goes into every chunk as an
+    argument and is never checkpointed. With ``options.progress`` a bar shows the latest value
+    of each of ``bar_metrics``.
+
+    The rest is how this driver loops, not what the user chose to see: ``host_steps``, the
+    step runs on the host (a Python env inside it) and is called step by step
+    (``host_chunk``) instead of compiled into a chunk's scan; ``checks`` get ``(first step,
+    state, metrics [1, count])`` before the chunk is kept (one that raises stops the run
+    there, the folder as the chunk before left it, ``resume`` going on from its checkpoint),
+    ``hooks`` after (samples, W&B); ``donate``, each chunk writes its state into the buffers
+    of the state it was given, so the step's peak is the loop's (a language model's state held
+    once, not twice), and the hooks handle a chunk before the next is dispatched, where
+    otherwise the next runs while they write its files."""
+    check_loop(options, num_steps, resume=resume, host_steps=host_steps, donate=donate)
     run_dir = Path(run_dir)
     start, history = 0, {}
-    if options.resume:
+    if resume:
         restored, start, history = resume_point(run_dir, state, 1)
         if restored is not None:
             # laid out as the fresh state is (a sharded LM state: over its mesh), not on the
@@ -434,14 +436,14 @@ def train_loop(
             layouts = jax.tree.map(lambda leaf: getattr(leaf, "sharding", None), state)
             state = jax.device_put(restored, layouts)
     key, frozen = on_state_mesh((key, frozen), state)
-    length = min(options.checkpoint_every, options.num_steps)
-    plan = chunk_plan(start, options.num_steps, length, options.checkpoint_every)
-    columns = [{"run": 0, "seed": options.seed}]
+    every = options.checkpoint_every
+    length = min(every or num_steps, num_steps)
+    plan = chunk_plan(start, num_steps, length, every)
+    columns = [{"run": 0, "seed": seed}]
     chunks: list[dict[str, np.ndarray]] = []
     bar = None
     if options.progress:
-        shown = {name: name for name in options.bar_metrics}
-        bar = ProgressBar(options.num_steps, start, shown, digits=".3g")
+        bar = ProgressBar(num_steps, start, {name: name for name in bar_metrics}, digits=".3g")
     store = checkpoints.open_checkpoints(run_dir, options.keep_checkpoints, clean=True)
 
     def keep(first: int, state: Any, metrics: dict[str, np.ndarray]) -> None:
@@ -452,26 +454,39 @@ def train_loop(
 
     began = time.perf_counter()
     try:
-        # jit, compiled on the first chunk: a program compiled ahead refuses inputs laid out
-        # otherwise than it was compiled for, and a sharded LM state may leave a chunk so.
-        if options.host_steps:
-            runner = functools.partial(host_chunk, keyed_step(step))
-        else:
-            runner = jax.jit(
-                functools.partial(scan_chunk, keyed_step(step), length=length),
-                donate_argnums=(1,) if options.donate else (),
-                compiler_options=compiler_options(),
-            )
+        runner = loop_runner(step, length, host_steps, donate)
         if bar is not None:
             bar.open()
         report = SkipReport(say if bar is None else bar.write)
-        hooks = [*options.checks, report, keep, *options.hooks, *([bar] if bar is not None else [])]
-        state = train_chunks(runner, (key, frozen), state, plan, hooks, overlap=not options.donate)
+        every_chunk = [*checks, report, keep, *hooks, *([bar] if bar is not None else [])]
+        state = train_chunks(runner, (key, frozen), state, plan, every_chunk, overlap=not donate)
     finally:
         store.close()
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - began
+    return LoopResult(state, joined_metrics(history, chunks), start, seconds)
+
+
+def loop_runner(step: StepFn, length: int, host_steps: bool, donate: bool) -> Callable[..., Any]:
+    """``runner(inputs, state, first, count)`` of ``train_chunks`` for a keyed step: step by
+    step on the host, or jit, compiled on the first chunk (a program compiled ahead refuses
+    inputs laid out otherwise than it was compiled for, and a sharded LM state may leave a
+    chunk so)."""
+    if host_steps:
+        return functools.partial(host_chunk, keyed_step(step))
+    return jax.jit(
+        functools.partial(scan_chunk, keyed_step(step), length=length),
+        donate_argnums=(1,) if donate else (),
+        compiler_options=compiler_options(),
+    )
+
+
+def joined_metrics(
+    history: dict[str, np.ndarray], chunks: list[dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Every metric [num_steps] of one run: the ``history`` [1, start] a resume read back,
+    then the chunks [1, count] trained here."""
     trained: dict[str, np.ndarray] = {}
     if chunks:
         trained = {name: np.concatenate([c[name] for c in chunks], 1) for name in chunks[0]}
@@ -479,4 +494,4 @@ def train_loop(
     for name in trained or history:
         parts = [part[name] for part in (history, trained) if name in part]
         metrics[name] = np.concatenate(parts, 1)[0]
-    return LoopResult(state, metrics, start, seconds)
+    return metrics

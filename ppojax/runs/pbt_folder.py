@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ppojax.checks import ConfigError
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.pbt import (
     PBTCarry,
@@ -49,7 +50,9 @@ from ppojax.runs.loggers import (
     wandb_settings,
 )
 from ppojax.runs.loop import ProgressBar, chunk_plan, train_chunks
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_learning_curves, plot_schedules
+from ppojax.runs.summary import write_summary
 from ppojax.runtime.sharding import runs_sharding
 
 PBT_FILE = "pbt.json"
@@ -67,21 +70,26 @@ def run_pbt(
     seed: int = 0,
     fraction: float = 0.25,
     explore_mode: str = "perturb",
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int | None = 3,
-    progress: bool = False,
-    wandb: WandbOptions | None = None,
+    options: RunOptions | None = None,
 ) -> tuple[PBTOutput, dict[str, Any]]:
     """Train the population into ``run_dir`` (new, or empty); the output and summary.json.
-    With ``wandb``, every member is also one W&B run (see ppojax.runs.loggers).
+    ``options`` (default: no progress bar) says what to show and keep: with
+    ``options.wandb``, every member is also one W&B run (see ppojax.runs.loggers).
 
-    With ``checkpoint_every`` (updates, a multiple of ``interval``) the population trains in
-    pieces of that many updates; after each, metrics.csv and pbt.csv hold every interval so
-    far and the whole population is checkpointed (the newest ``keep_checkpoints``; None or 0
-    keeps all), so ``resume_pbt`` continues a stopped run to exactly the same result.
+    With ``options.checkpoint_every`` (updates, a multiple of ``interval``; None: the whole
+    run) the population trains in pieces of that many updates; after each, metrics.csv and
+    pbt.csv hold every interval so far and the whole population is checkpointed (the newest
+    ``options.keep_checkpoints``; None keeps all), so ``resume_pbt`` continues a stopped run
+    to exactly the same result.
     """
+    options = options or RunOptions(progress=False)
     check_settings(config, PBTSettings(population, interval, search, fraction, explore_mode))
     parse_search(config, search)  # a bad search fails before the folder is made
+    if options.tensorboard:  # said, not dropped: nothing here writes TensorBoard files
+        raise ConfigError(
+            "tensorboard", "RunOptions.tensorboard: a PBT run writes no TensorBoard files"
+        )
+    checkpoint_every, wandb = options.checkpoint_every, options.wandb
     every = config.num_updates if checkpoint_every is None else checkpoint_every
     if every < interval or every % interval:
         raise ValueError(
@@ -100,12 +108,12 @@ def run_pbt(
         "explore_mode": explore_mode,
         "seed": seed,
         "checkpoint_every": every,
-        "keep_checkpoints": keep_checkpoints or None,
+        "keep_checkpoints": options.keep_checkpoints,
         # pbt.json names the W&B runs, so a resume logs on into them
         "wandb": wandb_settings(None if wandb is None else wandb.with_run_ids(population)),
     }
     folder.write_json(run_dir / PBT_FILE, settings)
-    return train_population(run_dir, config, settings, None, progress)
+    return train_population(run_dir, config, settings, None, options.progress)
 
 
 def read_pbt_folder(run_dir: Path) -> tuple[PPOConfig, dict[str, Any]]:
@@ -195,7 +203,7 @@ def train_population(
         # the metrics stay in the carry's records
         return program(count)(config, carry), {}
 
-    done = int(carry.generation)
+    done = started = int(carry.generation)
     plan = chunk_plan(done, generations, piece, piece)
     if plan:
         program(plan[0][1])  # compiled here, timed apart from the run
@@ -239,8 +247,8 @@ def train_population(
     if not (run_dir / PBT_TABLE).exists():  # a resume of a run whose last piece had finished
         write_tables(run_dir, config, carry)
     write_plots(run_dir, config, out, metrics)
-    summary = summarize(config, out, metrics, compiled_at - began, finished - compiled_at)
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    seconds = {"compile_seconds": compiled_at - began, "run_seconds": finished - compiled_at}
+    summary = write_pbt_summary(run_dir, config, out, metrics, started * interval, seconds)
     if logger is not None:
         logger.finish(metrics, [], wandb_summaries(out, metrics))
     return out, summary
@@ -360,31 +368,36 @@ def write_table(path: Path, out: PBTOutput, done: int | None = None) -> None:
     folder.write_metrics(path, ["member", "interval", *names, "score", "copied_from"], rows)
 
 
-def summarize(
+def write_pbt_summary(
+    run_dir: Path,
     config: PPOConfig,
     out: PBTOutput,
     metrics: dict[str, np.ndarray],
-    compile_seconds: float,
-    run_seconds: float,
+    start: int,
+    seconds: dict[str, float],
 ) -> dict[str, Any]:
-    """summary.json: the best member by final return (mean of its last 10 updates)."""
+    """summary.json (``ppojax.runs.summary``): every member's final return (mean of its last 10
+    updates), the best member by it and its hyperparameters, env steps per second of the
+    updates this call trained from ``start``."""
     finals = final_return(metrics["episode_return"])
     best = int(np.nanargmax(np.nan_to_num(finals, nan=-np.inf)))
     population = finals.shape[0]
-    return {
-        "env_id": config.env_id,
-        "population": population,
-        "num_updates": config.num_updates,
+    env_steps = population * (config.num_updates - start) * config.batch_size
+    extras = {
         "best_member": best,
         "best_final_return": float(finals[best]),
         "best_hyperparams_last_interval": {
             name: float(np.asarray(values)[best, -1]) for name, values in out.hyperparams.items()
         },
-        "final_return": [float(value) for value in finals],
-        "compile_seconds": round(compile_seconds, 3),
-        "run_seconds": round(run_seconds, 3),
-        "env_steps_per_second": round(
-            population * config.num_updates * config.batch_size / max(run_seconds, 1e-9)
-        ),
-        "versions": folder.versions(),
+        "env_steps_per_second": round(env_steps / max(seconds["run_seconds"], 1e-9)),
     }
+    return write_summary(
+        run_dir,
+        "update",
+        config.num_updates,
+        start,
+        {"final_return": [float(value) for value in finals]},
+        seconds,
+        head={"env_id": config.env_id, "population": population},
+        extras=extras,
+    )

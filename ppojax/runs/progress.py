@@ -1,15 +1,14 @@
 """The host side of a PPO run: what it shows and writes while the compiled chunks train.
 
-``RunOptions`` says what to show and keep; ``ChunkHandler`` is the hook of
-``ppojax.runs.loop`` that receives every chunk's metrics and states and feeds the progress bar
-(``loop.ProgressBar``), metrics.csv, TensorBoard (``TensorBoardLog``), Weights & Biases and
-the checkpoints. ``ppojax.runs.experiment`` runs the chunks and hands them over; nothing here
-compiles or traces.
+``ChunkHandler`` is the hook of ``ppojax.runs.loop`` that receives every chunk's metrics and
+states and feeds the progress bar (``loop.ProgressBar``), metrics.csv, TensorBoard
+(``TensorBoardLog``), Weights & Biases and the checkpoints, as the ``RunOptions``
+(``ppojax.runs.options``) ask. ``ppojax.runs.experiment`` runs the chunks and hands them over;
+nothing here compiles or traces.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,46 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from ppojax.checks import check_bool, check_positive_int, show
 from ppojax.ppo.config import PPOConfig
 from ppojax.ppo.evaluation import EVAL_METRIC_NAMES
 from ppojax.ppo.types import TrainState
 from ppojax.runs import checkpoints, folder
-from ppojax.runs.loggers import WandbLog, WandbOptions
+from ppojax.runs.loggers import WandbLog
 from ppojax.runs.loop import ProgressBar, write_rows
+from ppojax.runs.options import RunOptions
 
 # What the bar shows, as {metric: label}: the return, and the episode length beside it, since
 # on some tasks (a goal reward of 1 whatever the time taken) only the length shows learning.
 BAR_METRICS = {"episode_return": "return", "episode_length": "length", "eval_return": "eval"}
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """How to run an experiment: progress bar (about ``progress_reports`` updates of it over the
-    run), checkpoints every N updates (the final state is always saved when there is a run
-    folder), how many to keep (None: all), TensorBoard, Weights & Biases (``wandb``: where to
-    log, None: not at all; see ``ppojax.runs.loggers``), and the modules that register the env
-    (``--env-module``; recorded in run.json, imported again by ``--resume`` and ``load``)."""
-
-    progress: bool = True
-    checkpoint_every: int | None = None
-    keep_checkpoints: int | None = 3
-    tensorboard: bool = False
-    progress_reports: int = 50
-    wandb: WandbOptions | None = None
-    env_modules: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        for name in ("progress", "tensorboard"):
-            check_bool("RunOptions", name, getattr(self, name))
-        for name in ("checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) is not None:
-                check_positive_int("RunOptions", name, getattr(self, name))
-        check_positive_int("RunOptions", "progress_reports", self.progress_reports)
-        if self.wandb is not None and not isinstance(self.wandb, WandbOptions):
-            raise TypeError(
-                f"RunOptions.wandb must be WandbOptions or None, got {show(self.wandb)}"
-            )
 
 
 def divergence_report(nonfinite: np.ndarray | None) -> list[dict[str, Any]]:

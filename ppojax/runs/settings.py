@@ -21,7 +21,7 @@ from ppojax.ppo.summary import grid_points
 from ppojax.ppo.sweeps import check_grid as check_sweep_grid
 from ppojax.runs import checkpoints, folder
 from ppojax.runs.loggers import options_from_settings, wandb_settings
-from ppojax.runs.progress import RunOptions
+from ppojax.runs.options import RunOptions
 
 
 @dataclasses.dataclass(frozen=True)

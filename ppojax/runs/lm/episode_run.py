@@ -56,10 +56,11 @@ from ppojax.rlhf.models.transformer import transformer, zero_value_head
 from ppojax.runs import folder
 from ppojax.runs.lm import episode_checks as checks
 from ppojax.runs.lm import episode_sft
-from ppojax.runs.lm.run import PLOT_FILE, summarize
+from ppojax.runs.lm.run import PLOT_FILE, write_loop_summary
 from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
 from ppojax.runs.lock import run_lock
-from ppojax.runs.loop import LoopOptions, RunDiverged, never_recovered, train_loop
+from ppojax.runs.loop import RunDiverged, never_recovered, train_loop
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
 from ppojax.runtime import cache
 
@@ -424,20 +425,24 @@ def train(
         # before the chunk is kept: its checkpoint would hold what the env's output did
         check_env_faults(metrics, env_name, vocab_size, first)
 
-    options = LoopOptions(
-        run["steps"],
-        run["checkpoint_every"],
-        keep_checkpoints=None,
+    options = RunOptions(
         progress=not args.no_progress,
-        bar_metrics=BAR_METRICS,
+        checkpoint_every=run["checkpoint_every"],
+        keep_checkpoints=None,
+    )
+    result = train_loop(
+        run_dir,
+        episode_step(prepared.trainer),
+        prepared.state,
+        None,
+        jax.random.fold_in(seed_key, 2),
+        options,
+        num_steps=run["steps"],
         resume=args.resume is not None,
         seed=run["seed"],
+        bar_metrics=BAR_METRICS,
         host_steps=runs_on_host(prepared.env),
         checks=(check_env_output,),
-    )
-    step = episode_step(prepared.trainer)
-    result = train_loop(
-        run_dir, step, prepared.state, None, jax.random.fold_in(seed_key, 2), options
     )
     names = ("episodes/return", "episodes/turns", "episodes/truncated", "objective/kl")
     plot_metrics(run_dir / PLOT_FILE, result.metrics, names)
@@ -453,7 +458,7 @@ def train(
 
         trained = precision.cast(policy(result.state.params), model_dtype(prepared.lm))
         save_final(prepared.lm, trained, run_dir)
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summarize(result, **held_out))
+    write_loop_summary(run_dir, result, **held_out)
     print(f"run folder: {run_dir}")
     if "folder" in settings["model"]:
         print(f"final model: {run_dir / 'final'}")

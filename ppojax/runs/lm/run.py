@@ -12,7 +12,8 @@ Every run folder of ``ppojax rlhf`` (both forms), ``sft``, ``rm`` and ``dpo`` ho
 
 and one kind adds ``frozen/0/`` (the task form: an orbax checkpoint of what it trained before
 RL, the SFT params and a reward model's; ``save_frozen``) or ``final/`` and ``samples.jsonl``
-(a model folder's run: ``ppojax.runs.lm.text_run``). docs/rlhf.md has the table.
+(a model folder's run: ``ppojax.runs.lm.text_run``). docs/guide.md's Run folders has the
+table of every kind's files.
 
 Step n draws its prompts and samples from ``fold_in(key, n)``, so a run's numbers do not
 depend on where its chunks end, and a resumed run computes exactly what the uninterrupted
@@ -31,16 +32,11 @@ import numpy as np
 
 from ppojax.rlhf.core.trainer import RLHFState, Trainer
 from ppojax.rlhf.models import transformer
-from ppojax.runs import checkpoints, folder
-from ppojax.runs.loop import (
-    LoopOptions,
-    LoopResult,
-    RunDiverged,
-    StepFn,
-    never_recovered,
-    train_loop,
-)
+from ppojax.runs import checkpoints
+from ppojax.runs.loop import LoopResult, RunDiverged, StepFn, never_recovered, train_loop
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
+from ppojax.runs.summary import write_summary
 
 # run folders of the built-in transformer from before it was a DecoderConfig still resume
 checkpoints.register_layout(transformer.to_legacy, transformer.from_legacy)
@@ -48,6 +44,8 @@ checkpoints.register_layout(transformer.to_legacy, transformer.from_legacy)
 PLOT_FILE = "curves.png"
 FROZEN_DIR = "frozen"
 BAR_METRICS = ("objective/scores", "objective/kl")
+# summary.json's key of the final means
+FINAL_MEANS = "final (mean of the last 10% of steps)"
 PromptFn = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -76,24 +74,18 @@ def load_frozen(run_dir: Path, template: Any) -> Any:
     return checkpoints.restore_checkpoint(Path(run_dir) / FROZEN_DIR, template, 0)[0]
 
 
-def summarize(result: LoopResult, **extra: Any) -> dict[str, Any]:
-    """What every RLHF run folder's summary.json holds: the steps, the means of their last
-    10%, ``extra``, the step this call resumed from (None: a fresh run), the steps it trained
-    and their wall time (compilation included), and the versions."""
+def write_loop_summary(run_dir: Path, result: LoopResult, **extra: Any) -> dict[str, Any]:
+    """Write the summary.json of a run ``train_loop`` trained (``ppojax.runs.summary``): the
+    means of its last 10% of steps (``FINAL_MEANS``), ``extra``, and what every summary holds
+    (the steps resumed from and timed, their wall time with compilation, the versions)."""
     metrics = result.metrics
     steps = len(next(iter(metrics.values()))) if metrics else 0
     tail = max(1, steps // 10)
-    return {
-        "steps": steps,
-        "final (mean of the last 10% of steps)": {
-            name: float(np.mean(values[-tail:])) for name, values in metrics.items()
-        },
-        **extra,
-        "resumed_from_step": result.start or None,
-        "timed_steps": steps - result.start,
-        "wall_s": round(result.seconds, 2),
-        "versions": folder.versions(),
-    }
+    means = {name: float(np.mean(values[-tail:])) for name, values in metrics.items()}
+    seconds = {"wall_s": result.seconds}
+    return write_summary(
+        run_dir, "step", steps, result.start, {FINAL_MEANS: means}, seconds, extras=extra
+    )
 
 
 def response_tokens_per_s(result: LoopResult, rows: int) -> float:
@@ -129,22 +121,24 @@ def train_run(
     metric [num_steps]. ``RunDiverged`` (after the plot, before the summary) when its last
     step skipped all its updates for a NaN or inf."""
     run_dir = Path(run_dir)
-    options = LoopOptions(
-        num_steps,
-        chunk,
-        keep_checkpoints=None,
-        progress=progress,
-        bar_metrics=BAR_METRICS,
+    options = RunOptions(progress=progress, checkpoint_every=chunk, keep_checkpoints=None)
+    step = trainer_step(trainer, prompt_fn)
+    result = train_loop(
+        run_dir,
+        step,
+        state,
+        None,
+        key,
+        options,
+        num_steps=num_steps,
         resume=resume,
         seed=seed,
+        bar_metrics=BAR_METRICS,
     )
-    step = trainer_step(trainer, prompt_fn)
-    result = train_loop(run_dir, step, state, None, key, options)
     plot_metrics(run_dir / PLOT_FILE, result.metrics, curve_names(result.metrics))
     diverged = never_recovered(result.metrics)
     if diverged is not None:  # no summary: the folder says it did not train
         raise RunDiverged(diverged)
     rows = jax.eval_shape(prompt_fn, key)[0].shape[0] * trainer.config.group_size
-    summary = summarize(result, response_tokens_per_s=response_tokens_per_s(result, rows))
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    write_loop_summary(run_dir, result, response_tokens_per_s=response_tokens_per_s(result, rows))
     return result.state, result.metrics

@@ -11,7 +11,6 @@ the rewards, the run's ``RLHFConfig`` and ``Job``, then trained into a run folde
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +75,11 @@ def start(
 
     from ppojax.rlhf.models.pretrained import from_pretrained
     from ppojax.runs import folder
+    from ppojax.runs.lm.run import FINAL_MEANS
     from ppojax.runs.lm.text_run import train_job
     from ppojax.runs.lock import run_lock
     from ppojax.runs.loggers import WandbRun, options_from_settings
-    from ppojax.runs.loop import LoopOptions
+    from ppojax.runs.options import RunOptions
 
     with contextlib.ExitStack() as stack:  # this process the folder's one writer till done
         if run_dir is not None:
@@ -94,14 +94,8 @@ def start(
             from ppojax.runs.lm.jobs import sharded
 
             job = sharded(job, mesh)
-        options = LoopOptions(
-            settings["steps"],
-            settings["checkpoint_every"],
-            progress=progress,
-            bar_metrics=job.curves[:2],
-            resume=run_dir is not None,
-            seed=settings["seed"],
-        )
+        options = RunOptions(progress=progress, checkpoint_every=settings["checkpoint_every"])
+        resume = run_dir is not None
         if run_dir is None:
             run_dir = folder.new_run_dir(out, command)
             stack.enter_context(run_lock(run_dir))
@@ -115,15 +109,25 @@ def start(
             writer = sample_writer(settings, config, run_dir, lm, job, prompts, key, wandb)
             hooks.append(writer)
             checks.append(reward_check(settings["reward"], job, failures, run_dir))
-        options = dataclasses.replace(options, hooks=tuple(hooks), checks=tuple(checks))
         try:
-            _, summary = train_job(run_dir, lm, job, jax.random.fold_in(key, 2), options)
+            _, summary = train_job(
+                run_dir,
+                lm,
+                job,
+                jax.random.fold_in(key, 2),
+                options,
+                num_steps=settings["steps"],
+                resume=resume,
+                seed=settings["seed"],
+                hooks=hooks,
+                checks=checks,
+            )
         except BaseException:
             if wandb is not None:
                 wandb.abort()
             raise
         if wandb is not None:
-            wandb.finish(summary["final (mean of the last 10% of steps)"])
+            wandb.finish(summary[FINAL_MEANS])
         return run_dir, summary
 
 

@@ -18,11 +18,10 @@ The steps run through ``ppojax.runs.loop.train_loop``: a resumed run continues b
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +34,10 @@ from ppojax.rlhf.data import PromptData
 from ppojax.rlhf.models.generate import generate
 from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
-from ppojax.runs import folder
 from ppojax.runs.lm.jobs import Job
-from ppojax.runs.lm.run import PLOT_FILE, summarize
-from ppojax.runs.loop import LoopOptions, LoopResult, RunDiverged, never_recovered, train_loop
+from ppojax.runs.lm.run import PLOT_FILE, write_loop_summary
+from ppojax.runs.loop import Hook, LoopResult, RunDiverged, never_recovered, train_loop
+from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
 
 SAMPLES_FILE = "samples.jsonl"
@@ -76,27 +75,45 @@ def train_job(
     lm: PretrainedLM,
     job: Job,
     key: jax.Array,
-    options: LoopOptions,
+    options: RunOptions,
+    *,
+    num_steps: int,
+    resume: bool = False,
+    seed: int = 0,
+    hooks: Sequence[Hook] = (),
+    checks: Sequence[Hook] = (),
 ) -> tuple[LoopResult, dict[str, Any]]:
-    """Train ``job`` to ``options.num_steps`` (from the newest checkpoint with
-    ``options.resume``), then write curves.png, ``final/`` and summary.json; the loop's result
-    and the summary. ``RunDiverged`` (after curves.png, before ``final/``) when its last step
-    skipped all its updates for a NaN or inf: an untrained model is not saved as trained."""
+    """Train ``job`` to ``num_steps`` through ``train_loop`` (from the newest checkpoint with
+    ``resume``; ``hooks`` and ``checks`` as there), then write curves.png, ``final/`` and
+    summary.json; the loop's result and the summary. ``RunDiverged`` (after curves.png, before
+    ``final/``) when its last step skipped all its updates for a NaN or inf: an untrained
+    model is not saved as trained."""
     run_dir = Path(run_dir)
-    # donating: the step's peak is the loop's, the one ppojax plan judges (job.state is
-    # consumed; the result's state is the one to read)
-    options = dataclasses.replace(options, donate=True)
     state = unshared(job.state, job.frozen)
-    result = train_loop(run_dir, job.step, state, job.frozen, key, options)
+    result = train_loop(
+        run_dir,
+        job.step,
+        state,
+        job.frozen,
+        key,
+        options,
+        num_steps=num_steps,
+        resume=resume,
+        seed=seed,
+        bar_metrics=job.curves[:2],
+        hooks=hooks,
+        checks=checks,
+        # the step's peak is the loop's, the one ppojax plan judges (job.state is consumed;
+        # the result's state is the one to read)
+        donate=True,
+    )
     plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
     diverged = never_recovered(result.metrics)
     if diverged is not None:
         raise RunDiverged(diverged)
     save_final(lm, job.model_params(result.state, job.frozen), run_dir)
-    summary = summarize(result)
-    if job.evaluate is not None:
-        summary["held_out"] = job.evaluate(result.state, job.frozen)
-    folder.write_json(run_dir / folder.SUMMARY_FILE, summary)
+    held_out = {} if job.evaluate is None else {"held_out": job.evaluate(result.state, job.frozen)}
+    summary = write_loop_summary(run_dir, result, **held_out)
     return result, summary
 
 
