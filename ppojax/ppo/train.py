@@ -63,6 +63,7 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
     key, params_key, env_key = jax.random.split(as_key(key, "ppojax.init_state"), 3)
     observation = observation_template(agent.env)
     params = init_params(params_key, agent.network, observation)
+    hidden = initial_hidden(agent.network, config.num_envs)
     obs, env_state = reset_envs(agent, env_key, config.num_envs)
     return TrainState(
         params=params,
@@ -76,7 +77,7 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
         update_step=jnp.int32(0),
         env_steps=jnp.int32(0),
         gradient_steps=jnp.int32(0),
-        hidden=initial_hidden(agent.network, config.num_envs),
+        hidden=hidden,
     )
 
 
