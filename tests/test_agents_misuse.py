@@ -104,12 +104,12 @@ def test_greedy_play_takes_the_argmax_and_reports_its_finite_log_probs():
 
 
 def test_the_command_can_play_its_held_out_episodes_greedily():
-    from ppojax.runs.lm import episode_run
+    from ppojax.runs.lm import episode_run, episode_settings, episode_setup
 
-    args = episode_run.build_parser().parse_args(["--env", "guessing", "--eval-greedy"])
-    settings = episode_run.settings_from_args(args)
+    args = episode_settings.build_parser().parse_args(["--env", "guessing", "--eval-greedy"])
+    settings = episode_settings.settings_from_args(args)
     assert settings["episodes"]["eval_greedy"] is True
-    prepared = episode_run.prepare(settings)
+    prepared = episode_setup.prepare(settings)
     evaluate = episode_run.evaluator(prepared, 4, greedy=True)
     params = prepared.state.params["policy"]
     held_out = evaluate(params, jax.random.key(0))

@@ -18,7 +18,7 @@ from ppojax.cli import rlhf
 from ppojax.cli.commands import main
 from ppojax.rlhf import RLHFConfig
 from ppojax.rlhf.models.pretrained import from_pretrained
-from ppojax.runs.lm import episode_run
+from ppojax.runs.lm import episode_settings, episode_setup
 
 MODEL = Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen2"
 CALCULATOR = ["--env", "calculator", "--env-arg", "num_digits=1", "--turn-len", "4"]
@@ -31,7 +31,7 @@ def rows(run_dir):
 
 
 def fresh_args(*argv: str) -> argparse.Namespace:
-    return episode_run.build_parser().parse_args([*CALCULATOR, "--model", str(MODEL), *argv])
+    return episode_settings.build_parser().parse_args([*CALCULATOR, "--model", str(MODEL), *argv])
 
 
 @pytest.mark.heavy
@@ -144,15 +144,15 @@ def test_dtype_sets_the_models_compute_and_model_runs_take_rlhfconfigs_rate_and_
     built-in model's the form's own."""
     dtypes = {}
     for dtype in ("float32", "bfloat16"):
-        settings = episode_run.settings_from_args(fresh_args("--dtype", dtype))
+        settings = episode_settings.settings_from_args(fresh_args("--dtype", dtype))
         assert settings["model"]["dtype"] == dtype
-        state = episode_run.prepare(settings).state
+        state = episode_setup.prepare(settings).state
         dtypes[dtype] = {leaf.dtype for leaf in jax.tree.leaves(state.reference)}
         assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {np.dtype("float32")}
     assert dtypes == {"float32": {np.dtype("float32")}, "bfloat16": {np.dtype("bfloat16")}}
-    config = episode_run.settings_from_args(fresh_args())["rlhf"]
+    config = episode_settings.settings_from_args(fresh_args())["rlhf"]
     default = RLHFConfig(pad_id=0, eos_id=1)
     assert (config["learning_rate"], config["kl_coef"]) == (default.learning_rate, default.kl_coef)
-    built_in = episode_run.build_parser().parse_args(CALCULATOR)
-    config = episode_run.settings_from_args(built_in)["rlhf"]
+    built_in = episode_settings.build_parser().parse_args(CALCULATOR)
+    config = episode_settings.settings_from_args(built_in)["rlhf"]
     assert (config["learning_rate"], config["kl_coef"]) == (3e-3, 0.0)

@@ -50,17 +50,17 @@ def test_algorithm_ppo_runs_ppo_with_a_critic_at_agents_sfts_ppo_sizes(toy):
     """--algorithm ppo's runs parse, flag by flag as ppojax rlhf reads them (a later flag
     wins), to PPO with a warmed-up critic and one episode per reset, as many a step as GRPO's
     8 x 8 (the toy: its own few)."""
-    from ppojax.runs.lm import episode_run
+    from ppojax.runs.lm import episode_settings
 
     extra = ["--toy"] if toy else []
     shown = run_benchmark("agents_shell", "--algorithm", "ppo", *extra, before=PRINT_COMMAND,
                           check=False)  # fmt: skip
     assert shown.returncode != 0 and "stopped by the test" in shown.stderr
     flags = shown.stdout.splitlines()[0].split()[1:]  # after "rlhf"
-    args = episode_run.build_parser().parse_args(flags)
+    args = episode_settings.build_parser().parse_args(flags)
     assert (args.env, args.algorithm, args.group_size) == ("guessing", "ppo", 1)
     assert args.critic_warmup_steps == (1 if toy else 10)
     assert args.batch_size == (2 if toy else 64)
     grpo = run_benchmark("agents_shell", *extra, before=PRINT_COMMAND, check=False)
-    args = episode_run.build_parser().parse_args(grpo.stdout.splitlines()[0].split()[1:])
+    args = episode_settings.build_parser().parse_args(grpo.stdout.splitlines()[0].split()[1:])
     assert args.algorithm is None and args.group_size == (2 if toy else 8)  # the form's grpo

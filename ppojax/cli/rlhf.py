@@ -53,12 +53,12 @@ with its defaults."""
 def form_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each form's own parser."""
     from ppojax.cli import text
-    from ppojax.runs.lm import episode_run, task_run
+    from ppojax.runs.lm import episode_settings, task_run
 
     return {
         "task": task_run.build_parser(),
         "model": text.build_parser("rlhf"),
-        "episode": episode_run.build_parser(),
+        "episode": episode_settings.build_parser(),
     }
 
 

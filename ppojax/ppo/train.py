@@ -47,7 +47,7 @@ from ppojax.ppo.update import (
     make_optimizer,
     ppo_update,
 )
-from ppojax.runtime.sharding import check_divisible, constrain_env_axis
+from ppojax.runtime.sharding import constrain_env_axis
 
 
 def make_agent(config: PPOConfig) -> Agent:
@@ -63,6 +63,7 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
     key, params_key, env_key = jax.random.split(as_key(key, "ppojax.init_state"), 3)
     observation = observation_template(agent.env)
     params = init_params(params_key, agent.network, observation)
+    hidden = initial_hidden(agent.network, config.num_envs)
     obs, env_state = reset_envs(agent, env_key, config.num_envs)
     return TrainState(
         params=params,
@@ -76,7 +77,7 @@ def init_state(config: PPOConfig, key: jax.Array) -> TrainState:
         update_step=jnp.int32(0),
         env_steps=jnp.int32(0),
         gradient_steps=jnp.int32(0),
-        hidden=initial_hidden(agent.network, config.num_envs),
+        hidden=hidden,
     )
 
 
@@ -243,7 +244,8 @@ def run_updates(
 
     Running the updates in chunks gives exactly the same result as one call, which is what
     progress reporting and resuming from checkpoints rely on. With ``mesh`` (static), the
-    environments are split across its devices (see ``ppojax.runtime.sharding``).
+    environments are split across its devices from the first update on (see
+    ``ppojax.runtime.sharding``); num_envs must be a multiple of its device count.
     """
     agent = make_agent(config)
     optimizer = make_optimizer(config)
@@ -253,16 +255,18 @@ def run_updates(
         state, metrics = step(constrain_envs(state, mesh))
         return constrain_envs(state, mesh), metrics
 
-    return jax.lax.scan(sharded_step, state, None, num_updates)
+    return jax.lax.scan(sharded_step, constrain_envs(state, mesh), None, num_updates)
 
 
 def constrain_envs(state: TrainState, mesh: Mesh | None) -> TrainState:
     """Keep the env axis of the env state, observations, return accumulators and hidden state
-    on ``mesh``."""
+    on ``mesh``; a ``ValueError`` when num_envs is no multiple of its device count."""
     if mesh is None:
         return state
     env_state, obs, discounted, hidden = constrain_env_axis(
-        (state.env_state, state.obs, state.reward_normalizer.discounted_return, state.hidden), mesh
+        (state.env_state, state.obs, state.reward_normalizer.discounted_return, state.hidden),
+        mesh,
+        "PPOConfig.num_envs",
     )
     normalizer = state.reward_normalizer.replace(discounted_return=discounted)
     return state.replace(env_state=env_state, obs=obs, reward_normalizer=normalizer, hidden=hidden)
@@ -279,9 +283,6 @@ def train(config: PPOConfig, key: jax.Array, mesh: Mesh | None = None) -> TrainO
     environments across devices; num_envs must be a multiple of the device count. ``key`` is
     one ``jax.random.key(seed)`` or one raw ``jax.random.PRNGKey(seed)`` (same result).
     """
-    key = as_key(key)
-    if mesh is not None:
-        check_divisible(config.num_envs, mesh, "PPOConfig.num_envs")
-    state = constrain_envs(init_state(config, key), mesh)
+    state = init_state(config, as_key(key))
     state, metrics = run_updates(config, state, config.num_updates, mesh)
     return TrainOutput(state, metrics)

@@ -80,10 +80,13 @@ def check_divisible(size: int, mesh: Mesh, what: str) -> None:
         )
 
 
-def constrain_env_axis(tree: Any, mesh: Mesh | None) -> Any:
-    """Inside jit: keep the leading (env) axis of every leaf of ``tree`` split over ``mesh``."""
+def constrain_env_axis(tree: Any, mesh: Mesh | None, what: str = "the env axis") -> Any:
+    """Inside jit: keep the leading (env) axis of every leaf of ``tree`` split over ``mesh``; a
+    ``ValueError`` naming ``what`` when that axis cannot be split evenly over its devices."""
     if mesh is None:
         return tree
+    for size in sorted({leaf.shape[0] for leaf in jax.tree.leaves(tree)}):
+        check_divisible(size, mesh, what)
     sharding = leading_axis_sharding(mesh)
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
 

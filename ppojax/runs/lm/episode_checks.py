@@ -18,6 +18,7 @@ from ppojax.rlhf.core.episodes import checked_reset, checked_step
 from ppojax.rlhf.core.host_rollout import HostRollout
 from ppojax.rlhf.core.sampling import KVCacheHook
 from ppojax.rlhf.core.turns import EpisodeSettings
+from ppojax.rlhf.envs.chat import ChatFormat
 from ppojax.rlhf.envs.env import Tokens, make_text_env, text_env_factory
 from ppojax.rlhf.envs.host import HostEnvError, runs_on_host
 
@@ -116,6 +117,16 @@ def vocabulary(env_id: str, env: Any) -> Vocabulary:
             f"and be below vocab_size {vocab.vocab_size}"
         )
     return vocab
+
+
+def chat_vocabulary(chat: ChatFormat, vocab_size: int = 0) -> Vocabulary:
+    """The ids a ``--model`` run plays with: the template's end-of-turn ends a turn; the
+    tokenizer's pad id pads unless it is that token too (Llama's), then another id does
+    (padding is masked everywhere, but a turn must end at its first end-of-turn)."""
+    pad, eos = chat.tokenizer.pad_id, chat.eot_id
+    if pad is None or pad == eos:
+        pad = 0 if eos != 0 else 1
+    return Vocabulary(vocab_size, pad, eos)
 
 
 def check_env(
