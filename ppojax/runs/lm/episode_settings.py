@@ -18,7 +18,7 @@ from ppojax.rlhf.envs.env import text_env_ids
 from ppojax.runs import folder
 from ppojax.runs.lm import episode_checks as checks
 from ppojax.runs.lm import episode_sft
-from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
+from ppojax.runs.lm.settings import add_folder_flags, config_dict, given_fields, rlhf_config
 
 # Fields the env and --turn-len fix: the env's vocabulary, the per-turn token limit.
 ENV_FIELDS = ("pad_id", "eos_id", "response_len")
@@ -126,16 +126,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="resets per step, each played --group-size times (16)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs"), help="parent of run folders")
-    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps per chunk (50)")
-    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--no-compile-cache",
-        action="store_true",
-        help="compile every program afresh instead of loading it from the compilation cache "
-        "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
-    )
+    add_folder_flags(parser)
 
 
 def check_counts(args: argparse.Namespace) -> None:

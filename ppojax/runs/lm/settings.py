@@ -8,9 +8,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ppojax.rlhf.core.config import RLHFConfig, stored_names
+
+
+def add_folder_flags(parser: argparse.ArgumentParser) -> None:
+    """The run folder's flags of the task and episode forms: where, how often a checkpoint, resume,
+    the progress bar and the compilation cache."""
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="parent of run folders")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps per chunk (50)")
+    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh instead of loading it from the compilation cache "
+        "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
+    )
 
 
 def given_fields(args: argparse.Namespace, skip: Sequence[str]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from ppojax.rlhf.tasks.sorting import SORTING, RewardModelConfig, gold, sorting_
 from ppojax.rlhf.tasks.sorting import train_reward_model as train_sorting_rm
 from ppojax.runs import folder
 from ppojax.runs.lm.run import load_frozen, save_frozen, train_run
-from ppojax.runs.lm.settings import config_dict, given_fields, rlhf_config
+from ppojax.runs.lm.settings import add_folder_flags, config_dict, given_fields, rlhf_config
 from ppojax.runs.lock import run_lock
 from ppojax.runs.loop import RunDiverged
 from ppojax.runtime import cache
@@ -69,19 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=200, help="RL steps (200)")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per step (64)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("runs"), help="parent of run folders")
-    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps per chunk (50)")
-    parser.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run folder")
+    add_folder_flags(parser)
     parser.add_argument("--sft-steps", type=int, help="the task's SFT steps")
     parser.add_argument("--rm-steps", type=int, default=600, help="sorting: reward-model steps")
     parser.add_argument("--small", action="store_true", help="a tiny task and model (tests)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--no-compile-cache",
-        action="store_true",
-        help="compile every program afresh instead of loading it from the compilation cache "
-        "(PPOJAX_NO_COMPILE_CACHE=1 does the same)",
-    )
     add_config_flags(parser, TASK_FIELDS)
     return parser
 
