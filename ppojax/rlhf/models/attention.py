@@ -201,6 +201,10 @@ def forward(scores: Scores, known: int | None, queries, keys, values, key_mask, 
         jnp.zeros(rows, jnp.float32),
         jnp.zeros((*rows, head_dim), jnp.float32),
     )
+    # the carries made once this layer's queries exist: constant, XLA would make every
+    # layer's at the step's start in one fusion, all of them live at once (a layer's worth of
+    # float32 outputs for each layer of each forward pass)
+    init, _ = jax.lax.optimization_barrier((init, queries))
     (top, total, acc), _ = jax.lax.scan(pair, init, block_pairs(scores, cut_, known))
     outs, lse = acc / total[..., None], top + jnp.log(total)
     # [nq, B, KVH, G, bq, Dh] -> [B, nq * bq, KVH, G, Dh], the padding rows dropped
@@ -257,6 +261,7 @@ def backward(scores: Scores, known: int | None, residuals: tuple, d_out: jax.Arr
         jnp.zeros(kv_shape, jnp.float32),
         jnp.zeros(kv_shape, jnp.float32),
     )
+    init, _ = jax.lax.optimization_barrier((init, d_out))  # as the forward's, for its layer
     (d_queries, d_keys, d_values), _ = jax.lax.scan(pair, init, block_pairs(scores, cut_, known))
 
     def whole(x: jax.Array, length: int) -> jax.Array:  # [n, B, b, ...] -> [B, length, ...]
