@@ -261,7 +261,6 @@ def backward(scores: Scores, known: int | None, residuals: tuple, d_out: jax.Arr
         jnp.zeros(kv_shape, jnp.float32),
         jnp.zeros(kv_shape, jnp.float32),
     )
-    init, _ = jax.lax.optimization_barrier((init, d_out))  # as the forward's, for its layer
     (d_queries, d_keys, d_values), _ = jax.lax.scan(pair, init, block_pairs(scores, cut_, known))
 
     def whole(x: jax.Array, length: int) -> jax.Array:  # [n, B, b, ...] -> [B, length, ...]
