@@ -26,6 +26,30 @@ QWEN2 = {
     "bos_token_id": 151643,
     "eos_token_id": 151643,
 }
+LLAMA3 = {
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
+
+def llama3_rope(factor: float) -> dict[str, Any]:
+    """Llama 3's rope_scaling, whose models differ in its ``factor`` alone."""
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+
+
 # From the config.json of each model's Hugging Face repo (Qwen/Qwen2.5-0.5B, Qwen/Qwen2.5-1.5B,
 # Qwen/Qwen2.5-7B, meta-llama/Llama-3.1-8B, meta-llama/Llama-3.2-1B, google/gemma-2-2b).
 PUBLISHED: dict[str, dict[str, Any]] = {
@@ -63,51 +87,23 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
     },
     "llama-3.1-8b": {
-        "model_type": "llama",
-        "hidden_act": "silu",
+        **LLAMA3,
         "hidden_size": 4096,
         "intermediate_size": 14336,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        "rope_scaling": llama3_rope(8.0),
         "tie_word_embeddings": False,
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
     },
     "llama-3.2-1b": {
-        "model_type": "llama",
-        "hidden_act": "silu",
+        **LLAMA3,
         "hidden_size": 2048,
         "intermediate_size": 8192,
         "num_hidden_layers": 16,
         "num_attention_heads": 32,
-        "num_key_value_heads": 8,
         "head_dim": 64,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
-        "rope_scaling": {
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        "rope_scaling": llama3_rope(32.0),
         "tie_word_embeddings": True,
-        "bos_token_id": 128000,
-        "eos_token_id": 128001,
     },
     "gemma-2-2b": {
         "model_type": "gemma2",
