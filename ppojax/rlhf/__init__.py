@@ -133,18 +133,21 @@ MOVED = {"RLHFBatch": "ppojax.rlhf.core.update.EpisodeBatch"} | {
 
 
 def __getattr__(name: str):
-    if name not in MOVED:
-        raise AttributeError(f"module 'ppojax.rlhf' has no attribute {name!r}")
+    # the planner sits above the library (ppojax/plan imports ppojax.rlhf), so the alias
+    # imports it when asked for, never at import time
+    return moved_alias(__name__, name, MOVED.get(name))
+
+
+def moved_alias(package: str, name: str, where: str | None) -> object:
+    """A package's ``__getattr__`` for its deprecated ``name``: the object at ``where``
+    (``module.attribute``), imported now, with a ``DeprecationWarning`` at the caller's
+    line; an ``AttributeError`` where ``where`` is None (no such name)."""
+    if where is None:
+        raise AttributeError(f"module '{package}' has no attribute {name!r}")
     import importlib
     import warnings
 
-    where = MOVED[name]
-    warnings.warn(
-        f"ppojax.rlhf.{name} is deprecated: use {where}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    # the planner sits above the library (ppojax/plan imports ppojax.rlhf), so the alias
-    # imports it when asked for, never at import time
+    # stacklevel 3: past this function and the package's __getattr__, to the line that asked
+    warnings.warn(f"{package}.{name} is deprecated: use {where}", DeprecationWarning, stacklevel=3)
     module, _, attribute = where.rpartition(".")
     return getattr(importlib.import_module(module), attribute)

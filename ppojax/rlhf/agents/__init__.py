@@ -57,15 +57,6 @@ __all__ = sorted(MOVED)
 
 
 def __getattr__(name: str):
-    if name not in MOVED:
-        raise AttributeError(f"module 'ppojax.rlhf.agents' has no attribute {name!r}")
-    import importlib
-    import warnings
+    from ppojax.rlhf import moved_alias
 
-    module = MOVED[name]
-    warnings.warn(
-        f"ppojax.rlhf.agents.{name} is deprecated: use {module}.{name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), name)
+    return moved_alias(__name__, name, f"{MOVED[name]}.{name}" if name in MOVED else None)
