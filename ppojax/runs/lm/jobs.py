@@ -107,6 +107,27 @@ def supervised_job(
     return {"params": params, "opt_state": adam.init(params)}, step
 
 
+def policy_job(
+    lm: PretrainedLM,
+    data: Any,
+    batch_size: int,
+    learning_rate: float,
+    make_step: Callable[[Callable[..., Any], optax.GradientTransformation], Any],
+    master_weights: bool,
+) -> tuple[dict, StepFn]:
+    """``supervised_job`` on the policy's params, ``make_step(policy, optimizer)`` given the
+    policy computing in the model's dtype."""
+    policy = computing(lm.policy_apply, model_dtype(lm))
+    return supervised_job(
+        lm.params,
+        data,
+        batch_size,
+        learning_rate,
+        lambda adam: make_step(policy, adam),
+        master_weights,
+    )
+
+
 def sft_job(
     lm: PretrainedLM,
     data: CompletionData,
@@ -115,15 +136,7 @@ def sft_job(
     master_weights: bool = True,
 ) -> Job:
     """Supervised fine-tuning on prompt/completion pairs, the loss on completion tokens."""
-    policy = computing(lm.policy_apply, model_dtype(lm))
-    state, step = supervised_job(
-        lm.params,
-        data,
-        batch_size,
-        learning_rate,
-        lambda adam: make_sft_step(policy, adam),
-        master_weights,
-    )
+    state, step = policy_job(lm, data, batch_size, learning_rate, make_sft_step, master_weights)
     return Job(state, {"data": data, "extra": ()}, step, saved_as_model(lm), ("loss",))
 
 
@@ -168,15 +181,11 @@ def dpo_job(
     master_weights: bool = True,
 ) -> Job:
     """DPO (sigmoid loss) or IPO against the starting params as the frozen reference."""
-    policy = computing(lm.policy_apply, model_dtype(lm))
-    state, step = supervised_job(
-        lm.params,
-        pairs,
-        batch_size,
-        learning_rate,
-        lambda adam: make_dpo_step(policy, adam, loss_type),
-        master_weights,
-    )
+
+    def make_step(policy: Callable[..., Any], adam: optax.GradientTransformation) -> Any:
+        return make_dpo_step(policy, adam, loss_type)
+
+    state, step = policy_job(lm, pairs, batch_size, learning_rate, make_step, master_weights)
     frozen = {"data": pairs, "extra": (lm.params, np.float32(beta))}
     return Job(state, frozen, step, saved_as_model(lm), PAIR_CURVES)
 
