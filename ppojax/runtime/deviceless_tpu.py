@@ -88,10 +88,7 @@ def target_mesh(target: str, axis_name: str = "devices") -> Mesh:
 
 
 def compile_for(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    target: str,
-    static_argnums: tuple[int, ...] = (),
+    fn: Callable[..., Any], args: Sequence[Any], target: str, static_argnums: tuple[int, ...] = ()
 ) -> Any:
     """``jax.jit(fn)`` compiled for one chip of ``target`` for arguments shaped like ``args``
     (as ``deviceless.compile_for`` takes them). Returns the ``jax.stages.Compiled``: it cannot
