@@ -352,6 +352,21 @@ def candidate_row(variant: str, work: str, spec: tuple[int, int, int], target: s
 def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
     """The ``--candidates`` rows into the ``candidates`` section of ``args.out``, read again
     before each write (another such run may be writing rows of other variants into it)."""
+    command = command_line(__file__, argv)
+    fresh = functools.partial(header, argv)
+    return count_variants(args, candidate_row, fresh, command, ("variant",))
+
+
+def count_variants(
+    args: argparse.Namespace,
+    candidate_row: Callable[[str, str, tuple[int, int, int], str], dict],
+    fresh: Callable[[], dict],
+    command: str,
+    shown: tuple[str, ...],
+) -> int:
+    """Each of ``args.candidates`` at each target and work counted (``candidate_row``) into
+    the ``candidates`` section of ``args.out`` (``fresh()`` where there is none), read again
+    before each write; printed with its ``shown`` fields. 1 where a row failed, else 0."""
     failed = 0
     for target in args.targets:
         for work, spec in args.works.items():
@@ -361,14 +376,14 @@ def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
                     {"variant": variant, "work": work, "target": target},
                 )
                 failed += "error" in row
-                report = json.loads(args.out.read_text()) if args.out.exists() else header(argv)
+                report = json.loads(args.out.read_text()) if args.out.exists() else fresh()
                 section = report.setdefault("candidates", {"commands": [], "rows": []})
-                command = command_line(__file__, argv)
                 section["commands"] = list(dict.fromkeys([*section["commands"], command]))
                 section["rows"] = replaced(section["rows"], row, ("variant", "work", "target"))
                 section["date"] = now()
                 write_json(args.out, report)
-                print(json.dumps({"variant": variant, "per_update": row.get("per_update")}))
+                brief = {key: row.get(key) for key in shown}
+                print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
     return 1 if failed else 0
 
 
@@ -384,19 +399,20 @@ def replacing(kept: dict, fresh: dict) -> dict:
     return kept
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", nargs="+", choices=list(deviceless.TARGETS))
+def parse_program_args(
+    argv: list[str], doc: str, targets: list[str], default_out: Path, readme: str, variants: list
+) -> argparse.Namespace:
+    """The flags of a program-counting benchmark (this one, ``tpu_program``): ``doc`` its
+    docstring, ``readme`` what its --readme writes; --candidates named none: all
+    ``variants``, --smoke's --out in a temporary folder."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", choices=targets)
     parser.add_argument("--works", nargs="+", choices=list(COUNTED_WORKS))
     parser.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
     parser.add_argument("--purejaxrl", type=Path, help="a checkout of luchris429/purejaxrl")
-    parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, help=f"the JSON (default {default_out})")
     parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
-    parser.add_argument(
-        "--readme",
-        type=Path,
-        help="write --out's tables into this file, where it has their markers",
-    )
+    parser.add_argument("--readme", type=Path, help=readme)
     parser.add_argument(
         "--replace",
         action="store_true",
@@ -405,55 +421,83 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--candidates",
         nargs="*",
-        choices=list(VARIANTS),
+        choices=variants,
         help="count ppojax with these VARIANTS (none named: all)",
     )
     args = parser.parse_args(argv)
     if args.candidates is not None:
-        args.candidates = args.candidates or list(VARIANTS)
-        args.targets = args.targets or ["h200"]
-        args.works = args.works or [
-            next(iter(SMOKE_WORKS)) if args.smoke else "1 agent x 8192 envs"
-        ]
+        args.candidates = args.candidates or variants
+    if args.out is None:
+        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / default_out.name
+        args.out = smoke_out if args.smoke else default_out
+    return args
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    readme = "write --out's tables into this file, where it has their markers"
+    targets, variants = list(deviceless.TARGETS), list(VARIANTS)
+    args = parse_program_args(argv, __doc__, targets, DEFAULT_OUT, readme, variants)
+    first_work = next(iter(SMOKE_WORKS)) if args.smoke else "1 agent x 8192 envs"
+    if args.candidates is not None:  # one target and one work unless named
+        args.targets, args.works = args.targets or ["h200"], args.works or [first_work]
     args.targets = args.targets or ["h200", "h100"]
     works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
     args.works = {name: works[name] for name in (args.works or works) if name in works}
-    if args.out is None:
-        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "gpu_program.json"
-        args.out = smoke_out if args.smoke else DEFAULT_OUT
+    without_purejaxrl(args)
+    return args
+
+
+def without_purejaxrl(args: argparse.Namespace) -> None:
+    """PureJaxRL's rows left out of a counting run (not a --readme one) given no checkout."""
     if "purejaxrl" in args.programs and args.purejaxrl is None and args.readme is None:
         print("no --purejaxrl checkout: PureJaxRL's rows are left out", flush=True)
         args.programs = [name for name in args.programs if name != "purejaxrl"]
-    return args
+
+
+def readme_tables(path: Path, report: dict) -> str:
+    """The text of ``path`` with ``report``'s tables where it has their markers."""
+    readme = path.read_text()
+    if TABLE_START not in readme and CANDIDATES_START not in readme:
+        raise SystemExit(f"--readme {path}: it has neither {TABLE_START} nor {CANDIDATES_START}")
+    if TABLE_START in readme:  # README.md holds the main table
+        readme = readme_with_table(readme, markdown_table(report))
+    if "candidates" in report and CANDIDATES_START in readme:  # benchmarks/README.md
+        readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
+    return readme
+
+
+def write_readme(args: argparse.Namespace, tables: Callable[[Path, dict], str]) -> int:
+    """--readme: ``args.readme`` rewritten as ``tables(args.readme, report of args.out)``."""
+    report = json.loads(args.out.read_text())
+    args.readme.write_text(tables(args.readme, report))
+    print(f"wrote the table of {args.out} into {args.readme}", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.readme is not None:
-        report = json.loads(args.out.read_text())
-        readme = args.readme.read_text()
-        if TABLE_START not in readme and CANDIDATES_START not in readme:
-            raise SystemExit(
-                f"--readme {args.readme}: it has neither {TABLE_START} nor {CANDIDATES_START}"
-            )
-        if TABLE_START in readme:  # README.md holds the main table
-            readme = readme_with_table(readme, markdown_table(report))
-        if "candidates" in report and CANDIDATES_START in readme:  # benchmarks/README.md
-            readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
-        args.readme.write_text(readme)
-        print(f"wrote the table of {args.out} into {args.readme}", flush=True)
-        return 0
+        return write_readme(args, readme_tables)
     # the CUDA plugin must not start as a backend: it finds no cuDNN, and then gives no
     # topology either (jax read JAX_PLATFORMS at import: set its flag)
     if not os.environ.get("JAX_PLATFORMS"):
         jax.config.update("jax_platforms", "cpu")
     if args.candidates is not None:
         return count_candidates(args, argv)
+    return count_programs(args, header(argv), count_row)
+
+
+def count_programs(
+    args: argparse.Namespace, report: dict, count: Callable[..., dict], shown: tuple[str, ...] = ()
+) -> int:
+    """Each of ``args.programs`` at each target and work counted (``count(program, make,
+    work, spec, target)``) into ``report`` (a fresh header; with --replace, --out's rows kept)
+    written to ``args.out`` after each row; printed with the ``shown`` fields beside the usual.
+    1 where a row failed, else 0."""
     makers = {"ppojax": ppojax_program, "rejax": rejax_program}
     if args.purejaxrl is not None:
         makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)
-    report = header(argv)
     commit = report["versions"]["ppojax_commit"]
     if args.replace and args.out.exists():
         report = replacing(json.loads(args.out.read_text()), report)
@@ -462,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         for work, spec in args.works.items():
             for program in args.programs:
                 row = guarded(
-                    functools.partial(count_row, program, makers[program], work, spec, target),
+                    functools.partial(count, program, makers[program], work, spec, target),
                     {"program": program, "work": work, "target": target},
                 )
                 failed += "error" in row
@@ -470,7 +514,11 @@ def main(argv: list[str] | None = None) -> int:
                 report["rows"] = replaced(report["rows"], row, ("program", "work", "target"))
                 write_json(args.out, report)
                 brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
-                print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
+                counts = {key: row.get(key) for key in shown}
+                print(
+                    json.dumps(brief | {"per_update": row.get("per_update")} | counts),
+                    flush=True,
+                )
     print(f"wrote {args.out}", flush=True)
     return 1 if failed else 0
 

@@ -33,29 +33,27 @@ rest kept), and ``--readme`` writes their table where FILE has its markers.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import jax
-from common import command_line, failure, now, package_version, record, with_block, write_json
+from common import command_line, package_version, record, with_block
 from gpu_parts import candidates_on
 from gpu_program import (
     COUNTED_WORKS,
     NAMES,
-    PROGRAMS,
     SMOKE_WORKS,
     candidate_cells,
+    count_programs,
     count_row,
+    count_variants,
+    parse_program_args,
     ppojax_program,
-    purejaxrl_program,
-    rejax_program,
-    replaced,
-    replacing,
     size,
+    without_purejaxrl,
+    write_readme,
 )
 
 from ppojax.runtime import deviceless_tpu, kernels
@@ -117,26 +115,9 @@ def candidate_row(variant: str, work: str, spec: tuple[int, int, int], target: s
 def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
     """The ``--candidates`` rows into the ``candidates`` section of ``args.out``, read again
     before each write."""
-    failed = 0
-    for target in args.targets:
-        for work, spec in args.works.items():
-            for variant in args.candidates:
-                try:
-                    row = candidate_row(variant, work, spec, target)
-                except Exception as error:  # one row's failure must not lose the others
-                    row = {"variant": variant, "work": work, "target": target}
-                    row["error"] = failure(error)
-                    failed += 1
-                report = json.loads(args.out.read_text()) if args.out.exists() else header(argv)
-                section = report.setdefault("candidates", {"commands": [], "rows": []})
-                command = command_line(__file__, argv)
-                section["commands"] = list(dict.fromkeys([*section["commands"], command]))
-                section["rows"] = replaced(section["rows"], row, ("variant", "work", "target"))
-                section["date"] = now()
-                write_json(args.out, report)
-                brief = {key: row.get(key) for key in ("variant", "target", "error")}
-                print(json.dumps(brief | {"per_update": row.get("per_update")}), flush=True)
-    return 1 if failed else 0
+    command = command_line(__file__, argv)
+    shown = ("variant", "target", "error")
+    return count_variants(args, candidate_row, lambda: header(argv), command, shown)
 
 
 def candidates_table(report: dict) -> str:
@@ -228,94 +209,41 @@ def markdown_table(report: dict) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", nargs="+", choices=list(deviceless_tpu.TARGETS))
-    parser.add_argument("--works", nargs="+", choices=list(COUNTED_WORKS))
-    parser.add_argument("--programs", nargs="+", choices=PROGRAMS, default=list(PROGRAMS))
-    parser.add_argument("--purejaxrl", type=Path, help="a checkout of luchris429/purejaxrl")
-    parser.add_argument("--out", type=Path, help=f"the JSON (default {DEFAULT_OUT})")
-    parser.add_argument("--smoke", action="store_true", help="tiny works, results in /tmp")
-    parser.add_argument("--readme", type=Path, help="write --out's table into this file")
-    parser.add_argument(
-        "--replace",
-        action="store_true",
-        help="keep --out's other rows: replace only the rows counted now",
-    )
-    parser.add_argument(
-        "--candidates",
-        nargs="*",
-        choices=list(VARIANTS),
-        help="count ppojax with these VARIANTS (none named: all)",
-    )
-    args = parser.parse_args(argv)
+    readme = "write --out's table into this file"
+    targets, variants = list(deviceless_tpu.TARGETS), list(VARIANTS)
+    args = parse_program_args(argv, __doc__, targets, DEFAULT_OUT, readme, variants)
     if args.candidates is not None:
-        args.candidates = args.candidates or list(VARIANTS)
         args.targets = args.targets or ["v5e"]
     args.targets = args.targets or list(deviceless_tpu.TARGETS)
     works = SMOKE_WORKS if args.smoke else COUNTED_WORKS
     named = args.works or ([next(iter(SMOKE_WORKS))] if args.smoke else DEFAULT_WORKS)
     args.works = {name: works[name] for name in named if name in works}
-    if args.out is None:
-        smoke_out = Path(tempfile.gettempdir()) / "ppojax-smoke" / "tpu_program.json"
-        args.out = smoke_out if args.smoke else DEFAULT_OUT
-    if args.readme is None:
-        if "purejaxrl" in args.programs and args.purejaxrl is None:
-            print("no --purejaxrl checkout: PureJaxRL's rows are left out", flush=True)
-            args.programs = [name for name in args.programs if name != "purejaxrl"]
-        if "rejax" in args.programs and package_version("rejax") is None:
-            print("rejax is not installed: its rows are left out", flush=True)
-            args.programs = [name for name in args.programs if name != "rejax"]
+    without_purejaxrl(args)
+    if args.readme is None and "rejax" in args.programs and package_version("rejax") is None:
+        print("rejax is not installed: its rows are left out", flush=True)
+        args.programs = [name for name in args.programs if name != "rejax"]
     return args
+
+
+def readme_tables(path: Path, report: dict) -> str:
+    """The text of ``path`` with ``report``'s table, and its candidates' where it has their
+    markers."""
+    readme = with_block(path.read_text(), TABLE_START, TABLE_END, markdown_table(report))
+    if "candidates" in report and CANDIDATES_START in readme:
+        readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
+    return readme
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.readme is not None:
-        report = json.loads(args.out.read_text())
-        readme = with_block(args.readme.read_text(), TABLE_START, TABLE_END, markdown_table(report))
-        if "candidates" in report and CANDIDATES_START in readme:
-            readme = with_block(readme, CANDIDATES_START, CANDIDATES_END, candidates_table(report))
-        args.readme.write_text(readme)
-        print(f"wrote the table of {args.out} into {args.readme}", flush=True)
-        return 0
+        return write_readme(args, readme_tables)
     if not os.environ.get("JAX_PLATFORMS"):  # libtpu must not start as a backend here
         jax.config.update("jax_platforms", "cpu")
     if args.candidates is not None:
         return count_candidates(args, argv)
-    makers = {"ppojax": ppojax_program, "rejax": rejax_program}
-    if args.purejaxrl is not None:
-        makers["purejaxrl"] = purejaxrl_program(args.purejaxrl)
-    report = header(argv)
-    commit = report["versions"]["ppojax_commit"]
-    if args.replace and args.out.exists():
-        report = replacing(json.loads(args.out.read_text()), report)
-    failed = 0
-    for target in args.targets:
-        for work, spec in args.works.items():
-            for program in args.programs:
-                try:
-                    row = tpu_row(program, makers[program], work, spec, target)
-                except Exception as error:  # one row's failure must not lose the others
-                    row = {"program": program, "work": work, "target": target}
-                    row["error"] = failure(error)
-                    failed += 1
-                row["ppojax_commit"] = commit
-                key = (program, work, target)
-                report["rows"] = [
-                    old
-                    for old in report["rows"]
-                    if (old["program"], old["work"], old["target"]) != key
-                ] + [row]
-                write_json(args.out, report)
-                brief = {key: row.get(key) for key in ("program", "work", "target", "error")}
-                counts = {key: row.get(key) for key in ("fusions_per_update", "memory")}
-                print(
-                    json.dumps(brief | {"per_update": row.get("per_update")} | counts),
-                    flush=True,
-                )
-    print(f"wrote {args.out}", flush=True)
-    return 1 if failed else 0
+    return count_programs(args, header(argv), tpu_row, ("fusions_per_update", "memory"))
 
 
 if __name__ == "__main__":
