@@ -48,6 +48,16 @@ def cached_context(hook: KVCacheHook, params: Any, length: int, replies: bool = 
     return Context(start, feed)
 
 
+def episode_context(
+    model: KVCacheHook | PolicyApply, params: Any, length: int, pad_id: int, replies: bool = True
+) -> Context:
+    """Reading through the KV cache where ``model`` is a ``KVCacheHook`` (``cached_context``),
+    else by recomputation with ``model`` as the ``policy_apply`` (``recomputed_context``)."""
+    if isinstance(model, KVCacheHook):
+        return cached_context(model, params, length, replies)
+    return recomputed_context(model, params, length, pad_id)
+
+
 def recomputed_context(policy_apply: PolicyApply, params: Any, length: int, pad_id: int):
     """Reading by full forward passes over a [B, L] buffer of tokens and mask."""
 

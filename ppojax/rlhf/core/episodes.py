@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.rlhf.core.context import Context, cached_context, recomputed_context
+from ppojax.rlhf.core.context import Context, episode_context
 from ppojax.rlhf.core.host_rollout import rollout_host_episodes
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply, TokenStats
 from ppojax.rlhf.core.turns import (
@@ -48,8 +48,9 @@ from ppojax.rlhf.core.turns import (
     TurnCarry,
     TurnOutput,
     assemble,
-    check_end_of_turn,
+    episode_layout,
     feed_reply,
+    first_carry,
     read_prompts,
     rollout_keys,
     sample_turn,
@@ -237,10 +238,7 @@ def rollout_episodes(
             model, params, env, key, batch_size, settings, group_size, env_name
         )
     name = env_name or type(env).__name__
-    check_end_of_turn(env, name, settings.eos_id)
-    if batch_size % group_size:
-        raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
-    layout = EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)
+    layout = episode_layout(env, name, settings, batch_size, group_size)
     keys, resets = rollout_keys(key, layout.max_turns, layout.turn_len, batch_size // group_size)
     if starts is None:
         env_state, prompt = jax.vmap(checked_reset(env, name))(resets)
@@ -248,22 +246,12 @@ def rollout_episodes(
         env_state, prompt = starts
         prompt = jax.vmap(lambda p: check_observation(name, "reset", p, env.prompt_len))(prompt)
     prompt = Tokens(jnp.where(prompt.mask, prompt.tokens, settings.pad_id), prompt.mask)
-    if isinstance(model, KVCacheHook):
-        context = cached_context(model, params, layout.length, env.reply_len > 0)
-    else:
-        context = recomputed_context(model, params, layout.length, settings.pad_id)
+    context = episode_context(model, params, layout.length, settings.pad_id, env.reply_len > 0)
     model_state, logits = read_prompts(context, prompt, group_size)
     env_state, prompt = jax.tree.map(
         lambda leaf: jnp.repeat(leaf, group_size, axis=0), (env_state, prompt)
     )
-    budget = settings.token_budget or layout.max_turns * layout.turn_len
-    carry = TurnCarry(
-        env_state,
-        model_state,
-        logits,
-        jnp.zeros((batch_size,), bool),
-        jnp.full((batch_size,), budget, jnp.int32),
-    )
+    carry = first_carry(env_state, model_state, logits, settings, layout)
     turns = jnp.arange(layout.max_turns)
     play = functools.partial(play_turn, checked_step(env, name), context, layout, settings)
     _, out = jax.lax.scan(play, carry, (turns, keys))

@@ -26,21 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppojax.rlhf.core.context import Context, cached_context, recomputed_context
+from ppojax.rlhf.core import turns
+from ppojax.rlhf.core.context import Context, episode_context
 from ppojax.rlhf.core.sampling import KVCacheHook, PolicyApply
-from ppojax.rlhf.core.turns import (
-    EpisodeLayout,
-    Episodes,
-    EpisodeSettings,
-    TurnCarry,
-    TurnOutput,
-    assemble,
-    check_end_of_turn,
-    feed_reply,
-    read_prompts,
-    rollout_keys,
-    sample_turn,
-)
+from ppojax.rlhf.core.turns import Episodes, EpisodeSettings, TurnCarry, TurnOutput
 from ppojax.rlhf.envs.env import Tokens
 from ppojax.rlhf.envs.host import HostEnvError, env_raised_at
 
@@ -80,36 +69,24 @@ class HostRollout:
         group_size: int = 1,
         env_name: str | None = None,
     ) -> None:
-        if batch_size % group_size:
-            raise ValueError(
-                f"batch_size {batch_size} is not a multiple of group_size {group_size}"
-            )
         self.model, self.env, self.settings = model, env, settings
         self.batch_size, self.group_size = batch_size, group_size
         self.name = env_name or getattr(env, "env_name", None) or type(env).__name__
-        check_end_of_turn(env, self.name, settings.eos_id)
-        self.layout = EpisodeLayout(
-            env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns
-        )
+        self.layout = turns.episode_layout(env, self.name, settings, batch_size, group_size)
         self.first_turn = jax.jit(self.sample_first)
         self.next_turn = jax.jit(self.sample_next)
 
     def context(self, params: Any) -> Context:
         """How the compiled pieces read the episode: the KV cache or recomputation."""
-        if isinstance(self.model, KVCacheHook):
-            return cached_context(self.model, params, self.layout.length)
-        return recomputed_context(self.model, params, self.layout.length, self.settings.pad_id)
+        return episode_context(self.model, params, self.layout.length, self.settings.pad_id)
 
     def sample_first(self, params: Any, prompt: Tokens, key: jax.Array) -> tuple:
         """Compiled: read each group's prompt once, sample turn 0."""
         context = self.context(params)
         group_rows = jax.tree.map(lambda rows: rows[:: self.group_size], prompt)
-        model_state, logits = read_prompts(context, group_rows, self.group_size)
-        budget = self.settings.token_budget or self.layout.max_turns * self.layout.turn_len
-        over = jnp.zeros((self.batch_size,), bool)
-        budget_left = jnp.full((self.batch_size,), budget, jnp.int32)
-        carry = TurnCarry((), model_state, logits, over, budget_left)
-        return sample_turn(context, carry, key, self.layout.response_start(0), self.settings)
+        model_state, logits = turns.read_prompts(context, group_rows, self.group_size)
+        carry = turns.first_carry((), model_state, logits, self.settings, self.layout)
+        return turns.sample_turn(context, carry, key, self.layout.response_start(0), self.settings)
 
     def sample_next(
         self, params: Any, carry: TurnCarry, reply: Tokens, turn: jax.Array, key: jax.Array
@@ -117,11 +94,11 @@ class HostRollout:
         """Compiled: extend the cache with turn - 1's replies [B, O], sample turn ``turn``."""
         context = self.context(params)
         column = self.layout.response_start(turn)
-        model_state, logits = feed_reply(
+        model_state, logits = turns.feed_reply(
             context, carry.model_state, carry.logits, reply, column - self.layout.reply_len
         )
         carry = carry._replace(model_state=model_state, logits=logits)
-        return sample_turn(context, carry, key, column, self.settings)
+        return turns.sample_turn(context, carry, key, column, self.settings)
 
     def reset(self, keys: jax.Array) -> tuple[list[Any], Tokens]:
         """Every episode's state (deep copies within a group, one reset key each) and the
@@ -207,7 +184,7 @@ class HostRollout:
                 "(or the episode trainer's step) outside jax.jit, jax.vmap and jax.grad"
             )
         layout, groups = self.layout, self.batch_size // self.group_size
-        keys, resets = rollout_keys(key, layout.max_turns, layout.turn_len, groups)
+        keys, resets = turns.rollout_keys(key, layout.max_turns, layout.turn_len, groups)
         states, prompt = self.reset(resets)
         over = np.zeros(self.batch_size, bool)
         outputs: list[TurnOutput] = []
@@ -228,7 +205,7 @@ class HostRollout:
             over = over | output.terminated | (active & ~output.stepped)
             outputs.append(output)
         stacked = TurnOutput(*(jnp.asarray(np.stack(part)) for part in zip(*outputs, strict=True)))
-        return assemble(prompt, stacked)
+        return turns.assemble(prompt, stacked)
 
     def empty_turn(self) -> TurnOutput:
         """A turn no episode plays: what the one-program rollout writes for it."""

@@ -131,6 +131,17 @@ def check_end_of_turn(env: Any, env_name: str, eos_id: int) -> None:
     )
 
 
+def episode_layout(
+    env: Any, env_name: str, settings: EpisodeSettings, batch_size: int, group_size: int
+) -> EpisodeLayout:
+    """The layout of ``env``'s episodes under ``settings``, once the env's end of turn is the
+    rollout's (``check_end_of_turn``) and ``batch_size`` holds whole groups."""
+    check_end_of_turn(env, env_name, settings.eos_id)
+    if batch_size % group_size:
+        raise ValueError(f"batch_size {batch_size} is not a multiple of group_size {group_size}")
+    return EpisodeLayout(env.prompt_len, settings.turn_len, env.reply_len, settings.max_turns)
+
+
 class Episodes(NamedTuple):
     """A batch of B episodes in the layout's L columns, and what happened in them."""
 
@@ -152,6 +163,21 @@ class TurnCarry(NamedTuple):
     logits: jax.Array
     over: jax.Array
     budget_left: jax.Array
+
+
+def first_carry(
+    env_state: Any,
+    model_state: Any,
+    logits: jax.Array,
+    settings: EpisodeSettings,
+    layout: EpisodeLayout,
+) -> TurnCarry:
+    """The carry into turn 0, after the prompts: no episode over, each row (of ``logits``
+    [B, V]) with the whole token budget."""
+    rows = logits.shape[0]
+    budget = settings.token_budget or layout.max_turns * layout.turn_len
+    over = jnp.zeros((rows,), bool)
+    return TurnCarry(env_state, model_state, logits, over, jnp.full((rows,), budget, jnp.int32))
 
 
 class TurnTokens(NamedTuple):
