@@ -42,6 +42,8 @@ from ppojax.runtime import cache
 
 # Fields the task fixes: the vocabulary and the answer's length are the task's.
 TASK_FIELDS = ("pad_id", "eos_id", "response_len")
+# The flags config.json's "run" keeps as they were given, in this order.
+RUN_FLAGS = ("task", "steps", "batch_size", "seed", "checkpoint_every", "rm_steps")
 SMALL = dict(
     num_digits=6,
     min_digits=2,
@@ -86,14 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.task == "sorting" and chosen.get("reward_weights") is None:
         chosen["reward_weights"] = (1.0, 0.0)  # the reward model; gold is only logged
     config = rlhf_config(chosen, pad_id=PAD, eos_id=EOS, response_len=task.response_len)
-    run = dict(
-        task=args.task,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        rm_steps=args.rm_steps,
-    )
+    run = {name: getattr(args, name) for name in RUN_FLAGS}
     return {"rlhf": config_dict(config), "task": config_dict(task), "run": run}
 
 
