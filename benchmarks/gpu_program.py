@@ -359,20 +359,21 @@ def count_candidates(args: argparse.Namespace, argv: list[str]) -> int:
 
 def count_variants(
     args: argparse.Namespace,
-    candidate_row: Callable[[str, str, tuple[int, int, int], str], dict],
+    count: Callable[[str, str, tuple[int, int, int], str], dict],
     fresh: Callable[[], dict],
     command: str,
     shown: tuple[str, ...],
 ) -> int:
-    """Each of ``args.candidates`` at each target and work counted (``candidate_row``) into
-    the ``candidates`` section of ``args.out`` (``fresh()`` where there is none), read again
-    before each write; printed with its ``shown`` fields. 1 where a row failed, else 0."""
+    """Each of ``args.candidates`` at each target and work counted (``count(variant, work,
+    spec, target)``, as ``candidate_row``) into the ``candidates`` section of ``args.out``
+    (``fresh()`` where there is none), read again before each write; printed with its
+    ``shown`` fields. 1 where a row failed, else 0."""
     failed = 0
     for target in args.targets:
         for work, spec in args.works.items():
             for variant in args.candidates:
                 row = guarded(
-                    functools.partial(candidate_row, variant, work, spec, target),
+                    functools.partial(count, variant, work, spec, target),
                     {"variant": variant, "work": work, "target": target},
                 )
                 failed += "error" in row
@@ -400,7 +401,12 @@ def replacing(kept: dict, fresh: dict) -> dict:
 
 
 def parse_program_args(
-    argv: list[str], doc: str, targets: list[str], default_out: Path, readme: str, variants: list
+    argv: list[str],
+    doc: str,
+    targets: list[str],
+    default_out: Path,
+    readme: str,
+    variants: list[str],
 ) -> argparse.Namespace:
     """The flags of a program-counting benchmark (this one, ``tpu_program``): ``doc`` its
     docstring, ``readme`` what its --readme writes; --candidates named none: all
