@@ -201,10 +201,11 @@ def forward(scores: Scores, known: int | None, queries, keys, values, key_mask, 
         jnp.zeros(rows, jnp.float32),
         jnp.zeros((*rows, head_dim), jnp.float32),
     )
-    # the carries made once this layer's queries exist: constant, XLA would make every
+    # the carries made once this layer's blocked queries exist: constant, XLA would make every
     # layer's at the step's start in one fusion, all of them live at once (a layer's worth of
-    # float32 outputs for each layer of each forward pass)
-    init, _ = jax.lax.optimization_barrier((init, queries))
+    # float32 outputs for each layer of each forward pass). Tied to the raw queries instead,
+    # Qwen2.5-0.5B's PPO remat step planned 8 GiB more on one H100, not less.
+    init, _ = jax.lax.optimization_barrier((init, cut_.queries))
     (top, total, acc), _ = jax.lax.scan(pair, init, block_pairs(scores, cut_, known))
     outs, lse = acc / total[..., None], top + jnp.log(total)
     # [nq, B, KVH, G, bq, Dh] -> [B, nq * bq, KVH, G, Dh], the padding rows dropped
