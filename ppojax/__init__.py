@@ -1,5 +1,6 @@
 """ppojax: Proximal Policy Optimization as one jitted, vmappable pure function."""
 
+from ppojax import deprecation
 from ppojax.engine.gae import compute_gae
 from ppojax.envs import list_envs, make_env, register_env
 from ppojax.ppo.config import PRESETS, ConfigError, PPOConfig
@@ -13,6 +14,9 @@ from ppojax.runs.policy import load
 from ppojax.runtime.compiling import compiler_options, limit_cpu_threads, use_cpu_devices
 
 __version__ = "0.1.0"
+
+# the module paths and names of the previous layout import until ppojax.moved.REMOVED_IN
+deprecation.install()
 
 __all__ = [
     "EVAL_METRIC_NAMES",

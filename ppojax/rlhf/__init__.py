@@ -11,6 +11,8 @@ digit demos) sits on top, and the run folders of the commands above in ``ppojax.
 library never imports them, nor anything of ``ppojax.runs`` or ``ppojax.cli``. ``agents``, the
 old home of envs, the trainer and the demonstrations, keeps its names a release, deprecated."""
 
+from ppojax.deprecation import moved_alias, moved_attribute  # noqa: F401
+from ppojax.moved import MOVED_NAMES
 from ppojax.rlhf.core.advantages import (
     group_advantages,
     leave_one_out_advantages,
@@ -126,28 +128,12 @@ __all__ = [
 ]
 
 
-# Names moved out of ppojax.rlhf, with where they live now: deprecated aliases for a release.
-MOVED = {"RLHFBatch": "ppojax.rlhf.core.update.EpisodeBatch"} | {
-    name: f"ppojax.plan.{name}" for name in ("Plan", "PlanError", "StepShape", "plan")
-}
+# Names moved out of ppojax.rlhf, with where they live now (ppojax.moved): deprecated aliases
+# for a release. moved_alias stays importable from here, where it was first written.
+MOVED = MOVED_NAMES[__name__]
 
 
 def __getattr__(name: str):
     # the planner sits above the library (ppojax/plan imports ppojax.rlhf), so the alias
     # imports it when asked for, never at import time
-    return moved_alias(__name__, name, MOVED.get(name))
-
-
-def moved_alias(package: str, name: str, where: str | None) -> object:
-    """A package's ``__getattr__`` for its deprecated ``name``: the object at ``where``
-    (``module.attribute``), imported now, with a ``DeprecationWarning`` at the caller's
-    line; an ``AttributeError`` where ``where`` is None (no such name)."""
-    if where is None:
-        raise AttributeError(f"module '{package}' has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    # stacklevel 3: past this function and the package's __getattr__, to the line that asked
-    warnings.warn(f"{package}.{name} is deprecated: use {where}", DeprecationWarning, stacklevel=3)
-    module, _, attribute = where.rpartition(".")
-    return getattr(importlib.import_module(module), attribute)
+    return moved_attribute(__name__, name)
