@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from ppojax.rlhf.models.pretrained import PretrainedLM, save_pretrained
 from ppojax.rlhf.text_rewards import decode_responses
 from ppojax.runs.lm.jobs import Job
 from ppojax.runs.lm.run import PLOT_FILE, write_loop_summary
-from ppojax.runs.loop import Hook, LoopResult, RunDiverged, never_recovered, train_loop
+from ppojax.runs.loop import LoopResult, RunDiverged, never_recovered, train_loop
 from ppojax.runs.options import RunOptions
 from ppojax.runs.plots import plot_metrics
 
@@ -71,23 +71,13 @@ def unshared(state: Any, frozen: Any) -> Any:
 
 
 def train_job(
-    run_dir: Path,
-    lm: PretrainedLM,
-    job: Job,
-    key: jax.Array,
-    options: RunOptions,
-    *,
-    num_steps: int,
-    resume: bool = False,
-    seed: int = 0,
-    hooks: Sequence[Hook] = (),
-    checks: Sequence[Hook] = (),
+    run_dir: Path, lm: PretrainedLM, job: Job, key: jax.Array, options: RunOptions, **loop: Any
 ) -> tuple[LoopResult, dict[str, Any]]:
-    """Train ``job`` to ``num_steps`` through ``train_loop`` (from the newest checkpoint with
-    ``resume``; ``hooks`` and ``checks`` as there), then write curves.png, ``final/`` and
-    summary.json; the loop's result and the summary. ``RunDiverged`` (after curves.png, before
-    ``final/``) when its last step skipped all its updates for a NaN or inf: an untrained
-    model is not saved as trained."""
+    """Train ``job`` through ``train_loop``, ``loop`` its keywords (``num_steps``, and
+    ``resume``, ``seed``, ``hooks``, ``checks`` as there), then write curves.png, ``final/``
+    and summary.json; the loop's result and the summary. ``RunDiverged`` (after curves.png,
+    before ``final/``) when its last step skipped all its updates for a NaN or inf: an
+    untrained model is not saved as trained."""
     run_dir = Path(run_dir)
     state = unshared(job.state, job.frozen)
     result = train_loop(
@@ -97,15 +87,11 @@ def train_job(
         job.frozen,
         key,
         options,
-        num_steps=num_steps,
-        resume=resume,
-        seed=seed,
         bar_metrics=job.curves[:2],
-        hooks=hooks,
-        checks=checks,
         # the step's peak is the loop's, the one ppojax plan judges (job.state is consumed;
         # the result's state is the one to read)
         donate=True,
+        **loop,
     )
     plot_metrics(run_dir / PLOT_FILE, result.metrics, job.curves)
     diverged = never_recovered(result.metrics)
