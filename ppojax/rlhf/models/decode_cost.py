@@ -83,15 +83,17 @@ def abstract_inputs(config: DecoderConfig, dtype: Any, rows: int, length: int) -
 def decode_cost(
     config: DecoderConfig,
     dtype: Any,
+    target: str = "h100",
+    *,
     rows: int,
     prompt_len: int,
     response_len: int,
-    target: str = "h100",
     unroll: int = 1,
 ) -> DecodeCost:
     """Launches and bytes per decoded token of the sampling loop of ``response_len`` tokens
     after a ``prompt_len`` prompt, compiled for one GPU of ``target`` (one trip: ``unroll``
-    tokens), beside the minimum."""
+    tokens), beside the minimum. The sampling shape is keywords: three ints in a row are
+    easy to give in the wrong order."""
     dtype = jnp.dtype(dtype)
     run = sampling_loop(Decoder(config, dtype), response_len, unroll)
     args = abstract_inputs(config, dtype, rows, prompt_len + response_len)
