@@ -167,18 +167,12 @@ def _kernel(scores: attention.Scores, kv_heads: int, group: int, rows: int, bloc
     v_out_ref[pl.ds(block_first, block), :] = values
 
 
+# attend_cached's operands, on three lines: the kernel and its dispatcher share an API, not code
 def attend(
-    queries: jax.Array,
-    new_keys: jax.Array,
-    new_values: jax.Array,
-    keys: jax.Array,
-    values: jax.Array,
-    key_mask: jax.Array,
-    start: Any,
-    scores: attention.Scores,
-    *,
-    interpret: bool | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    queries: jax.Array, new_keys: jax.Array, new_values: jax.Array, keys: jax.Array,
+    values: jax.Array, key_mask: jax.Array, start: Any, scores: attention.Scores,
+    *, interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """``attention.attend`` of one query a row (``fits``) in the kernel, the token's keys and
     values written into the cache first: queries [B, 1, H, Dh] and the token's keys and values
     [B, 1, KVH, Dh] at cache position ``start``, the cache's keys and values [B, L, KVH, Dh]
