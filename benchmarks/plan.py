@@ -84,20 +84,24 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--search", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "plan.json")
     parser.add_argument("--table", action="store_true", help="print --out's rows as markdown")
-    parser.add_argument(
+    # the flags above size one row; these run the table's rows
+    matrix = parser.add_argument_group(
+        "the table's rows", "--part and --keep-since go with --matrix"
+    )
+    matrix.add_argument(
         "--matrix",
         action="store_true",
         help="every row of MATRIX in turn (hours on a 2-core CPU), each saved as it finishes",
     )
-    parser.add_argument(
+    matrix.add_argument(
         "--part",
         metavar="K/N",
-        help="with --matrix: rows K, K+N, K+2N, ... only, for N processes sharing --out",
+        help="rows K, K+N, K+2N, ... only, for N processes sharing --out",
     )
-    parser.add_argument(
+    matrix.add_argument(
         "--keep-since",
         metavar="ISO_DATE",
-        help="with --matrix: skip the rows --out already holds from this date on (a resumed run)",
+        help="skip the rows --out already holds from this date on (a resumed run)",
     )
     return parser
 
