@@ -141,21 +141,17 @@ def test_the_readme_keeps_the_test_command_ci_runs():
     marker = lines.index("<!-- test-command: .ci/run runs the next line verbatim -->")
     assert lines[marker + 1] == "```bash"
     assert lines[marker + 2] == (
-        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && '
-        ".venv/bin/python -m pytest -q -n 2 --dist worksteal --durations=20 && "
-        '.venv/bin/pip install -e ".[gpu-aot,tpu-aot]" && '
+        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev,gpu-aot,tpu-aot]" && '
         "JAX_PLATFORMS=cpu PPOJAX_REQUIRE_GPU_AOT=1 PPOJAX_REQUIRE_TPU_AOT=1 "
-        ".venv/bin/python -m pytest -q tests/test_gpu_program.py tests/test_tpu_program.py"
+        ".venv/bin/python -m pytest -q -n 2 --dist worksteal --durations=20"
     )
     marker = lines.index("<!-- test-command-3.12: .ci/run runs the next line verbatim too -->")
     assert lines[marker + 1] == "```bash"
     assert lines[marker + 2] == (
-        'python3.12 -m venv .venv-3.12 && .venv-3.12/bin/pip install -e ".[dev]" && '
-        '.venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal -m "not slow and not heavy '
-        'and not host" --durations=20 && '
-        '.venv-3.12/bin/pip install -e ".[gpu-aot,tpu-aot]" && '
-        "JAX_PLATFORMS=cpu PPOJAX_REQUIRE_GPU_AOT=1 PPOJAX_REQUIRE_TPU_AOT=1 "
-        ".venv-3.12/bin/python -m pytest -q tests/test_gpu_program.py tests/test_tpu_program.py"
+        'python3.12 -m venv .venv-3.12 && .venv-3.12/bin/pip install -e ".[dev,gpu-aot,tpu-aot]" '
+        "&& JAX_PLATFORMS=cpu PPOJAX_REQUIRE_GPU_AOT=1 PPOJAX_REQUIRE_TPU_AOT=1 "
+        ".venv-3.12/bin/python -m pytest -q -n 2 --dist worksteal "
+        '-m "jax_surface and not slow and not heavy" --durations=20'
     )
 
 
