@@ -72,10 +72,10 @@ JAX_SURFACE_MODULES = {
     "test_precision.py",
     "test_reference_ppo.py",
     "test_rlhf_memory.py",
-    "test_sampling_layout.py",
     "test_tpu_program.py",
 }
-JAX_SURFACE_PREFIXES = ("test_sharding",)
+# Names matched without the check below: modules being written now may not be there yet.
+JAX_SURFACE_PREFIXES = ("test_sharding", "test_sampling_layout")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
