@@ -47,8 +47,10 @@ def moved_attribute(module: str, name: str) -> object:
     """``module``'s ``__getattr__`` from the data: a moved name from its new home with a
     warning, a removed one as an ``AttributeError`` saying what to use instead."""
     if f"{module}.{name}" in REMOVED_NAMES:
+        instead = REMOVED_NAMES[f"{module}.{name}"]
         raise AttributeError(
-            f"{module}.{name} was removed: use {REMOVED_NAMES[f'{module}.{name}']}"
+            f"{module}.{name} was removed"
+            + (", with nothing in its place" if instead is None else f": use {instead}")
         )
     # stacklevel 4: past moved_alias, this function and the module's __getattr__
     return moved_alias(module, name, MOVED_NAMES.get(module, {}).get(name), stacklevel=4)
