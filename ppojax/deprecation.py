@@ -19,7 +19,7 @@ import types
 import warnings
 from collections.abc import Sequence
 
-from ppojax.moved import GONE_MODULES, MOVED_NAMES, REMOVED_IN, REMOVED_NAMES
+from ppojax.moved import EARLIER_PATHS, GONE_MODULES, MOVED_NAMES, REMOVED_IN, REMOVED_NAMES
 
 
 def resolve(where: str) -> object:
@@ -46,8 +46,10 @@ def moved_alias(package: str, name: str, where: str | None, stacklevel: int = 3)
 def moved_attribute(module: str, name: str) -> object:
     """``module``'s ``__getattr__`` from the data: a moved name from its new home with a
     warning, a removed one as an ``AttributeError`` saying what to use instead."""
-    if f"{module}.{name}" in REMOVED_NAMES:
-        instead = REMOVED_NAMES[f"{module}.{name}"]
+    # an earlier path of a gone module shares the later path's entries
+    removed = f"{EARLIER_PATHS.get(module, module)}.{name}"
+    if removed in REMOVED_NAMES:
+        instead = REMOVED_NAMES[removed]
         raise AttributeError(
             f"{module}.{name} was removed"
             + (", with nothing in its place" if instead is None else f": use {instead}")
@@ -65,9 +67,14 @@ def attribute_hook(module: str):
     return __getattr__
 
 
+def gone(old: str) -> tuple[str, dict[str, str]]:
+    """A gone path's entry: its home and its names (an earlier path's, the later path's)."""
+    return GONE_MODULES[EARLIER_PATHS.get(old, old)]
+
+
 def homes(old: str) -> list[str]:
     """The modules that hold a gone module's names now, its main home first."""
-    home, names = GONE_MODULES[old]
+    home, names = gone(old)
     found = [home]
     for where in names.values():
         module = where.rpartition(".")[0]
@@ -93,7 +100,7 @@ class AliasLoader(importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=2,
         )
-        names = GONE_MODULES[old][1]
+        names = gone(old)[1]
         module.__doc__ = f"Deprecated alias of {homes(old)[0]}, removed in ppojax {REMOVED_IN}."
         module.__all__ = list(names)
         module.__getattr__ = attribute_hook(old)
@@ -131,7 +138,7 @@ class MovedFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname in GONE_MODULES:
+        if fullname in GONE_MODULES or fullname in EARLIER_PATHS:
             # a path that was a package keeps one, so that its old submodules import too
             package = any(other.startswith(f"{fullname}.") for other in GONE_MODULES)
             return importlib.util.spec_from_loader(fullname, AliasLoader(), is_package=package)

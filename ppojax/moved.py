@@ -274,12 +274,6 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "write_report": "ppojax.runs.experiment.write_report",
         },
     ),
-    "ppojax.gae": (
-        "ppojax.engine.gae",
-        {
-            "compute_gae": "ppojax.engine.gae.compute_gae",
-        },
-    ),
     "ppojax.io": (
         "ppojax.runs.folder",
         {
@@ -315,23 +309,6 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "plot_learning_curves": "ppojax.runs.plots.plot_learning_curves",
             "draw_curves": "ppojax.runs.plots.draw_curves",
             "versions": "ppojax.runs.folder.versions",
-        },
-    ),
-    "ppojax.losses": (
-        "ppojax.engine.losses",
-        {
-            "masked_mean": "ppojax.engine.losses.masked_mean",
-            "normalize": "ppojax.engine.losses.normalize",
-            "clipped_surrogate_loss": "ppojax.engine.losses.clipped_surrogate_loss",
-            "clipped_objective": "ppojax.engine.losses.clipped_objective",
-            "unclipped_surrogate_loss": "ppojax.engine.losses.unclipped_surrogate_loss",
-            "kl_penalty": "ppojax.engine.losses.kl_penalty",
-            "value_loss": "ppojax.engine.losses.value_loss",
-            "entropy_bonus": "ppojax.engine.losses.entropy_bonus",
-            "total_loss": "ppojax.engine.losses.total_loss",
-            "approx_kl": "ppojax.engine.losses.approx_kl",
-            "clip_fraction": "ppojax.engine.losses.clip_fraction",
-            "explained_variance": "ppojax.engine.losses.explained_variance",
         },
     ),
     "ppojax.parallel": (
@@ -675,6 +652,7 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "response_tokens_per_s": "ppojax.runs.lm.run.response_tokens_per_s",
             "curve_names": "ppojax.runs.lm.run.curve_names",
             "train_run": "ppojax.runs.lm.run.train_run",
+            "resume_point": "ppojax.runs.loop.resume_point",
         },
     ),
     "ppojax.rlhf.apps.task_run": (
@@ -699,6 +677,7 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "train_job": "ppojax.runs.lm.text_run.train_job",
             "SampleWriter": "ppojax.runs.lm.text_run.SampleWriter",
             "drop_lines_after": "ppojax.runs.lm.text_run.drop_lines_after",
+            "PLOT_FILE": "ppojax.runs.lm.run.PLOT_FILE",
         },
     ),
     "ppojax.rlhf.completions": (
@@ -729,18 +708,6 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "Roles": "ppojax.rlhf.core.episode_trainer.Roles",
             "score": "ppojax.rlhf.core.prompts.score",
             "reward_column": "ppojax.rlhf.core.prompts.reward_column",
-        },
-    ),
-    "ppojax.rlhf.jobs": (
-        "ppojax.runs.lm.jobs",
-        {
-            "PAIR_CURVES": "ppojax.runs.lm.jobs.PAIR_CURVES",
-            "Job": "ppojax.runs.lm.jobs.Job",
-            "supervised_job": "ppojax.runs.lm.jobs.supervised_job",
-            "sft_job": "ppojax.runs.lm.jobs.sft_job",
-            "reward_model_job": "ppojax.runs.lm.jobs.reward_model_job",
-            "dpo_job": "ppojax.runs.lm.jobs.dpo_job",
-            "rlhf_job": "ppojax.runs.lm.jobs.rlhf_job",
         },
     ),
     "ppojax.rlhf.lora": (
@@ -854,23 +821,6 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "reward_column": "ppojax.rlhf.core.prompts.reward_column",
         },
     ),
-    "ppojax.rlhf.run": (
-        "ppojax.runs.lm.run",
-        {
-            "PLOT_FILE": "ppojax.runs.lm.run.PLOT_FILE",
-            "FROZEN_DIR": "ppojax.runs.lm.run.FROZEN_DIR",
-            "PromptFn": "ppojax.runs.lm.run.PromptFn",
-            "config_dict": "ppojax.runs.lm.settings.config_dict",
-            "save_frozen": "ppojax.runs.lm.run.save_frozen",
-            "load_frozen": "ppojax.runs.lm.run.load_frozen",
-            "curve_names": "ppojax.runs.lm.run.curve_names",
-            "resume_point": "ppojax.runs.loop.resume_point",
-            "train_run": "ppojax.runs.lm.run.train_run",
-            "BAR_METRICS": "ppojax.runs.lm.run.BAR_METRICS",
-            "trainer_step": "ppojax.runs.lm.run.trainer_step",
-            "rlhf_config_from_dict": "ppojax.runs.lm.settings.rlhf_config",
-        },
-    ),
     "ppojax.rlhf.sampling": (
         "ppojax.rlhf.core.sampling",
         {
@@ -915,18 +865,6 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "report": "ppojax.plan.sizing.report",
         },
     ),
-    "ppojax.rlhf.text_run": (
-        "ppojax.runs.lm.text_run",
-        {
-            "PLOT_FILE": "ppojax.runs.lm.run.PLOT_FILE",
-            "SAMPLES_FILE": "ppojax.runs.lm.text_run.SAMPLES_FILE",
-            "FINAL_DIR": "ppojax.runs.lm.text_run.FINAL_DIR",
-            "save_final": "ppojax.runs.lm.text_run.save_final",
-            "train_job": "ppojax.runs.lm.text_run.train_job",
-            "SampleWriter": "ppojax.runs.lm.text_run.SampleWriter",
-            "drop_lines_after": "ppojax.runs.lm.text_run.drop_lines_after",
-        },
-    ),
     "ppojax.rlhf.trainer": (
         "ppojax.rlhf.core.trainer",
         {
@@ -962,33 +900,6 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "values_after_scan": "ppojax.ppo.rollout.values_after_scan",
             "batched_values_and_log_probs": "ppojax.ppo.rollout.batched_values_and_log_probs",
             "episode_metrics": "ppojax.ppo.rollout.episode_metrics",
-        },
-    ),
-    "ppojax.runtime.pallas_ppo": (
-        "ppojax.ppo.kernels.pallas_loss",
-        {
-            "BLOCK_ROWS": "ppojax.ppo.kernels.pallas_loss.BLOCK_ROWS",
-            "BLOCKS_PER_PROGRAM": "ppojax.ppo.kernels.pallas_loss.BLOCKS_PER_PROGRAM",
-            "NUM_WARPS": "ppojax.ppo.kernels.pallas_loss.NUM_WARPS",
-            "Layer": "ppojax.ppo.kernels.pallas_loss.Layer",
-            "Network": "ppojax.ppo.kernels.pallas_loss.Network",
-            "padded_size": "ppojax.ppo.kernels.pallas_loss.padded_size",
-            "pad_to": "ppojax.ppo.kernels.pallas_loss.pad_to",
-            "pad_layers": "ppojax.ppo.kernels.pallas_loss.pad_layers",
-            "loss_and_grads": "ppojax.ppo.kernels.pallas_loss.loss_and_grads",
-            "ppo_loss": "ppojax.ppo.kernels.pallas_loss.ppo_loss",
-        },
-    ),
-    "ppojax.runtime.ppo_block": (
-        "ppojax.ppo.kernels.pallas_block",
-        {
-            "LOWEST": "ppojax.ppo.kernels.pallas_block.LOWEST",
-            "HALF_LOG_TWO_PI": "ppojax.ppo.kernels.pallas_block.HALF_LOG_TWO_PI",
-            "METRICS": "ppojax.ppo.kernels.pallas_block.METRICS",
-            "ACTIVATIONS": "ppojax.ppo.kernels.pallas_block.ACTIVATIONS",
-            "LossSettings": "ppojax.ppo.kernels.pallas_block.LossSettings",
-            "Coefficients": "ppojax.ppo.kernels.pallas_block.Coefficients",
-            "block": "ppojax.ppo.kernels.pallas_block.block",
         },
     ),
     "ppojax.sweeps": (
@@ -1056,6 +967,18 @@ GONE_MODULES: dict[str, tuple[str, dict[str, str]]] = {
             "run_summary": "ppojax.runs.loggers.run_summary",
         },
     ),
+}
+
+# Older paths of a gone module that moved twice: old path -> the later old path, whose
+# entry above holds the names of both.
+EARLIER_PATHS: dict[str, str] = {
+    "ppojax.gae": "ppojax.ppo.gae",
+    "ppojax.losses": "ppojax.ppo.losses",
+    "ppojax.rlhf.jobs": "ppojax.rlhf.apps.jobs",
+    "ppojax.rlhf.run": "ppojax.rlhf.apps.run",
+    "ppojax.rlhf.text_run": "ppojax.rlhf.apps.text_run",
+    "ppojax.runtime.pallas_ppo": "ppojax.ppo.pallas_loss",
+    "ppojax.runtime.ppo_block": "ppojax.ppo.pallas_block",
 }
 
 # Modules that stay, with the public names that left them: module -> {name: "module.attribute"}.
@@ -1248,8 +1171,13 @@ REMOVED_NAMES: dict[str, str | None] = {
     "ppojax.networks.network_settings": None,
     "ppojax.ppo.update.pallas_loss_applies": "ppojax.ppo.kernels.pallas_loss.applies",
     "ppojax.ppo.update.pallas_ppo_loss": "ppojax.ppo.kernels.pallas_loss.env_ppo_loss",
+    "ppojax.rlhf.apps.jobs.optimizer": "ppojax.engine.optim.clipped_adam",
     "ppojax.rlhf.apps.jobs.params_of": "state['params']",
+    "ppojax.rlhf.apps.jobs.split_pairs": "ppojax.runs.lm.jobs, its successor",
+    "ppojax.rlhf.apps.run.plot_curves": "ppojax.runs.lm.run, its successor",
+    "ppojax.rlhf.apps.run.run_chunk": "ppojax.runs.lm.run, its successor",
     "ppojax.rlhf.apps.run.summarize": SUMMARY,
+    "ppojax.rlhf.apps.text_run.summarize": SUMMARY,
     "ppojax.rlhf.config.LOSS_AGGREGATIONS": "ppojax.rlhf.core.aggregation.aggregate",
     "ppojax.rlhf.core.config.LOSS_AGGREGATIONS": "ppojax.rlhf.core.aggregation.aggregate",
     "ppojax.rlhf.core.objective.policy_terms": "ppojax.rlhf.core.update.episode_loss",
@@ -1262,9 +1190,6 @@ REMOVED_NAMES: dict[str, str | None] = {
     "ppojax.rlhf.core.rollout.sample": EPISODES,
     "ppojax.rlhf.core.trainer.train_step": "ppojax.rlhf.core.trainer.run_update",
     "ppojax.rlhf.data.select": None,
-    "ppojax.rlhf.jobs.optimizer": "ppojax.engine.optim.clipped_adam",
-    "ppojax.rlhf.jobs.params_of": "state['params']",
-    "ppojax.rlhf.jobs.split_pairs": "ppojax.runs.lm.jobs, its successor",
     "ppojax.rlhf.model.Block": DECODER,
     "ppojax.rlhf.model.CausalSelfAttention": DECODER,
     "ppojax.rlhf.model.LayerKV": DECODER,
@@ -1278,9 +1203,6 @@ REMOVED_NAMES: dict[str, str | None] = {
     "ppojax.rlhf.rollout.collect": "ppojax.rlhf.core.update.collect_episodes",
     "ppojax.rlhf.rollout.rollout_metrics": "ppojax.rlhf.core.episodes.episode_stats",
     "ppojax.rlhf.rollout.sample": EPISODES,
-    "ppojax.rlhf.run.plot_curves": "ppojax.runs.lm.run, its successor",
-    "ppojax.rlhf.run.run_chunk": "ppojax.runs.lm.run, its successor",
-    "ppojax.rlhf.run.summarize": SUMMARY,
     "ppojax.rlhf.sample_cached": None,
     "ppojax.rlhf.sample_full": None,
     "ppojax.rlhf.sampling.sample_cached": "ppojax.rlhf.core.sampling, its successor",
@@ -1292,7 +1214,6 @@ REMOVED_NAMES: dict[str, str | None] = {
     "ppojax.rlhf.tasks.sorting.PreferencePairs": None,
     "ppojax.rlhf.tasks.sorting.pair_loss": None,
     "ppojax.rlhf.tasks.sorting.preference_pairs": None,
-    "ppojax.rlhf.text_run.summarize": SUMMARY,
     "ppojax.rlhf.trainer.make_optimizer": "ppojax.engine.optim.clipped_adam",
     "ppojax.rlhf.trainer.train_step": "ppojax.rlhf.core.trainer.run_update",
     "ppojax.rollout.policy_action": "ppojax.ppo.rollout, its successor",

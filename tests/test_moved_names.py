@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ppojax.moved import GONE_MODULES, MOVED_NAMES, REMOVED_IN, REMOVED_NAMES
+from ppojax.moved import EARLIER_PATHS, GONE_MODULES, MOVED_NAMES, REMOVED_IN, REMOVED_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,11 +40,13 @@ def deprecations(caught: list[warnings.WarningMessage]) -> list[str]:
     return [message for message in messages if message.startswith("ppojax.")]
 
 
-def removed_message(removed: str) -> str:
-    """The pattern of the AttributeError a removed name raises: what to use, or nothing."""
+def removed_message(removed: str, module: str | None = None) -> str:
+    """The pattern of the AttributeError a removed name raises, asked of ``module`` (its own
+    by default): what to use, or nothing."""
     instead = REMOVED_NAMES[removed]
     tail = ", with nothing in its place" if instead is None else f": use {instead}"
-    return "^" + re.escape(f"{removed} was removed{tail}") + "$"
+    name = removed if module is None else f"{module}.{removed.rpartition('.')[2]}"
+    return "^" + re.escape(f"{name} was removed{tail}") + "$"
 
 
 def home_or_skip(module: str) -> None:
@@ -57,9 +59,10 @@ def home_or_skip(module: str) -> None:
         pytest.skip(f"{module} needs {error.name}, not installed")
 
 
-@pytest.mark.parametrize("old", sorted(GONE_MODULES))
+@pytest.mark.parametrize("old", sorted([*GONE_MODULES, *EARLIER_PATHS]))
 def test_a_gone_module_imports_with_one_warning_naming_its_home_and_holds_its_old_names(old):
-    home, names = GONE_MODULES[old]
+    later = EARLIER_PATHS.get(old, old)  # an earlier path holds the later one's names
+    home, names = GONE_MODULES[later]
     home_or_skip(home)
     forget(old)
     parent = old.rpartition(".")[0]
@@ -84,9 +87,10 @@ def test_a_gone_module_imports_with_one_warning_naming_its_home_and_holds_its_ol
         for name, where in names.items():
             assert getattr(module, name) is at(where), f"{old}.{name} is not {where}"
         for removed in REMOVED_NAMES:
-            if removed.rpartition(".")[0] == old:
-                with pytest.raises(AttributeError, match=removed_message(removed)):
-                    getattr(module, removed.rpartition(".")[2])
+            if removed.rpartition(".")[0] == later:
+                name = removed.rpartition(".")[2]
+                with pytest.raises(AttributeError, match=removed_message(removed, old)):
+                    getattr(module, name)
         with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
             module.no_such_name  # noqa: B018
     finally:
@@ -130,6 +134,9 @@ def test_the_list_is_consistent_with_the_tree():
         importlib.import_module(home)
         for where in names.values():
             assert where.rpartition(".")[0] not in GONE_MODULES, where
+    for earlier, later in EARLIER_PATHS.items():
+        assert later in GONE_MODULES and earlier not in GONE_MODULES
+        assert not (ROOT / earlier.replace(".", "/")).with_suffix(".py").exists()
     for module, names in MOVED_NAMES.items():
         for name, where in names.items():
             assert f"{module}.{name}" not in REMOVED_NAMES
@@ -140,7 +147,7 @@ def test_the_list_is_consistent_with_the_tree():
 def test_no_old_path_would_shadow_a_name_of_its_package():
     """Importing a submodule binds it on its package: an old path named like one of the
     package's names (ppojax.train, the function) would replace that name, so it has none."""
-    for old in GONE_MODULES:
+    for old in [*GONE_MODULES, *EARLIER_PATHS]:
         parent, _, child = old.rpartition(".")
         if parent not in GONE_MODULES:
             package = importlib.import_module(parent)
