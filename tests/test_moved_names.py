@@ -179,9 +179,12 @@ def test_a_script_written_against_the_old_paths_runs_with_only_deprecation_warni
         from ppojax.rlhf.agents.trainer import make_episode_trainer
         from ppojax.rlhf.apps.jobs import sft_job
         from ppojax.rlhf.sizing import plan
+        from ppojax.config import PPOConfig
+        import ppojax
         import ppojax.rlhf.post.demos as demos
 
         assert play_demos is demos.play_demos and train_on_demos is demos.train_on_demos
+        assert PPOConfig is ppojax.PPOConfig
         env = make_text_env("guessing")
         print(type(env).__name__, callable(make_episode_trainer), callable(sft_job), plan)
         """
@@ -197,6 +200,7 @@ def test_a_script_written_against_the_old_paths_runs_with_only_deprecation_warni
         "ppojax.rlhf.apps",
         "ppojax.rlhf.apps.jobs",
         "ppojax.rlhf.sizing",
+        "ppojax.config",
     ]
 
 
