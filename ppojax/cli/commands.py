@@ -1,5 +1,5 @@
 """The command line: ``ppojax train | sweep | eval | envs`` (and ``rlhf``, ``sft``, ``rm``,
-``dpo``, ``plan``, each with its own module).
+``dpo``, ``plan``, ``doctor``, each with its own module).
 
 ``ppojax train`` (no arguments) trains CartPole-v1, shows a progress bar, writes a run folder
 (config, metrics, learning curve, checkpoints, summary; see ``ppojax.runs.folder``) and prints the
@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "plan",
         help="size a post-training step on h100/h200 GPUs before renting them (no GPU needed)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "doctor",
+        help="check ppojax's kernels on this machine's GPU or TPU (each against its plain "
+        "form, timed); a kernel that fails is dropped",
         add_help=False,
     )
     return parser
@@ -444,6 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ppojax.cli import plan
 
         return plan.main(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from ppojax.cli import doctor
+
+        return doctor.main(argv[1:])
     if argv[:1] and argv[0] in TEXT_COMMANDS:
         from ppojax.cli import text
 
@@ -462,8 +472,9 @@ def show_warning(
     line on stderr; others as Python shows them."""
     from ppojax.envs.env import StepAPIWarning
     from ppojax.runs.checkpoints import CheckpointWarning
+    from ppojax.runtime.kernel_check import KernelCheckWarning
 
-    if issubclass(category, (CheckpointWarning, StepAPIWarning)):
+    if issubclass(category, (CheckpointWarning, StepAPIWarning, KernelCheckWarning)):
         sys.stderr.write(f"ppojax: warning: {message}\n")
     else:
         fallback(message, category, *args)

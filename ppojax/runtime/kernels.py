@@ -72,6 +72,12 @@ The others cut neither by 10%. They stay CUDA's alone because their count is a G
 defaults are its own, below); on the CPU the plain program stays the one every CPU result and
 test was made with. ``plain(name)`` (or PPOJAX_PLAIN_KERNELS) turns one off for CUDA too.
 
+On the device itself (JAX's default backend a CUDA GPU or a TPU; never in a deviceless
+compile nor on a CPU) a default proves itself before a program keeps it: ``by_platform`` asks
+``kernel_check.kernel_works``, which checks it against its plain form once per device and
+versions and stores the verdict; a kernel that fails leaves the plain form alone in the
+program, with one warning line (docs/reliability.md, ``ppojax doctor``).
+
 ``TPU_DEFAULTS`` are the same for programs lowered for a TPU (``lowering_for_tpu``: a
 deviceless compile for one, ``ppojax.runtime.deviceless_tpu``; or JAX's default backend a
 TPU), chosen by the count of what one v5e chip would run (``benchmarks/tpu_program.py
@@ -93,6 +99,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from ppojax.runtime import kernel_check
 
 STAND_INS = ("noise",)
 CUDA_DEFAULTS = (
@@ -205,15 +213,24 @@ def lowering_for_tpu() -> contextlib.AbstractContextManager[None]:
 
 def may_lower_for_cuda() -> bool:
     """Whether a program traced now may be lowered for CUDA: JAX's default backend is a GPU,
-    or inside ``lowering_for_cuda``. Elsewhere ``by_platform`` traces the plain form alone:
-    tracing both forms made ``jax.jit(ppojax.train).lower`` of the classic CartPole config
-    take 2.5-3.6 s against 1.3-1.8 s (a busy 2-core CPU) for the same optimized program."""
-    return _lowering_for["cuda"] or jax.default_backend() == "gpu"
+    or inside ``lowering_for_cuda`` (or ``kernel_check.fake_accelerator`` for CUDA).
+    Elsewhere ``by_platform`` traces the plain form alone: tracing both forms made
+    ``jax.jit(ppojax.train).lower`` of the classic CartPole config take 2.5-3.6 s against
+    1.3-1.8 s (a busy 2-core CPU) for the same optimized program."""
+    return (
+        _lowering_for["cuda"]
+        or jax.default_backend() == "gpu"
+        or kernel_check.faked_platform() == "cuda"
+    )
 
 
 def may_lower_for_tpu() -> bool:
     """As ``may_lower_for_cuda``, for a TPU: its backend, or inside ``lowering_for_tpu``."""
-    return _lowering_for["tpu"] or jax.default_backend() == "tpu"
+    return (
+        _lowering_for["tpu"]
+        or jax.default_backend() == "tpu"
+        or kernel_check.faked_platform() == "tpu"
+    )
 
 
 def by_platform(name: str, plain_fn: Callable, candidate_fn: Callable) -> Callable:
@@ -221,7 +238,8 @@ def by_platform(name: str, plain_fn: Callable, candidate_fn: Callable) -> Callab
     same structure) where chosen; for one of CUDA_DEFAULTS or TPU_DEFAULTS not turned off,
     where the program may be lowered for that platform (``may_lower_for_cuda``,
     ``may_lower_for_tpu``), a function that traces both and runs ``candidate_fn`` in programs
-    lowered for it, ``plain_fn`` in all others."""
+    lowered for it, ``plain_fn`` in all others; on the device of such a platform, only
+    where the candidate passed its check there (``kernel_check``)."""
     if stand_in(name):
         return candidate_fn
     if name in _switches["plain"]:
@@ -236,11 +254,38 @@ def by_platform(name: str, plain_fn: Callable, candidate_fn: Callable) -> Callab
     }
     if not platforms:
         return plain_fn
+    # the device the program runs on checks its own platform's kernel first (kernel_check);
+    # a deviceless compile is for another machine's device and checks nothing
+    device = None if any(_lowering_for.values()) else kernel_check.accelerator()
+    checked = None if device is None or device.platform not in platforms else device.platform
 
     def lowered_by_platform(*args: Any) -> Any:
-        return jax.lax.platform_dependent(*args, default=plain_fn, **platforms)
+        chosen = platforms
+        if checked is not None and not kernel_check.kernel_works(name, args):
+            chosen = {platform: fn for platform, fn in platforms.items() if platform != checked}
+        if not chosen:
+            return plain_fn(*args)
+        return jax.lax.platform_dependent(*args, default=plain_fn, **chosen)
 
     return lowered_by_platform
+
+
+def _check_forms(name: str) -> tuple[Callable, Callable]:
+    """The contexts a kernel check traces ``name``'s two forms in (``kernel_check``): every
+    platform default off, and the same with ``name`` chosen."""
+
+    def plain_form() -> contextlib.AbstractContextManager[None]:
+        return plain(*PLATFORM_DEFAULTS)
+
+    @contextlib.contextmanager
+    def kernel_form() -> Iterator[None]:
+        with plain(*PLATFORM_DEFAULTS), use(name):
+            yield
+
+    return plain_form, kernel_form
+
+
+kernel_check.set_forms(_check_forms)
 
 
 def scan_drawing(
