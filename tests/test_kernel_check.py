@@ -385,6 +385,23 @@ def test_doctor_refuses_a_json_path_it_cannot_write(tmp_path, capsys, where):
     assert error.startswith(f"ppojax doctor: error: --json {tmp_path / where}")
 
 
+def test_doctor_says_in_one_line_that_it_keeps_the_verdicts_in_memory(
+    tmp_path, monkeypatch, capsys
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(kernel_check, "paired_medians", lambda *a, **k: (1.0, 1.0))
+    try:
+        with kernel_check.fake_accelerator(all_defaults()):
+            assert doctor.main([]) == 0
+    finally:
+        kernel_check.forget()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("ppojax doctor: warning: kernel checks kept in memory only")
+
+
 def all_defaults(slow=(), failing_plain=()):
     """Fake probes of all six CUDA defaults: WRONG computes another number, the rest sin."""
     probes = Probes({name: FAKE_KERNELS.get(name, jnp.sin) for name in kernels.CUDA_DEFAULTS})

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_json_path(args.json)
-        return run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            return run(args)
     except (ValueError, OSError) as error:
         sys.stderr.write(f"ppojax doctor: error: {error}\n")
         return 2
+
+
+def show_warning(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    """A warning (the verdicts kept in memory only, a library's) as one line on stderr."""
+    sys.stderr.write(f"ppojax doctor: warning: {message}\n")
 
 
 def check_json_path(path: Path | None) -> None:
