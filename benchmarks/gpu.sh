@@ -24,11 +24,15 @@
 #                                     -> benchmarks/results/plan_check.json, a row each (~5 min
 #                                     each: PLAN_SHAPES=large runs the second apart)
 #
+# Whatever the part, `ppojax doctor --json` runs first (DOCTOR_TIMEOUT seconds): each kernel a
+# run here would use, checked on this GPU against its plain form and timed, its verdict stored
+# for the parts after it -> benchmarks/results/doctor.json, the device's name in it.
+#
 # Each part runs under its own timeout (LEARNING_TIMEOUT, SPEED_TIMEOUT seconds; LEARNING_TASKS
 # and LEARNING_JOBS change (a)'s tasks, space-separated, and its processes) and writes its
 # JSON as it goes, so a part cut off keeps what it finished. With $OUT set (the device tool's
 # folder of files to bring back) the results and this script's log are copied there as they
-# are written (flat names, 6 files). PPOJAX_COMMIT=<hash> records the commit where the
+# are written (flat names, 7 files). PPOJAX_COMMIT=<hash> records the commit where the
 # checkout has no .git. From the repository root or anywhere in it.
 # To try the script on a CPU: SMOKE=1 (tiny sizes, results in /tmp/ppojax-smoke, no GPU
 # needed), PYTHON=<an interpreter with gymnax and rejax>, NO_WHEELS=1 (use its packages).
@@ -47,6 +51,7 @@ SPEED_TIMEOUT="${SPEED_TIMEOUT:-330}"
 INSIDE_TIMEOUT="${INSIDE_TIMEOUT:-520}"
 RLHF_TIMEOUT="${RLHF_TIMEOUT:-300}"
 PLAN_TIMEOUT="${PLAN_TIMEOUT:-480}"
+DOCTOR_TIMEOUT="${DOCTOR_TIMEOUT:-300}"
 LEARNING_JOBS="${LEARNING_JOBS:-6}"
 ALL_TASKS="CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 MountainCar-v0
     Asterix-MinAtar Breakout-MinAtar Freeway-MinAtar SpaceInvaders-MinAtar
@@ -112,6 +117,16 @@ PY
 echo "set up in $(($(date +%s) - began)) s"
 
 status=0
+# The kernels' checks on this device first: the parts below then run the forms that passed.
+mkdir -p "$RESULTS"
+echo "== doctor: timeout ${DOCTOR_TIMEOUT} s"
+timeout -k 15 "$DOCTOR_TIMEOUT" "$PYTHON" -m ppojax doctor --json "$RESULTS/doctor.json" || {
+    status=$?
+    echo "ppojax doctor stopped (exit $status: 1 is a plain form failing, 124 the timeout);" \
+        "going on" >&2
+}
+[[ -n "${OUT:-}" && -f "$RESULTS/doctor.json" ]] && cp -f "$RESULTS/doctor.json" "$OUT/"
+echo "doctor done at $(($(date +%s) - began)) s"
 if [[ "$PART" == all || "$PART" == learning ]]; then
     echo "== (a) learning: timeout ${LEARNING_TIMEOUT} s"
     timeout -k 15 "$LEARNING_TIMEOUT" "${LEARNING_ENV[@]}" "$PYTHON" benchmarks/learning.py \
@@ -161,7 +176,7 @@ if [[ "$PART" == plan ]]; then
     done
 fi
 if [[ -n "${OUT:-}" ]]; then
-    for file in learning.json learning.png gpu.json gpu.png plan_check.json; do
+    for file in doctor.json learning.json learning.png gpu.json gpu.png plan_check.json; do
         [[ -f "$RESULTS/$file" ]] && cp -f "$RESULTS/$file" "$OUT/"
     done
     ls -la "$OUT"
