@@ -8,7 +8,8 @@ both kinds of entry, importing nothing until one is asked for:
 - a module that stays but lost names gets a module ``__getattr__`` (unless it defines one,
   as ``ppojax.rlhf`` does) that returns each lost name from its new home with a warning.
 
-A name removed with no successor is an ``AttributeError`` saying what to use instead."""
+A name removed with no successor is an ``AttributeError`` saying what to use instead, or that
+nothing replaces it."""
 
 import importlib
 import importlib.abc
@@ -20,6 +21,10 @@ import warnings
 from collections.abc import Sequence
 
 from ppojax.moved import EARLIER_PATHS, GONE_MODULES, MOVED_NAMES, REMOVED_IN, REMOVED_NAMES
+
+# The modules that stay and get a __getattr__: those with moved names or removed ones.
+REMOVED_FROM = {name.rpartition(".")[0] for name in REMOVED_NAMES}
+HOOKED = {*MOVED_NAMES, *REMOVED_FROM} - {*GONE_MODULES, *EARLIER_PATHS}
 
 
 def resolve(where: str) -> object:
@@ -132,8 +137,8 @@ def hook(module: types.ModuleType) -> None:
 
 
 class MovedFinder(importlib.abc.MetaPathFinder):
-    """Finds the gone paths (as aliases) and the modules whose names moved (as themselves,
-    hooked); every other import passes by."""
+    """Finds the gone paths (as aliases) and the modules whose names moved or went (as
+    themselves, hooked); every other import passes by."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: object = None
@@ -142,7 +147,7 @@ class MovedFinder(importlib.abc.MetaPathFinder):
             # a path that was a package keeps one, so that its old submodules import too
             package = any(other.startswith(f"{fullname}.") for other in GONE_MODULES)
             return importlib.util.spec_from_loader(fullname, AliasLoader(), is_package=package)
-        if fullname in MOVED_NAMES:
+        if fullname in HOOKED:
             spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
                 spec.loader = HookedLoader(spec.loader)
@@ -152,9 +157,9 @@ class MovedFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Puts the finder first on ``sys.meta_path`` (once), and hooks the modules with moved
-    names that are imported already."""
+    or removed names that are imported already."""
     if not any(isinstance(finder, MovedFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, MovedFinder())
-    for name in MOVED_NAMES:
+    for name in HOOKED:
         if name in sys.modules:
             hook(sys.modules[name])

@@ -1036,8 +1036,6 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
         "check_batch": "ppojax.runs.lm.text_checks.check_batch",
         "reward_check": "ppojax.runs.lm.text_checks.reward_check",
     },
-    "ppojax.envs.registry": {},
-    "ppojax.networks": {},
     "ppojax.ppo.update": {
         "policy_objective_loss": "ppojax.ppo.loss.policy_objective_loss",
         "replay_sequences": "ppojax.ppo.loss.replay_sequences",
@@ -1109,7 +1107,6 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
         "make_trainer": "ppojax.rlhf.core.episode_trainer.make_trainer",
         "update_kl": "ppojax.rlhf.core.kl.update_kl",
     },
-    "ppojax.rlhf.data": {},
     "ppojax.rlhf.models.decoder": {
         "MASKED_SCORE": "ppojax.rlhf.models.attention.MASKED_SCORE",
         "attend": "ppojax.rlhf.models.attention.attend",
@@ -1117,7 +1114,6 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
     "ppojax.rlhf.models.pretrained": {
         "lm_head": "ppojax.rlhf.models.transformer.lm_head",
     },
-    "ppojax.rlhf.models.transformer": {},
     "ppojax.rlhf.tasks.sorting": {
         "pair_margins": "ppojax.rlhf.post.reward_model.pair_margins",
     },
@@ -1147,7 +1143,6 @@ MOVED_NAMES: dict[str, dict[str, str]] = {
     "ppojax.runs.loop": {
         "plot_metrics": "ppojax.runs.plots.plot_metrics",
     },
-    "ppojax.runs.pbt_folder": {},
     "ppojax.runtime.launches": {
         "DTYPE_BYTES": "ppojax.runtime.hlo_text.DTYPE_BYTES",
         "HEADER": "ppojax.runtime.hlo_text.HEADER",
