@@ -319,7 +319,13 @@ def test_every_platform_default_has_a_probe_in_its_program_s_dtypes():
 
 
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("name", kernels.PLATFORM_DEFAULTS)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.heavy) if name == "pallas_ppo_loss" else name
+        for name in kernels.PLATFORM_DEFAULTS
+    ],
+)  # the loss probe builds two agents and traces the kernel's gradient: 36 s on 2 busy cores
 def test_each_probe_traces_its_kernel_in_one_form_and_not_the_other(name):
     """A probe compares two programs, not one with itself: the kernel's form traces another
     program than the plain form's (a Pallas call, an associative scan, a packed scan...)."""

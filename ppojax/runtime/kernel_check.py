@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -132,13 +133,19 @@ class Verdict:
         return {**fields, **versions()}
 
 
-def versions() -> dict[str, str]:
-    """The versions a verdict holds for: jax, jaxlib and ppojax (as installed)."""
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
     try:
         ours = importlib.metadata.version("ppojax")
     except importlib.metadata.PackageNotFoundError:  # a checkout on sys.path, not installed
         ours = "not installed"
-    return {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib"), "ppojax": ours}
+    jaxlib = importlib.metadata.version("jaxlib")
+    return (("jax", jax.__version__), ("jaxlib", jaxlib), ("ppojax", ours))
+
+
+def versions() -> dict[str, str]:
+    """The versions a verdict holds for: jax, jaxlib and ppojax (as installed), read once."""
+    return dict(_installed_versions())
 
 
 def entry_key(device: str, kernel: str, dtype: str) -> str:
