@@ -157,6 +157,25 @@ def test_a_program_keeps_the_kernels_that_pass_and_drops_the_others(cache_home):
     assert len(stored_entries(cache_home)) == 3
 
 
+def test_a_tpu_checks_its_own_defaults_only(cache_home):
+    """On a TPU the check covers TPU_DEFAULTS; "packed_steps", CUDA's alone, is not traced
+    for a TPU at all, so it is never checked there."""
+    probes = Probes()
+    with (
+        warnings.catch_warnings(record=True) as record,
+        kernel_check.fake_accelerator(probes, kind="Fake TPU", platform="tpu"),
+    ):
+        warnings.simplefilter("always")
+        assert "sin" not in traced(FAILS_TO_LOWER)  # a TPU default that fails there
+        assert "sin" not in traced(RIGHT)  # not a TPU default: the plain form, unchecked
+    assert probes.builds == [FAILS_TO_LOWER]
+    assert kernel_warnings(record)[0].startswith(f"kernel {FAILS_TO_LOWER} (float32) failed")
+    entry = stored_entries(cache_home)[
+        kernel_check.entry_key("Fake TPU", FAILS_TO_LOWER, "float32")
+    ]
+    assert entry["platform"] == "tpu" and not entry["works"]
+
+
 BAD_FILES = {
     "empty": "",
     "truncated": '{"format": "ppojax kernel checks", "version": 1, "entries": {"Fake',

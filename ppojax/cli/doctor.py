@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ppojax doctor",
         description="Check ppojax's kernels on this machine's GPU or TPU: each compiled and "
         "run beside its plain form, its error against its tolerance, both timed; a kernel "
-        "that fails (or is >10%% slower) is dropped for its plain form in later runs.",
+        "that fails (or is >10% slower) is dropped for its plain form in later runs.",
     )
     parser.add_argument(
         "--recheck", action="store_true", help="check again, ignoring the stored verdicts"
