@@ -11,7 +11,7 @@ imports what it needs when built: a run that checks one kernel loads only that o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,19 +19,38 @@ import numpy as np
 
 from ppojax.runtime.kernel_check import EPS32, Probe, Trial
 
+
+class State(NamedTuple):
+    """What a probe needs of a TrainState: parameters, optimizer state, the shape of the
+    observations [1, ...] (a ShapeDtypeStruct)."""
+
+    params: Any
+    opt_state: Any
+    obs: Any
+
+
 # tests/tolerance.py's TRAINING_ULPS: a few Adam steps carry a few ulps of each reduction on
 TRAINING_ULPS = 128
 
 
 def _made_up_batch(config: Any, rows: int, seed: int = 5) -> tuple[Any, Any, Any]:
-    """An agent, its initial parameters and ``rows`` made-up samples whose ratios (about
-    0.75 to 1.35) and value changes fall on both sides of the clip ranges
+    """An agent, its initial parameters and optimizer state, and ``rows`` made-up samples
+    whose ratios (about 0.75 to 1.35) and value changes fall on both sides of the clip ranges
     (tests/test_kernels.py's ``pallas_batch``)."""
-    from ppojax.ppo.train import init_state, make_agent
+    from ppojax.networks import init_params, observation_template
+    from ppojax.ppo.train import make_agent
     from ppojax.ppo.types import Batch
+    from ppojax.ppo.update import make_optimizer
 
     agent = make_agent(config)
-    state = init_state(config, jax.random.key(0))
+    observation = observation_template(agent.env)
+
+    def initial(key):  # compiled: the orthogonal inits' eager ops took 37 s on 2 busy cores
+        params = init_params(key, agent.network, observation)
+        return params, make_optimizer(config).init(params)
+
+    params, opt_state = jax.jit(initial)(jax.random.key(0))
+    state = State(params, opt_state, jax.ShapeDtypeStruct((1, *observation.shape), "float32"))
     keys = jax.random.split(jax.random.key(seed), 6)
     spec = agent.env.spec
     head = jax.random.normal(keys[0], (rows, spec.action_dim))
