@@ -502,3 +502,36 @@ def test_doctor_interpret_checks_every_default_untimed_and_unstored(
     rows = json.loads(table.read_text())["kernels"]
     assert all(row["verdict"] == "kept" and row["kernel_s"] is None for row in rows)
     assert "checks took" in capsys.readouterr().out
+
+
+def test_the_train_command_shows_a_dropped_kernel_as_one_plain_line(capsys):
+    from ppojax.cli.commands import show_warning
+
+    def fallback(*args):
+        raise AssertionError("shown the Python way")
+
+    show_warning(fallback, "kernel flat_params (float32) failed its check", KernelCheckWarning)
+    assert capsys.readouterr().err == (
+        "ppojax: warning: kernel flat_params (float32) failed its check\n"
+    )
+
+
+@pytest.mark.heavy
+@pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
+def test_a_program_traced_for_a_device_checks_its_defaults_with_the_real_probes(
+    cache_home, tiny_config
+):
+    """The tiny config's program traced as on a CUDA device (the fake one, Pallas's kernels
+    interpreted on this CPU): each default it traces is checked once with its real probe,
+    inside the trace, passes, is stored, and stays in the program."""
+    from ppojax.runs.kernel_probes import PROBES
+
+    with kernel_check.fake_accelerator(PROBES, kind="CPU as a GPU"):
+        text = jax.jit(lambda c, k: ppojax.train(c, k)).lower(tiny_config, jax.random.key(0))
+    entries = stored_entries(cache_home).values()
+    checked = {entry["kernel"] for entry in entries}
+    assert checked == set(kernels.CUDA_DEFAULTS) - {"pallas_decode_attention"}
+    assert all(entry["works"] for entry in entries), [e["reason"] for e in entries]
+    with kernels.plain(*kernels.CUDA_DEFAULTS):
+        plain = jax.jit(lambda c, k: ppojax.train(c, k)).lower(tiny_config, jax.random.key(0))
+    assert text.as_text().count("stablehlo.case") > plain.as_text().count("stablehlo.case")
