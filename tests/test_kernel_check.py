@@ -535,3 +535,23 @@ def test_a_program_traced_for_a_device_checks_its_defaults_with_the_real_probes(
     with kernels.plain(*kernels.CUDA_DEFAULTS):
         plain = jax.jit(lambda c, k: ppojax.train(c, k)).lower(tiny_config, jax.random.key(0))
     assert text.as_text().count("stablehlo.case") > plain.as_text().count("stablehlo.case")
+
+
+def test_the_file_is_replaced_whole_or_not_at_all(cache_home, monkeypatch):
+    """Written to a temporary file renamed over the old one: a write that fails halfway
+    leaves the old file as it was and no temporary file behind."""
+    stored_right_entry(cache_home)
+    path = cache_home / kernel_check.FILE_NAME
+    before = path.read_text()
+
+    def half_written(data, file, **kwargs):
+        file.write(json.dumps(data)[:20])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kernel_check.json, "dump", half_written)
+    with kernel_check.fake_accelerator(Probes()), warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert not kernel_check.verdict(WRONG, "float32", DEVICE).works
+    assert path.read_text() == before
+    assert sorted(p.name for p in cache_home.iterdir()) == [kernel_check.FILE_NAME]
+    assert "No space left on device" in kernel_warnings(record)[0]
