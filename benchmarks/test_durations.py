@@ -84,8 +84,12 @@ def table(document: dict[str, object]) -> str:
     head = [
         f"# The {len(document['slowest'])} slowest tests",
         "",
-        f"`{document['pytest_command']}` on {document['date']}: {outcome} in "
-        f"{summary.get('wall_s')} s",
+        f"`{document['pytest_command']}` on {document['date']}: "
+        + (
+            f"{outcome} in {summary['wall_s']} s"
+            if summary
+            else f"a partial report (no summary line), {document['tests']} tests"
+        ),
         f"({document['machine']['cpu']}, {document['machine']['cores']} cores, Python "
         f"{document['machine']['python']}, jax {document['machine']['jax']}; the tests' seconds "
         f"summed over both workers: {document['test_seconds']} s). Written by "
