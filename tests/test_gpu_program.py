@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from benchmark_script import run_benchmark
 
@@ -519,6 +520,58 @@ def test_on_two_h100s_a_decoded_token_s_attention_kernel_runs_on_each_device_s_r
     # more in collectives; jax 0.10.2: fewer bytes, the same collectives).
     assert kernel.decoding.bytes <= 1.01 * plain_.decoding.bytes
     assert kernel.estimate.collectives <= 1.01 * plain_.estimate.collectives
+
+
+def test_on_two_h100s_replicated_sampling_decodes_with_no_collective_where_fsdp_gathers():
+    """The sampling copy resharded once a step (``sharding.SAMPLE_LAYOUTS``): replicated,
+    each device decodes its own rows and a decoded token moves no byte between devices;
+    under the training layout ("fsdp") it gathers the split embedding again every token."""
+    needs_plugin()
+    config = parse_config(TINY_QWEN2)
+    replicated = plan(config, replace(GRPO, sample_layout="replicated"), "h100", 2)
+    fsdp = plan(config, replace(GRPO, sample_layout="fsdp"), "h100", 2)
+    assert replicated.decoding.collective_bytes == 0
+    # at least the embedding's missing half gathered a token (1024 x 16 float32 / 2)
+    assert fsdp.decoding.collective_bytes >= 1024 * 16 * 4 / 2
+    assert replicated.decoding.minimum == fsdp.decoding.minimum  # both read every weight
+    # "auto" replicates what fits, and says so
+    auto = plan(config, GRPO, "h100", 2)
+    assert auto.step.sample_layout == "replicated" and auto.decoding.collective_bytes == 0
+    assert "collectives per decoded token: 0 B (replicated" in auto.report()
+    tensor = plan(config, replace(GRPO, sample_layout="tensor"), "h100", 2)
+    assert tensor.decoding.minimum < replicated.decoding.minimum  # half the weights a device
+
+
+def all_gathered(hlo: str) -> list[tuple[str, int]]:
+    """(dtype, elements) of every array an all-gather of ``hlo`` produces."""
+    import re
+
+    found = []
+    for line in hlo.splitlines():
+        head = re.search(r"= (.*?) all-gather(?:-start)?\(", line)
+        if head is None:
+            continue
+        arrays = re.findall(r"([a-z]+\d*)\[([\d,]*)\]", head.group(1))
+        for dtype, dims in arrays[len(arrays) // 2 :] if "-start" in line else arrays:
+            found.append((dtype, int(np.prod([int(d) for d in dims.split(",") if d]))))
+    return found
+
+
+def test_a_bf16_step_on_two_h100s_gathers_the_bf16_copy_never_the_float32_masters():
+    """FSDP's gathers move the compute copy: the masters are cast on their shards, then
+    gathered where a layer uses them; the gradients' global norm is reduced per leaf (a
+    concatenation of the split leaves gathered every float32 gradient whole)."""
+    needs_plugin()
+    from ppojax.plan.planner import compile_program, program, target_mesh
+
+    config = parse_config(TINY_QWEN2)
+    step = replace(GRPO, dtype="bfloat16", sample_layout="fsdp")
+    mesh = target_mesh("h100", 2)
+    hlo = compile_program(program(config, step, mesh), "h100", mesh).as_text()
+    gathered = all_gathered(hlo)
+    embedding = 1024 * 16  # the one leaf split (TINY_QWEN2)
+    assert ("bf16", embedding) in gathered
+    assert not [(dtype, n) for dtype, n in gathered if dtype == "f32" and n >= embedding]
 
 
 # One decoded token of the built-in transformer (2 layers, 64 wide, 4 heads, vocab 256, float32)

@@ -598,11 +598,17 @@ def test_rlhf_in_bf16_on_two_devices_runs_and_resumes_bit_exactly(files, tmp_pat
     argv = ["rlhf", "--model", str(files.model), "--prompts", str(files.prompts), *FAST]
     argv += ["--reward", "my_rewards:short", "--algorithm", "grpo", "--group-size", "2"]
     argv += ["--response-len", "4", "--num-minibatches", "2", "--update-epochs", "1"]
-    argv += ["--dtype", "bfloat16", "--devices", "2", "--out", str(out)]
-    ppojax_process(files.root, *argv)
+    # sampling tensor-parallel (not auto's replicated on a CPU): the layout is recorded and a
+    # resume samples in it again, bit for bit
+    argv += ["--dtype", "bfloat16", "--devices", "2", "--sample-layout", "tensor"]
+    ppojax_process(files.root, *argv, "--out", str(out))
     (run_dir,) = out.iterdir()
     settings = json.loads((run_dir / "config.json").read_text())
-    assert (settings["dtype"], settings["devices"]) == ("bfloat16", 2)
+    assert (settings["dtype"], settings["devices"], settings["sample_layout"]) == (
+        "bfloat16",
+        2,
+        "tensor",
+    )
     assert json.loads((run_dir / "final" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     killed = kill_after_first_checkpoint(run_dir, tmp_path / "killed")
     ppojax_process(files.root, "rlhf", "--resume", str(killed), "--no-progress")

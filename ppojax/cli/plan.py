@@ -39,6 +39,7 @@ STEP_FLAGS = (
 
 def build_parser() -> Parser:
     from ppojax.plan.planner import ALGORITHMS, DTYPES, StepShape
+    from ppojax.rlhf.core.sharding import SAMPLE_LAYOUTS
 
     default = StepShape()
     parser = Parser(prog="ppojax plan", description=__doc__.split("\n\n")[0])
@@ -47,6 +48,13 @@ def build_parser() -> Parser:
     )
     parser.add_argument("--algorithm", choices=ALGORITHMS, default=default.algorithm)
     parser.add_argument("--dtype", choices=DTYPES, default=default.dtype)
+    parser.add_argument(
+        "--sample-layout",
+        choices=SAMPLE_LAYOUTS,
+        default=default.sample_layout,
+        help="how sampling lays out the policy (ppojax rlhf's flag): replicated, tensor, fsdp "
+        "(the training layout) or auto (replicated where its peak fits, else tensor)",
+    )
     for name in STEP_FLAGS:
         if name not in ("algorithm", "dtype"):
             parser.add_argument(
@@ -149,6 +157,7 @@ def run(args) -> int:
         lora_targets=tuple(part for part in args.lora_targets.split(",") if part),
         remat_layers=args.remat_layers,
         master_weights=args.master_weights,
+        sample_layout=args.sample_layout,
     )
     memory = None if args.memory_gib is None else int(args.memory_gib * GIB)
     found = plan(

@@ -26,6 +26,7 @@ from ppojax.cli.flags import add_repeatable
 from ppojax.cli.text_checks import check_flags, check_resume_flags
 from ppojax.cli.values import DEFAULT_OUT, Parser, parse_bool, parse_float, parse_int
 from ppojax.rlhf.core.config import add_config_flags
+from ppojax.rlhf.core.sharding import SAMPLE_LAYOUTS
 
 COMMANDS = ("sft", "rm", "dpo", "rlhf")
 DATA_FLAGS = {"sft": "data", "rm": "pairs", "dpo": "pairs", "rlhf": "prompts"}
@@ -113,6 +114,15 @@ def add_rlhf_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-field", default="prompt", help="the prompt's JSONL field")
     parser.add_argument("--sample-every", type=parse_int, help="steps (--checkpoint-every)")
     parser.add_argument("--samples", type=parse_int, default=4, help="prompts sampled (4)")
+    parser.add_argument(
+        "--sample-layout",
+        choices=SAMPLE_LAYOUTS,
+        default="auto",
+        help="how sampling lays out the policy over --devices, resharded once a step: "
+        "replicated (each device decodes its own rows, no collective a token), tensor (heads "
+        "and MLP columns split), fsdp (the training layout), auto (replicated where it fits; "
+        "ppojax plan --sample-layout checks it)",
+    )
     helps = {"group_size": f"samples per prompt (ppo: 1; grpo, rloo: {GROUP_SIZE}, must be >= 2)"}
     add_config_flags(parser, TOKEN_FIELDS, helps)
 
@@ -159,6 +169,7 @@ def settings_from_args(command: str, args: argparse.Namespace) -> dict[str, Any]
         prompt_field=args.prompt_field,
         sample_every=args.sample_every or args.checkpoint_every,
         samples=args.samples,
+        sample_layout=args.sample_layout,
         rlhf={k: list(v) if isinstance(v, tuple) else v for k, v in chosen.items()},
     )
     return settings

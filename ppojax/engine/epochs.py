@@ -35,6 +35,19 @@ def flat(tree: Any) -> jax.Array:
     return jax.flatten_util.ravel_pytree(tree)[0]
 
 
+def flat_norm(tree: Any) -> jax.Array:
+    """The global norm of ``tree`` over its leaves as one vector (``flat``), as a flat
+    optimizer's clipping computes it (env PPO's)."""
+    return optax.tree.norm(flat(tree))
+
+
+def leaf_norm(tree: Any) -> jax.Array:
+    """The global norm of ``tree`` from each leaf's own sum of squares, as a per-leaf
+    optimizer's clipping computes it. Over a mesh each device reduces its shards and only
+    scalars cross devices, where ``flat_norm``'s concatenation gathered every leaf whole."""
+    return optax.tree.norm(tree)
+
+
 class EpochCarry(NamedTuple):
     optimizer: OptimizerCarry
     stopped: jax.Array  # True once a minibatch's approx_kl passed stop_kl
@@ -47,6 +60,7 @@ def gradient_step(
     guard: bool,
     carry: EpochCarry,
     minibatch: Any,
+    norm: Callable[[Any], jax.Array] = flat_norm,
 ) -> tuple[EpochCarry, dict[str, jax.Array]]:
     """One optimizer step on ``loss_fn(params, minibatch) -> (loss, metrics)``.
 
@@ -60,18 +74,18 @@ def gradient_step(
     step exceeds ``stop_kl`` or an earlier step stopped. A skipped step applies a zero update
     and keeps the old optimizer state; the selects act on what the optimizer's kernels
     produce, so XLA fuses them there instead of adding a kernel per parameter. A step that is
-    taken is applied as computed.
+    taken is applied as computed. ``norm``: the global norm of the gradients and updates.
     """
     old = carry.optimizer
     with jax.named_scope("loss_and_grad"):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(old.params, minibatch)
     with jax.named_scope("optimizer"):
         updates, opt_state = optimizer.update(grads, old.opt_state, old.params)
-        grad_norm = optax.tree.norm(flat(grads))
+        grad_norm = norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     take, stopped = jnp.bool_(True), carry.stopped
     if guard:
-        finite = finite & jnp.isfinite(optax.tree.norm(flat(updates)))
+        finite = finite & jnp.isfinite(norm(updates))
         take = finite
     if stop_kl is not None:
         kl_stop = take & ~(metrics["approx_kl"] <= stop_kl)
@@ -118,6 +132,7 @@ def run_epochs(
     stop_kl: float | jax.Array | None,
     divergence_guard: bool,
     shuffle: ShuffleFn = shuffle_into_minibatches,
+    norm: Callable[[Any], jax.Array] = flat_norm,
 ) -> tuple[OptimizerCarry, dict[str, jax.Array]]:
     """``num_epochs`` passes over ``batch`` (a pytree of [N, ...] leaves, or what ``shuffle``
     splits into minibatches) in freshly shuffled minibatches, one gradient step each, all skipped
@@ -125,12 +140,15 @@ def run_epochs(
     ``divergence_guard``, any whose result is not finite (``gradient_step``). Metrics are means
     over the steps taken (NaN when none was); ``gradient_steps`` counts them,
     ``nonfinite_steps`` the steps whose loss or gradients were not finite (skipped by the
-    guard, applied without it).
+    guard, applied without it). ``norm``: ``gradient_step``'s (``leaf_norm`` for sharded
+    params).
 
     The metrics are summed in the loop's carry rather than stacked per step and reduced
     after: a few scalar adds per step instead of one stacking kernel per metric.
     """
-    step = functools.partial(gradient_step, loss_fn, optimizer, stop_kl, divergence_guard)
+    step = functools.partial(
+        gradient_step, loss_fn, optimizer, stop_kl, divergence_guard, norm=norm
+    )
 
     def summed_step(carry: tuple[EpochCarry, dict[str, jax.Array]], minibatch: Any):
         state, totals = carry

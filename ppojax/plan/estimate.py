@@ -40,14 +40,16 @@ class Estimate:
 @dataclasses.dataclass(frozen=True)
 class Decoding:
     """Sampling's decode loop per decoded token, per device: its ``launches`` and the
-    ``bytes`` they move, and the ``minimum`` bytes a token must move: the policy's weights
-    in the compute dtype read once (all of them on every device: FSDP gathers them) and the
-    device's rows of the KV cache read once."""
+    ``bytes`` they move (``collective_bytes`` of them by collectives), and the ``minimum``
+    bytes a token must move: the policy's weights in the compute dtype read once (all of them
+    on every device where the sampling layout is "replicated" or "fsdp", which gathers them;
+    a device's share under "tensor") and the device's share of the KV cache read once."""
 
     launches: float
     bytes: float
     minimum: float
     layers: int
+    collective_bytes: float = 0.0
 
     @property
     def launches_per_layer(self) -> float:
@@ -70,12 +72,21 @@ def decoding(
     if loop is None:
         return None
     item = 2 if step.dtype == "bfloat16" else 4
-    # every device reads all the weights for its rows (FSDP gathers them), its rows' cache
+    # every device reads all the weights for its rows (whole, or gathered under FSDP), or its
+    # share of them split tensor-parallel; its share of the cache (its rows, or its heads)
     weights = parameter_count(config) * item
+    if step.sample_layout == "tensor":
+        weights /= devices
     kv = config.num_layers * 2 * config.num_kv_heads * config.head_dim * item
     cache = step.rows * (step.prompt_len + step.response_len) * kv / devices
     trips = loop.trips
-    return Decoding(loop.launches / trips, loop.bytes / trips, weights + cache, config.num_layers)
+    return Decoding(
+        loop.launches / trips,
+        loop.bytes / trips,
+        weights + cache,
+        config.num_layers,
+        loop.collective_bytes / trips,
+    )
 
 
 def parameter_count(config: DecoderConfig) -> int:

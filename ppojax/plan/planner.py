@@ -34,6 +34,7 @@ from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.episode_trainer import make_trainer
 from ppojax.rlhf.core.logprobs import computing
 from ppojax.rlhf.core.sharding import (
+    SAMPLE_LAYOUTS,
     batch_sharding,
     constrain,
     make_mesh,
@@ -83,6 +84,9 @@ class StepShape:
     remat_layers: bool = False
     logit_chunk: int = RLHFConfig.logit_chunk
     master_weights: bool = True  # float32 params and moments (False: in ``dtype``)
+    # how sampling lays out the policy (ppojax.rlhf.core.sharding.SAMPLE_LAYOUTS); "auto": the
+    # plan compiles "replicated" and takes "tensor" where that does not fit (sizing.plan)
+    sample_layout: str = "auto"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -101,6 +105,10 @@ class StepShape:
             raise PlanError(f"--lora-rank is for ppo, grpo and rloo, not {self.algorithm}")
         if self.remat_layers and self.algorithm not in RL_ALGORITHMS:
             raise PlanError(f"--remat-layers is for ppo, grpo and rloo, not {self.algorithm}")
+        if self.sample_layout not in SAMPLE_LAYOUTS:
+            raise PlanError(
+                f"--sample-layout {self.sample_layout!r} is not one of {', '.join(SAMPLE_LAYOUTS)}"
+            )
         if self.algorithm in ("grpo", "rloo") and self.group_size < 2:
             raise PlanError(f"--group-size must be >= 2 for {self.algorithm}, got 1")
 
@@ -229,7 +237,9 @@ def rl_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program:
         "critic": state.params.get("critic", {}),
         "optimizer": state.opt_state,
     }
-    return Program(shard_trainer(trainer, mesh).step, (*args, replicated(key, mesh)), held)
+    layout = "replicated" if step.sample_layout == "auto" else step.sample_layout
+    stepped = shard_trainer(trainer, mesh, sample_layout=layout).step
+    return Program(stepped, (*args, replicated(key, mesh)), held)
 
 
 def supervised_program(lm: PretrainedLM, step: StepShape, mesh: Mesh) -> Program:

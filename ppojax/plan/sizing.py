@@ -22,6 +22,7 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ from ppojax.rlhf.models.shapes import model_config
 from ppojax.runtime import kernels
 from ppojax.runtime.memory import FRACTION_VARIABLE, memory_fraction
 
+# what a decoded token's collectives are in each sampling layout (core.sharding)
+SAMPLE_LAYOUT_TEXT = {
+    "replicated": "replicated sampling copy: each device decodes its own rows",
+    "tensor": "tensor-parallel sampling copy: an all-reduce of activations a layer",
+    "fsdp": "sampling under the training layout: the weights gathered again every token",
+}
 MAX_PROMPTS = 1 << 16  # where the search for the largest step stops doubling
 GIB = 1024**3
 # libtpu checks a program's memory against the chip's HBM as it compiles and refuses one over
@@ -80,6 +87,7 @@ class Loop:
     trips: int | None
     launches: int
     bytes: int
+    collective_bytes: int = 0  # of ``bytes``, what its collectives move
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +205,8 @@ def measured(
     tpu = target in CHIPS and CHIPS[target].is_tpu
     counted = launches.count(compiled.as_text(), trips_from_condition=tpu)
     loops = tuple(
-        Loop(loop.trips, loop.total_launches(), loop.total_bytes()) for loop in counted.loops
+        Loop(loop.trips, loop.total_launches(), loop.total_bytes(), loop.collective_bytes())
+        for loop in counted.loops
     )
     launched, moved = counted.total_launches(), counted.total_bytes()
     return memory, launched, moved, loops, seconds, counted.collective_bytes(), ""
@@ -289,9 +298,15 @@ def plan(
         raise PlanError(f"device_memory must be a number of bytes > 0, got {device_memory!r}")
     config = model if isinstance(model, DecoderConfig) else model_config(model)
     name = config.model_type if isinstance(model, DecoderConfig) else str(model)
+
+    def capacity() -> int:  # after a first compile, which names an unknown target
+        return device_memory_of(target) if device_memory is None else int(device_memory)
+
+    step = with_sample_layout(
+        config, step, target, devices, lambda: int(capacity() * (1.0 - headroom))
+    )
     measured_step = measure(config, step, target, devices)
     memory, launched, moved, loops, seconds, collective, refused = measured_step
-    capacity = device_memory_of(target) if device_memory is None else int(device_memory)
     found = Plan(
         name,
         step,
@@ -302,7 +317,7 @@ def plan(
         moved,
         loops,
         None if refused else estimate(config, step, target, devices, moved, launched, collective),
-        capacity,
+        capacity(),
         headroom,
         seconds,
         refused=refused,
@@ -333,6 +348,25 @@ def plan(
     return dataclasses.replace(found, checked=tuple(checked))
 
 
+def with_sample_layout(
+    config: DecoderConfig, step: StepShape, target: str, devices: int, usable: Callable[[], int]
+) -> StepShape:
+    """``step`` with its "auto" sampling layout chosen by compiling: "replicated" (the whole
+    compute copy on every device, no collective a decoded token) where its peak fits in
+    ``usable()`` bytes or on one device, else "tensor" where that peaks lower. An RL step's
+    explicit layout, and any other step, as given."""
+    if step.algorithm not in RL_ALGORITHMS or step.sample_layout != "auto":
+        return step
+    replicated = dataclasses.replace(step, sample_layout="replicated")
+    if devices == 1 or measure(config, replicated, target, devices)[0].peak <= usable():
+        return replicated
+    tensor = dataclasses.replace(step, sample_layout="tensor")
+    peaks = {
+        chosen: measure(config, chosen, target, devices)[0].peak for chosen in (replicated, tensor)
+    }
+    return min(peaks, key=lambda chosen: (peaks[chosen], chosen.sample_layout != "replicated"))
+
+
 def size_text(size: int) -> str:
     """Bytes in GiB, or in MiB or KiB below one of those."""
     for unit, name in ((GIB, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
@@ -353,7 +387,9 @@ def report(p: Plan) -> str:
     lines = [
         f"{p.model}: {s.algorithm}, {s.prompts} prompts{group}, {s.prompt_len} + "
         f"{s.response_len} tokens, {s.dtype}{lora}",
-        f"on {p.devices} x {p.target} (mesh data=1 x fsdp={p.devices}), "
+        f"on {p.devices} x {p.target} (mesh data=1 x fsdp={p.devices}"
+        + (f", sampling {s.sample_layout}" if s.algorithm in RL_ALGORITHMS else "")
+        + "), "
         + ("refused by libtpu after " if p.refused else "compiled in ")
         + f"{p.compile_seconds:.1f} s",
         "per device:",
@@ -385,6 +421,11 @@ def report(p: Plan) -> str:
             f"{size_text(int(d.minimum)).strip()} (the weights and the KV cache read once; "
             f"{counted_from(p.target)})"
         )
+        if p.devices > 1:
+            lines.append(
+                f"  collectives per decoded token: {size_text(int(d.collective_bytes)).strip()} "
+                f"({SAMPLE_LAYOUT_TEXT[s.sample_layout]})"
+            )
     if p.estimate is not None:
         lines += estimate_lines(p, p.estimate)
     verdict = "fits" if p.fits else "does NOT fit"

@@ -46,6 +46,7 @@ import optax
 
 from ppojax.checks import ConfigError
 from ppojax.engine.optim import clipped_adam
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.episodes import (
     EpisodeLayout,
@@ -267,7 +268,11 @@ def make_episode_trainer(
         rollout runs on the host and the update is compiled apart: call it without jit."""
         sample_key, update_key = jax.random.split(key)
         policy = policy_params_fn(config, state.reference)(compute_params(state))
-        episodes = rollout(policy, key=sample_key)
+        if runs_on_host(env):
+            episodes = rollout(policy, key=sample_key)
+        else:  # decoded in the sampling layout, learned from on the training rows
+            episodes = sharding.sample_with(policy, (), lambda p, _: rollout(p, key=sample_key))
+            episodes = sharding.rows_split(episodes)
         if runs_on_host(env):
             return compiled_learn(state, episodes, update_key)
         return learn_played(state, episodes, update_key)
@@ -305,7 +310,13 @@ def make_trainer(
         learn."""
         sample_key, update_key = jax.random.split(key)
         policy = policy_params_fn(config, state.reference)(compute_params(state))
-        played = play_prompts(config, model, fns, policy, prompts, prompt_mask, sample_key)
+
+        def play(policy: Any, rows: tuple[jax.Array, jax.Array]) -> ScoredEpisodes:
+            return play_prompts(config, model, fns, policy, *rows, sample_key)
+
+        # decoded in the sampling layout, learned from on the training rows (core.sharding)
+        played = sharding.sample_with(policy, (prompts, prompt_mask), play)
+        played = played._replace(episodes=sharding.rows_split(played.episodes))
         layout = EpisodeLayout(prompts.shape[1], config.response_len, 0, 1)
         shape = EpisodeShape(layout, config.response_len)
         state, metrics = learn(config, optimizer, roles, shape, state, played.episodes,

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from ppojax.engine import precision
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.sampling import (
     PolicyApply,
     Sequences,
@@ -51,7 +52,8 @@ def computing(apply: Any, dtype: Any) -> Any:
     if isinstance(apply, SplitPolicy):
         parts = (apply.logits, apply.hidden, apply.head)
         return SplitPolicy(*(computing(fn, dtype) for fn in parts))
-    return lambda params, *args: apply(precision.cast(params, dtype), *args)
+    # the cast copy split as the masters are: a sharded step gathers it, not them
+    return lambda params, *args: apply(sharding.for_training(precision.cast(params, dtype)), *args)
 
 
 def chunk_positions(rows: int, length: int, logit_chunk: int) -> int:

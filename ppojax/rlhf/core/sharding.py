@@ -21,6 +21,16 @@ The mesh has two named axes, ``"data"`` (DATA) and ``"fsdp"`` (FSDP):
     state, metrics = trainer.step(state, prompts, prompt_mask, key)
 
 The sharded step computes the single-device step's numbers up to float32 reduction order.
+
+Sampling has a layout of its own (``SAMPLE_LAYOUTS``, chosen by ``shard_trainer``'s or
+``rows_on``'s ``sample_layout``): once a step the policy's compute-dtype copy is resharded for
+decoding (``for_sampling``), never per token. "replicated": whole on every device, each device
+decoding its own rows with no collective per token; "tensor": split over "fsdp" by heads and
+MLP columns (Megatron-style: q, k, v, gate and up by columns, o and down by rows, the
+embedding by vocabulary), the rows over "data" only, an all-reduce of activations a layer;
+"fsdp": the training layout, every decoded token gathering the weights again; "auto":
+"replicated" where the copy takes at most ``AUTO_REPLICATED_SHARE`` of a device's memory,
+else "tensor" (``ppojax plan`` checks the choice by compiling both).
 """
 
 from __future__ import annotations
@@ -28,8 +38,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -40,6 +50,17 @@ FSDP = "fsdp"
 # Leaves below 16Ki elements (64 KiB in float32: norms, biases, LoRA's A at rank 16 and width
 # 896) cost more in gathers than they save in memory, so every device keeps them whole.
 MIN_SHARD_SIZE = 1 << 14
+SAMPLE_LAYOUTS = ("auto", "replicated", "tensor", "fsdp")
+# "auto" replicates the sampling copy when it takes at most this share of one device's memory:
+# the rest holds the sharded state (float32 masters and Adam: 12 bytes a parameter over the
+# devices), the rows' KV cache and, after sampling, the update's activations
+AUTO_REPLICATED_SHARE = 0.25
+# Tensor-parallel sampling (Megatron's split): the projections into heads and MLP columns
+# split by their output columns, the projections back by their input rows, so a layer needs
+# one all-reduce of its activations; the embedding and LM head split by vocabulary.
+COLUMN_SPLIT = frozenset({"q_proj", "k_proj", "v_proj", "c_attn", "gate_proj", "up_proj", "c_fc"})
+ROW_SPLIT = frozenset({"o_proj", "down_proj", "c_proj"})
+VOCAB_SPLIT = frozenset({"embed", "wte", "lm_head"})
 
 
 def make_mesh(fsdp: int | None = None, data: int = 1, devices: list[Any] | None = None) -> Mesh:
@@ -125,35 +146,193 @@ def check_rows(mesh: Mesh, rows: int, name: str) -> None:
         )
 
 
-# The mesh whose ("data", "fsdp") axes split a step's rows while that step is traced (set by
-# ``shard_trainer``'s step, read by ``rows_split``): the rows the step makes itself, such as
-# a group's copies of its prompt's prefilled cache, are laid out as the prompts' are.
-_ROWS_MESH: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("rows", default=None)
+def check_sample_layout(layout: str, flag: str = "--sample-layout") -> str:
+    """``layout`` when it is one of SAMPLE_LAYOUTS, else ValueError naming ``flag``."""
+    if layout not in SAMPLE_LAYOUTS:
+        raise ValueError(
+            f"{flag} {layout!r} is not one of {', '.join(SAMPLE_LAYOUTS)}: replicated decodes "
+            "each device's rows with the whole model, tensor splits heads and MLP columns, "
+            "fsdp decodes under the training layout, auto chooses by memory."
+        )
+    return layout
+
+
+class StepLayout(NamedTuple):
+    """How a step being traced is laid out: its ``mesh`` and its sampling layout (one of
+    SAMPLE_LAYOUTS); ``sampling``: whether the sampler is being traced now."""
+
+    mesh: Mesh
+    sample: str = "auto"
+    sampling: bool = False
+    min_size: int = MIN_SHARD_SIZE
+
+
+# The layout of the step being traced (set by ``shard_trainer``'s step and the commands'
+# jobs through ``rows_on``, read by ``rows_split``, ``for_sampling`` and the decode kernel):
+# the rows the step makes itself, such as a group's copies of its prompt's prefilled cache,
+# are laid out as the prompts' are, and sampling reads its own layout of the weights.
+_LAYOUT: contextvars.ContextVar[StepLayout | None] = contextvars.ContextVar("rows", default=None)
 
 
 @contextlib.contextmanager
-def rows_on(mesh: Mesh | None) -> Iterator[None]:
-    """While open (and tracing), ``rows_split`` splits rows over ``mesh``."""
-    token = _ROWS_MESH.set(mesh)
+def rows_on(
+    mesh: Mesh | None, sample_layout: str = "auto", min_size: int = MIN_SHARD_SIZE
+) -> Iterator[None]:
+    """While open (and tracing), ``rows_split`` splits rows over ``mesh``, the sampler runs
+    in ``sample_layout`` and ``for_training`` lays params out as ``state_shardings`` with
+    ``min_size`` does."""
+    check_sample_layout(sample_layout)
+    layout = None if mesh is None else StepLayout(mesh, sample_layout, min_size=min_size)
+    token = _LAYOUT.set(layout)
     try:
         yield
     finally:
-        _ROWS_MESH.reset(token)
+        _LAYOUT.reset(token)
+
+
+def step_layout() -> StepLayout | None:
+    """The layout of ``rows_on`` while it is open, else None."""
+    return _LAYOUT.get()
 
 
 def rows_mesh() -> Mesh | None:
     """The mesh of ``rows_on`` while it is open, else None."""
-    return _ROWS_MESH.get()
+    layout = _LAYOUT.get()
+    return None if layout is None else layout.mesh
+
+
+def rows_spec() -> PartitionSpec:
+    """How rows split now: over ("data", "fsdp"), or over "data" alone while a tensor-parallel
+    sampler is traced (its "fsdp" devices share rows and split the heads)."""
+    layout = _LAYOUT.get()
+    if layout is not None and layout.sampling and layout.sample == "tensor":
+        return PartitionSpec(DATA)
+    return PartitionSpec((DATA, FSDP))
 
 
 def rows_split(tree: Any) -> Any:
     """Inside jit: every leaf of ``tree`` split along its rows (first axis) over the mesh of
-    ``rows_on``, as the prompts are; ``tree`` as it is outside one. Without it XLA's
-    partitioner may lay such rows out by another axis and replicate them to get back."""
-    mesh = _ROWS_MESH.get()
-    if mesh is None:
+    ``rows_on`` (``rows_spec``), as the prompts are; ``tree`` as it is outside one. Without it
+    XLA's partitioner may lay such rows out by another axis and replicate them to get back."""
+    layout = _LAYOUT.get()
+    if layout is None:
         return tree
-    return jax.lax.with_sharding_constraint(tree, batch_sharding(mesh))
+    spec = rows_spec()
+    split = math.prod(layout.mesh.shape[axis] for axis in jax.tree.leaves(tuple(spec)))
+    rows = NamedSharding(layout.mesh, spec)
+
+    def constrained(leaf: Any) -> Any:
+        # rows that do not split evenly (a minibatch smaller than the mesh) stay as XLA lays
+        # them out
+        if np.ndim(leaf) == 0 or np.shape(leaf)[0] % split:
+            return leaf
+        return jax.lax.with_sharding_constraint(leaf, rows)
+
+    return jax.tree.map(constrained, tree)
+
+
+def tensor_spec(key_path: tuple, shape: tuple[int, ...], size: int) -> PartitionSpec:
+    """The tensor-parallel spec of one leaf of a decoder's params over an axis of ``size``:
+    COLUMN_SPLIT kernels (and their biases) by their last axis, ROW_SPLIT kernels by their
+    first, VOCAB_SPLIT tables by their vocabulary; replicated where the axis does not divide
+    or the leaf is none of those (norms, the row-split layers' biases)."""
+    names = [str(getattr(part, "key", getattr(part, "name", part))) for part in key_path]
+    module, leaf = (names[-2], names[-1]) if len(names) >= 2 else ("", "")
+    axis = None
+    if module in COLUMN_SPLIT and leaf in ("kernel", "bias"):
+        axis = len(shape) - 1
+    elif module in ROW_SPLIT and leaf == "kernel":
+        axis = 0
+    elif module in VOCAB_SPLIT and leaf in ("embedding", "kernel", "bias"):
+        axis = 0 if leaf == "embedding" else len(shape) - 1
+    if size == 1 or axis is None or shape[axis] % size:
+        return PartitionSpec()
+    return PartitionSpec(*([None] * axis), FSDP)
+
+
+def sampling_shardings(tree: Any, mesh: Mesh, sample_layout: str) -> Any:
+    """A ``NamedSharding`` for each leaf of the policy's params as ``sample_layout`` lays
+    them out for decoding ("auto" resolved first): whole on every device, split
+    tensor-parallel over "fsdp", or as training does."""
+    check_mesh(mesh)
+    layout = resolve_sample_layout(sample_layout, tree, mesh)
+    if layout == "fsdp":
+        return state_shardings(tree, mesh)
+    if layout == "replicated":
+        return jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), tree)
+    size = mesh.shape[FSDP]
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, tensor_spec(path, tuple(np.shape(leaf)), size)),
+        tree,
+    )
+
+
+def device_memory(mesh: Mesh) -> int | None:
+    """Bytes of memory of the mesh's first device where its backend says (a GPU's or TPU's
+    ``memory_stats``), None where it does not (a CPU, a deviceless target)."""
+    device = mesh.devices.flat[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 (backends without the call raise their own errors)
+        return None
+    return None if not stats else stats.get("bytes_limit")
+
+
+def resolve_sample_layout(sample_layout: str, tree: Any, mesh: Mesh) -> str:
+    """``sample_layout`` with "auto" made concrete: "replicated" on one device, or where the
+    whole of ``tree`` takes at most AUTO_REPLICATED_SHARE of a device's memory (or the
+    backend names no memory), else "tensor"."""
+    check_sample_layout(sample_layout)
+    if sample_layout != "auto":
+        return sample_layout
+    if mesh.devices.size == 1:
+        return "replicated"
+    whole = sum(
+        math.prod(np.shape(leaf)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree)
+    )
+    capacity = device_memory(mesh)
+    if capacity is None or whole <= AUTO_REPLICATED_SHARE * capacity:
+        return "replicated"
+    return "tensor"
+
+
+def for_training(params: Any) -> Any:
+    """Inside a sharded step: ``params`` (the compute-dtype copy of the state's float32
+    masters) held split as the state is, so that each layer gathers this copy where it is
+    used, never the masters (which gathered twice the bytes in bfloat16); as they are
+    outside one."""
+    layout = _LAYOUT.get()
+    if layout is None:
+        return params
+    return constrain(params, layout.mesh, layout.min_size)
+
+
+def for_sampling(params: Any) -> Any:
+    """Inside a sharded step: the policy's compute-dtype ``params`` resharded once into the
+    step's sampling layout (one gather a leaf for "replicated", a slice for "tensor"), to be
+    decoded from; ``params`` as they are outside one."""
+    layout = _LAYOUT.get()
+    if layout is None:
+        return params
+    shardings = sampling_shardings(params, layout.mesh, layout.sample)
+    return jax.lax.with_sharding_constraint(params, shardings)
+
+
+def sample_with(params: Any, rows: Any, play: Callable[[Any, Any], Any]) -> Any:
+    """``play(params, rows)`` traced as the step's sampler: ``params`` laid out for sampling
+    (``for_sampling``), ``rows`` (the prompts: arrays [B, ...]) and the rows the sampler makes
+    split as that layout splits them. What it returns is the caller's to split over the
+    training rows again (``rows_split`` after it)."""
+    layout = _LAYOUT.get()
+    if layout is None:
+        return play(params, rows)
+    params = for_sampling(params)
+    resolved = resolve_sample_layout(layout.sample, params, layout.mesh)
+    token = _LAYOUT.set(layout._replace(sample=resolved, sampling=True))
+    try:
+        return play(params, rows_split(rows))
+    finally:
+        _LAYOUT.reset(token)
 
 
 def constrain(tree: Any, mesh: Mesh, min_size: int) -> Any:
@@ -161,7 +340,9 @@ def constrain(tree: Any, mesh: Mesh, min_size: int) -> Any:
     return jax.lax.with_sharding_constraint(tree, state_shardings(tree, mesh, min_size))
 
 
-def shard_trainer(trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> Any:
+def shard_trainer(
+    trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE, sample_layout: str = "auto"
+) -> Any:
     """``trainer`` (from ``make_trainer``) with jitted ``init`` and ``step`` whose state lives
     sharded over ``mesh``: init creates the reference, adapters and Adam's moments directly in
     their shards; step takes prompts [B, P] with B a multiple of the device count, splits
@@ -171,6 +352,7 @@ def shard_trainer(trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> A
     not beside them (without it a step's outputs held a second copy of the params, reference
     and Adam's moments), so the state passed in is deleted; keep only what ``step`` returns."""
     check_mesh(mesh)
+    check_sample_layout(sample_layout, "sample_layout")
     rows = batch_sharding(mesh)
 
     def init(policy_params: Any, key: jax.Array, critic_params: Any = None) -> Any:
@@ -183,7 +365,7 @@ def shard_trainer(trainer: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> A
         prompts = jax.lax.with_sharding_constraint(prompts, rows)
         prompt_mask = jax.lax.with_sharding_constraint(prompt_mask, rows)
         state = constrain(state, mesh, min_size)
-        with rows_on(mesh):
+        with rows_on(mesh, sample_layout, min_size):
             state, metrics = trainer.step(state, prompts, prompt_mask, key)
         return constrain(state, mesh, min_size), metrics
 

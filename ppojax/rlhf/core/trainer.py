@@ -17,8 +17,8 @@ from flax import struct
 
 from ppojax.checks import ConfigError
 from ppojax.engine import precision
-from ppojax.engine.epochs import OptimizerCarry, run_epochs
-from ppojax.rlhf.core import lora, remat
+from ppojax.engine.epochs import OptimizerCarry, leaf_norm, run_epochs
+from ppojax.rlhf.core import lora, remat, sharding
 from ppojax.rlhf.core.advantages import critic_free_names
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.kl import next_kl_coef
@@ -113,7 +113,8 @@ def compute_params(state: RLHFState) -> dict:
     """The trained params in the compute dtype: the dtype of the frozen reference, the one
     the model came in (``ppojax.engine.precision``); the masters themselves when that is
     theirs."""
-    return precision.cast(state.params, precision.compute_dtype(state.reference))
+    cast = precision.cast(state.params, precision.compute_dtype(state.reference))
+    return sharding.for_training(cast)  # gathered where used, in the compute dtype
 
 
 def in_compute_dtype(loss: Callable[..., Any], reference: Any) -> Callable[..., Any]:
@@ -181,6 +182,7 @@ def run_update(
         num_minibatches=config.num_minibatches,
         stop_kl=None,
         divergence_guard=config.divergence_guard,
+        norm=leaf_norm,  # the clipping's own (per leaf); no gather of sharded gradients
     )
     metrics = {**metrics, **update_metrics}
     kl_coef = next_kl_coef(config, state.kl_coef, metrics["objective/kl"], batch)

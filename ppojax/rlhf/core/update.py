@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from ppojax.engine import losses
 from ppojax.rlhf.core import advantages as adv
+from ppojax.rlhf.core import sharding
 from ppojax.rlhf.core.config import RLHFConfig
 from ppojax.rlhf.core.credit import (
     Slots,
@@ -120,6 +121,9 @@ def episode_loss(
     ``config.loss_aggregation``, plus for PPO (``parts.critic_apply``) vf_coef * the clipped
     value loss (the critic's own params, or the policy's when the critic is a value head on
     it); and its metrics. ``start``: see ``slot_outputs``."""
+    # each device its own rows of the minibatch (over a mesh): left to itself XLA's
+    # partitioner split the attention by heads and all-reduced its scores every block
+    batch = sharding.rows_split(batch)
     policy = parts.policy_params(params)
     stats = slot_stats(
         parts.policy_apply, policy, batch, config.temperature, start, config.logit_chunk

@@ -48,7 +48,8 @@ in Pallas's interpreter as plain XLA ops, for tests.
 
 Inside a sharded step (``sharding.rows_on``) it runs in ``shard_map`` on each device's rows:
 XLA's partitioner has no rule for a Pallas call and would gather its operands, the cache
-too, whole onto every device.
+too, whole onto every device. A tensor-parallel sampler (heads split over devices) takes the
+plain form, which the partitioner splits by heads.
 """
 
 from __future__ import annotations
@@ -262,7 +263,12 @@ def attend_cached(
         return plain(*operands)
 
     kernel = functools.partial(attend, scores=scores)
-    mesh = sharding.rows_mesh()
+    layout = sharding.step_layout()
+    mesh = None if layout is None else layout.mesh
+    if sharding.rows_spec() != PartitionSpec((sharding.DATA, sharding.FSDP)):
+        # a tensor-parallel sampler splits the heads over "fsdp": XLA's partitioner splits the
+        # plain form by them, which a Pallas call has no rule for
+        return plain(*operands)
     if mesh is not None:
         # A Pallas call has no rule for XLA's partitioner, which would gather its operands
         # whole onto every device (the cache too); each device runs it on its own rows.

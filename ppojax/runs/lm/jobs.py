@@ -201,13 +201,15 @@ def rlhf_job(
     reward_params: dict | None = None,
     failures: list[RewardFailure] | None = None,
     mesh: Mesh | None = None,
+    sample_layout: str = "auto",
 ) -> Job:
     """PPO, GRPO or RLOO (``config.algorithm``) on ``batch_size`` prompts a step, scored by
     the text ``rewards`` (through ``jax.pure_callback``; their errors kept in ``failures``,
     see ``text_reward``) and by the reward model ``reward_lm`` with ``reward_params`` (its
     value head), summed with ``config.reward_weights``. PPO's critic is a copy of the model
     with a value head at 0. With a ``mesh`` the prompts' rows split over its devices (and
-    ``sharded`` lays the state out)."""
+    ``sharded`` lays the state out), and sampling decodes in ``sample_layout``
+    (``ppojax.rlhf.core.sharding.SAMPLE_LAYOUTS``)."""
     text = [text_reward(fn, lm.tokenizer, prompts, failures) for fn in rewards]
 
     def reward_fns(frozen: dict) -> list:
@@ -225,7 +227,7 @@ def rlhf_job(
         (tokens, mask), _ = draw_batch(frozen["prompts"], prompt_key, batch_size)
         if mesh is not None:  # each device samples and scores its own prompts' rows
             tokens, mask = jax.lax.with_sharding_constraint((tokens, mask), batch_sharding(mesh))
-        with rows_on(mesh):
+        with rows_on(mesh, sample_layout):
             return trainer(frozen).step(state, tokens, mask, step_key)
 
     def model_params(state: RLHFState, frozen: dict) -> dict:

@@ -330,5 +330,6 @@ def rlhf_job(
         reward_params,
         failures,
         mesh,
+        settings.get("sample_layout", "auto"),  # a run folder from before the flag: auto
     )
     return job, prompts
