@@ -18,8 +18,8 @@ from tolerance import (
 import ppojax
 from ppojax.ppo.kernels import pallas_loss
 from ppojax.ppo.train import init_state, make_agent
-from ppojax.ppo.types import Batch
 from ppojax.ppo.update import ppo_loss_function
+from ppojax.runs.kernel_probes import made_up_samples
 from ppojax.runtime import kernels
 
 
@@ -270,28 +270,9 @@ def pallas_batch(config: ppojax.PPOConfig, rows: int):
     ratios and value changes fall on both sides of the clip ranges."""
     agent = make_agent(config)
     state = init_state(config, jax.random.key(0))
-    keys = jax.random.split(jax.random.key(5), 6)
-    spec = agent.env.spec
-    head = jax.random.normal(keys[0], (rows, spec.action_dim))
-    if spec.discrete:
-        action = jax.random.randint(keys[2], (rows,), 0, spec.action_dim)
-        # log pi_old around log(1/2), the uniform initial policy's (for two actions)
-        log_prob = jnp.log(1.0 / spec.action_dim)
-    else:
-        action = jax.random.normal(keys[2], (rows, spec.action_dim))
-        # log pi_old around the initial policy's N(~0, 1) density of the action
-        log_prob = (-0.5 * action**2 - 0.9189385).sum(-1)
-    batch = Batch(
-        obs=jax.random.normal(keys[1], (rows, *state.obs.shape[1:])),
-        action=action,
-        advantage=2.0 * jax.random.normal(keys[3], (rows,)),
-        target=jax.random.normal(keys[4], (rows,)),
-        # 0.1 off: ratios of about 0.75 to 1.35, on both sides of the clip range
-        log_prob=log_prob + 0.1 * jax.random.normal(keys[5], (rows,)),
-        value=0.1 * jax.random.normal(keys[0], (rows,)),
-        policy_head=head,
-        policy_log_std=None if spec.discrete else jnp.zeros_like(head),
-    )
+    # log pi_old 0.1 off the initial policy's: ratios of about 0.75 to 1.35, both sides of
+    # the clip range
+    batch = made_up_samples(agent.env.spec, state.obs.shape[1:], rows, jax.random.key(5))
     return agent, state.params, batch
 
 

@@ -361,10 +361,8 @@ def with_sample_layout(
     if devices == 1 or measure(config, replicated, target, devices)[0].peak <= usable():
         return replicated
     tensor = dataclasses.replace(step, sample_layout="tensor")
-    peaks = {
-        chosen: measure(config, chosen, target, devices)[0].peak for chosen in (replicated, tensor)
-    }
-    return min(peaks, key=lambda chosen: (peaks[chosen], chosen.sample_layout != "replicated"))
+    peak = measure(config, tensor, target, devices)[0].peak  # the measures are cached
+    return tensor if peak < measure(config, replicated, target, devices)[0].peak else replicated
 
 
 def size_text(size: int) -> str:

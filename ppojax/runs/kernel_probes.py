@@ -33,13 +33,39 @@ class State(NamedTuple):
 TRAINING_ULPS = 128
 
 
+def made_up_samples(spec: Any, obs_shape: tuple[int, ...], rows: int, key: jax.Array) -> Any:
+    """``rows`` made-up PPO samples of an env with ``spec``: log pi_old 0.1 off the initial
+    policy's (log(1 / actions), or the N(~0, 1) density of the action), so ratios of about
+    0.75 to 1.35 fall on both sides of the clip range, and values 0.1 off their targets'
+    scale."""
+    from ppojax.ppo.types import Batch
+
+    keys = jax.random.split(key, 6)
+    head = jax.random.normal(keys[0], (rows, spec.action_dim))
+    if spec.discrete:
+        action = jax.random.randint(keys[2], (rows,), 0, spec.action_dim)
+        log_prob = jnp.log(1.0 / spec.action_dim)
+    else:
+        action = jax.random.normal(keys[2], (rows, spec.action_dim))
+        log_prob = (-0.5 * action**2 - 0.9189385).sum(-1)
+    return Batch(
+        obs=jax.random.normal(keys[1], (rows, *obs_shape)),
+        action=action,
+        advantage=2.0 * jax.random.normal(keys[3], (rows,)),
+        target=jax.random.normal(keys[4], (rows,)),
+        log_prob=log_prob + 0.1 * jax.random.normal(keys[5], (rows,)),
+        value=0.1 * jax.random.normal(keys[0], (rows,)),
+        policy_head=head,
+        policy_log_std=None if spec.discrete else jnp.zeros_like(head),
+    )
+
+
 def _made_up_batch(config: Any, rows: int, seed: int = 5) -> tuple[Any, Any, Any]:
     """An agent, its initial parameters and optimizer state, and ``rows`` made-up samples
     whose ratios (about 0.75 to 1.35) and value changes fall on both sides of the clip ranges
     (tests/test_kernels.py's ``pallas_batch``)."""
     from ppojax.networks import init_params, observation_template
     from ppojax.ppo.train import make_agent
-    from ppojax.ppo.types import Batch
     from ppojax.ppo.update import make_optimizer
 
     agent = make_agent(config)
@@ -51,25 +77,7 @@ def _made_up_batch(config: Any, rows: int, seed: int = 5) -> tuple[Any, Any, Any
 
     params, opt_state = jax.jit(initial)(jax.random.key(0))
     state = State(params, opt_state, jax.ShapeDtypeStruct((1, *observation.shape), "float32"))
-    keys = jax.random.split(jax.random.key(seed), 6)
-    spec = agent.env.spec
-    head = jax.random.normal(keys[0], (rows, spec.action_dim))
-    if spec.discrete:
-        action = jax.random.randint(keys[2], (rows,), 0, spec.action_dim)
-        log_prob = jnp.log(1.0 / spec.action_dim)
-    else:
-        action = jax.random.normal(keys[2], (rows, spec.action_dim))
-        log_prob = (-0.5 * action**2 - 0.9189385).sum(-1)
-    batch = Batch(
-        obs=jax.random.normal(keys[1], (rows, *state.obs.shape[1:])),
-        action=action,
-        advantage=2.0 * jax.random.normal(keys[3], (rows,)),
-        target=jax.random.normal(keys[4], (rows,)),
-        log_prob=log_prob + 0.1 * jax.random.normal(keys[5], (rows,)),
-        value=0.1 * jax.random.normal(keys[0], (rows,)),
-        policy_head=head,
-        policy_log_std=None if spec.discrete else jnp.zeros_like(head),
-    )
+    batch = made_up_samples(agent.env.spec, state.obs.shape[1:], rows, jax.random.key(seed))
     return agent, state, batch
 
 

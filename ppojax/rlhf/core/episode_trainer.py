@@ -269,13 +269,10 @@ def make_episode_trainer(
         sample_key, update_key = jax.random.split(key)
         policy = policy_params_fn(config, state.reference)(compute_params(state))
         if runs_on_host(env):
-            episodes = rollout(policy, key=sample_key)
-        else:  # decoded in the sampling layout, learned from on the training rows
-            episodes = sharding.sample_with(policy, (), lambda p, _: rollout(p, key=sample_key))
-            episodes = sharding.rows_split(episodes)
-        if runs_on_host(env):
-            return compiled_learn(state, episodes, update_key)
-        return learn_played(state, episodes, update_key)
+            return compiled_learn(state, rollout(policy, key=sample_key), update_key)
+        # decoded in the sampling layout, learned from on the training rows
+        episodes = sharding.sample_with(policy, (), lambda p, _: rollout(p, key=sample_key))
+        return learn_played(state, sharding.rows_split(episodes), update_key)
 
     return EpisodeTrainer(initializer(config, optimizer), step, config, settings)
 

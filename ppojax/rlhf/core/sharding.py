@@ -326,11 +326,10 @@ def sample_with(params: Any, rows: Any, play: Callable[[Any, Any], Any]) -> Any:
     layout = _LAYOUT.get()
     if layout is None:
         return play(params, rows)
-    params = for_sampling(params)
     resolved = resolve_sample_layout(layout.sample, params, layout.mesh)
     token = _LAYOUT.set(layout._replace(sample=resolved, sampling=True))
     try:
-        return play(params, rows_split(rows))
+        return play(for_sampling(params), rows_split(rows))
     finally:
         _LAYOUT.reset(token)
 
