@@ -385,9 +385,8 @@ def report(p: Plan) -> str:
     lines = [
         f"{p.model}: {s.algorithm}, {s.prompts} prompts{group}, {s.prompt_len} + "
         f"{s.response_len} tokens, {s.dtype}{lora}",
-        f"on {p.devices} x {p.target} (mesh data=1 x fsdp={p.devices}"
-        + (f", sampling {s.sample_layout}" if s.algorithm in RL_ALGORITHMS else "")
-        + "), "
+        f"on {p.devices} x {p.target} (mesh data=1 x fsdp={p.devices}), "
+        + (f"sampling {s.sample_layout}, " if s.algorithm in RL_ALGORITHMS else "")
         + ("refused by libtpu after " if p.refused else "compiled in ")
         + f"{p.compile_seconds:.1f} s",
         "per device:",
